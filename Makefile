@@ -1,0 +1,126 @@
+# mixprec - GNU Make build, out of tree into build/ (build/san/ with SANITIZE=1).
+#   make                 library (static + shared) and the CLI
+#   make test            the test suite (installs missing Debian packages first)
+#   make test SANITIZE=1 the same under AddressSanitizer + UBSan
+#   make test-exhaustive conversions checked on all 2^32 float32 inputs
+#   make bench           every benchmark (bench-convert, bench-gemm)
+#   make demo            the main job
+#   make install PREFIX=/usr/local
+# WERROR=1 turns warnings into errors (CI sets it).
+
+CC       ?= cc
+PREFIX   ?= /usr/local
+SANITIZE ?= 0
+WERROR   ?= 0
+
+ifeq ($(SANITIZE),1)
+BUILD    ?= build/san
+OPT      := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+LDSAN    := -fsanitize=address,undefined
+else
+BUILD    ?= build
+OPT      := -O2 -g
+LDSAN    :=
+endif
+
+WARN     := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+ifeq ($(WERROR),1)
+WARN     += -Werror
+endif
+# No -ffast-math, ever: loss scaling depends on inf/NaN checks surviving.
+CFLAGS_ALL := -std=c11 -D_DEFAULT_SOURCE $(OPT) $(WARN) -fopenmp -fPIC -Iinclude -Isrc $(CFLAGS)
+LDLIBS_ALL := -fopenmp -lm $(LDSAN) $(LDFLAGS)
+
+LIB_SRC  := $(wildcard src/core/*.c src/kernels/*.c src/nn/*.c src/optim/*.c src/io/*.c src/train/*.c)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_SRC  := $(wildcard src/cli/*.c)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_COMMON := $(BUILD)/obj/tests/common.o
+
+STATIC   := $(BUILD)/libmixprec.a
+SHARED   := $(BUILD)/libmixprec.so
+CLI      := $(BUILD)/mixprec
+
+.PHONY: all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.DEFAULT_GOAL := all
+
+all: $(STATIC) $(SHARED) $(CLI)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libmixprec.so.0 -o $@ $^ $(LDLIBS_ALL)
+
+$(CLI): $(CLI_OBJ) $(STATIC)
+	$(CC) -o $@ $(CLI_OBJ) $(STATIC) $(LDLIBS_ALL)
+
+# ------------------------------------------------------------------ tests
+deps-test:
+	@sh scripts/deps.sh test
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_COMMON) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $< $(TEST_COMMON) $(STATIC) -lcmocka $(LDLIBS_ALL)
+
+test: deps-test
+	@$(MAKE) --no-print-directory $(TEST_BIN) $(CLI)
+	@sh tests/run.sh $(BUILD) $(TEST_BIN)
+
+$(BUILD)/exhaustive: $(BUILD)/obj/tests/exhaustive.o $(STATIC)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+test-exhaustive: $(BUILD)/exhaustive
+	$(BUILD)/exhaustive
+
+# -------------------------------------------------------------- benchmarks
+bench: bench-convert bench-gemm
+
+$(BUILD)/bench_convert: $(BUILD)/obj/bench/bench_convert.o $(STATIC)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+bench-convert: $(BUILD)/bench_convert
+	$(BUILD)/bench_convert
+
+bench-deps:
+	@sh scripts/deps.sh bench
+
+# Peers are loaded with dlopen at run time when installed; OpenBLAS runs with
+# its own kernel choice for this CPU.
+$(BUILD)/bench_gemm: $(BUILD)/obj/bench/bench_gemm.o $(STATIC)
+	$(CC) -o $@ $^ $(LDLIBS_ALL) -ldl
+
+bench-gemm: $(BUILD)/bench_gemm
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BUILD)/bench_gemm
+
+# ------------------------------------------------------------------- demo
+demo: $(CLI)
+	$(CLI) info
+	$(CLI) formats
+
+# ---------------------------------------------------------------- install
+install: $(STATIC) $(SHARED) $(CLI)
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/mixprec.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/libmixprec.so.0
+	ln -sf libmixprec.so.0 $(DESTDIR)$(PREFIX)/lib/libmixprec.so
+	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n 's/.*MP_VERSION_STRING "\(.*\)"/\1/p' include/mixprec.h)|' \
+		mixprec.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mixprec.pc
+
+format:
+	clang-format -i $(LIB_SRC) $(CLI_SRC) $(wildcard src/*/*.h tests/*.c tests/*.h bench/*.c include/*.h)
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)

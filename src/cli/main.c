@@ -1,0 +1,80 @@
+/* main.c - the mixprec command-line tool: a thin layer that parses flags and
+ * calls the library. */
+#include <stdio.h>
+#include <string.h>
+
+#include "mixprec.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: mixprec [--help] [--version] COMMAND [ARGS]\n"
+            "\n"
+            "Mixed-precision neural-network training.\n"
+            "\n"
+            "commands:\n"
+            "  info       CPU features, the kernel path in use, threads\n"
+            "  formats    the number formats and their facts\n"
+            "\n"
+            "environment:\n"
+            "  MP_ISA=scalar|avx512|avx512bf16   force a kernel path\n"
+            "  MP_NUM_THREADS=N                  threads for kernels (else OMP_NUM_THREADS)\n");
+}
+
+static int cmd_info(void)
+{
+    const mp_cpu_features *f = mp_cpu();
+    printf("mixprec %s\n", MP_VERSION_STRING);
+    printf("cpu:      %s (%s)\n", f->brand[0] ? f->brand : "unknown", f->vendor);
+    printf("features:%s%s%s%s%s%s%s%s%s%s\n", f->avx2 ? " avx2" : "", f->fma ? " fma" : "",
+           f->f16c ? " f16c" : "", f->avx512f ? " avx512f" : "", f->avx512bw ? " avx512bw" : "",
+           f->avx512vl ? " avx512vl" : "", f->avx512dq ? " avx512dq" : "",
+           f->avx512_bf16 ? " avx512_bf16" : "", f->avx512_fp16 ? " avx512_fp16" : "",
+           f->amx_bf16 ? " amx_bf16" : "");
+    printf("paths:   ");
+    for (int i = 0; i < MP_ISA_COUNT; i++)
+        printf(" %s%s", mp_isa_name((mp_isa)i), mp_isa_supported((mp_isa)i) ? "" : "(unsupported)");
+    printf("\nactive:   %s (best %s; MP_ISA overrides)\n", mp_isa_name(mp_isa_active()),
+           mp_isa_name(mp_isa_best()));
+    printf("threads:  %d\n", mp_num_threads());
+    return 0;
+}
+
+static int cmd_formats(void)
+{
+    printf("%-12s %4s %4s %4s %5s %5s %-12s %-12s %-12s %-12s %-12s\n", "dtype", "bits", "exp",
+           "man", "bias", "inf", "epsilon", "max", "min_normal", "min_subnorm", "unit_round");
+    for (int t = 0; t < MP_DTYPE_COUNT; t++) {
+        mp_dtype_info in;
+        mp_dtype_get_info((mp_dtype)t, &in);
+        printf("%-12s %4d %4d %4d %5d %5s %-12.6g %-12.6g %-12.6g %-12.6g %-12.6g\n",
+               mp_dtype_name((mp_dtype)t), in.bits, in.exponent_bits, in.mantissa_bits,
+               in.exponent_bias, in.has_inf ? "yes" : "no", (double)in.epsilon, (double)in.max,
+               (double)in.min_normal, (double)in.min_subnormal, (double)in.unit_roundoff);
+    }
+    printf("\nfloat32 -> lower precision: round-to-nearest-even, subnormals kept.\n"
+           "float16/bfloat16 overflow to +-inf; fp8 saturates finite overflow to +-max,\n"
+           "inf stays inf in float8_e5m2 and becomes NaN in float8_e4m3 (no infinity).\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("mixprec %s (kernel path %s)\n", MP_VERSION_STRING, mp_isa_name(mp_isa_active()));
+        return 0;
+    }
+    if (!strcmp(cmd, "info")) return cmd_info();
+    if (!strcmp(cmd, "formats")) return cmd_formats();
+    fprintf(stderr, "mixprec: unknown command '%s' (try mixprec --help)\n", cmd);
+    return 2;
+}

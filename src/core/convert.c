@@ -1,0 +1,74 @@
+/* convert.c - mp_convert: bulk conversion between any two dtypes, dispatched
+ * to the conversion kernels of the active ISA. Pairs that involve no float32
+ * go through a small float32 buffer: decoding is exact, so the result is
+ * still a single rounding. */
+#include <string.h>
+
+#include "internal.h"
+
+const mp_convert_kernels *mp_convert_kernels_for(mp_isa isa)
+{
+#if MP_X86
+    if (isa == MP_ISA_AVX512BF16) return &mp_convert_avx512bf16_kernels;
+    if (isa == MP_ISA_AVX512) return &mp_convert_avx512_kernels;
+#else
+    (void)isa;
+#endif
+    return &mp_convert_scalar_kernels;
+}
+
+static void encode(const mp_convert_kernels *k, void *dst, mp_dtype t, const float *src, size_t n,
+                   mp_overflow ov)
+{
+    switch (t) {
+    case MP_F32: memmove(dst, src, n * sizeof(float)); break;
+    case MP_BF16: k->f32_to_bf16(dst, src, n); break;
+    case MP_F16: k->f32_to_f16(dst, src, n); break;
+    case MP_F8E4M3:
+    case MP_F8E5M2: k->f32_to_fp8(dst, src, n, t, ov); break;
+    }
+}
+
+static void decode(const mp_convert_kernels *k, float *dst, const void *src, mp_dtype t, size_t n)
+{
+    switch (t) {
+    case MP_F32: memmove(dst, src, n * sizeof(float)); break;
+    case MP_BF16: k->bf16_to_f32(dst, src, n); break;
+    case MP_F16: k->f16_to_f32(dst, src, n); break;
+    case MP_F8E4M3:
+    case MP_F8E5M2: k->fp8_to_f32(dst, src, n, t); break;
+    }
+}
+
+void mp_convert_isa(mp_isa isa, void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type,
+                    size_t n, mp_overflow ov)
+{
+    if (n == 0) return;
+    const mp_convert_kernels *k = mp_convert_kernels_for(isa);
+    if (dst_type == src_type) {
+        if (dst != src) memmove(dst, src, n * mp_dtype_size(dst_type));
+    } else if (src_type == MP_F32) {
+        encode(k, dst, dst_type, src, n, ov);
+    } else if (dst_type == MP_F32) {
+        decode(k, dst, src, src_type, n);
+    } else {
+        float buf[1024];
+        size_t ds = mp_dtype_size(dst_type), ss = mp_dtype_size(src_type);
+        for (size_t i = 0; i < n; i += 1024) {
+            size_t c = n - i < 1024 ? n - i : 1024;
+            decode(k, buf, (const char *)src + i * ss, src_type, c);
+            encode(k, (char *)dst + i * ds, dst_type, buf, c, ov);
+        }
+    }
+}
+
+void mp_convert_ex(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type, size_t n,
+                   mp_overflow ov)
+{
+    mp_convert_isa(mp_isa_active(), dst, dst_type, src, src_type, n, ov);
+}
+
+void mp_convert(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type, size_t n)
+{
+    mp_convert_isa(mp_isa_active(), dst, dst_type, src, src_type, n, MP_OVERFLOW_SATURATE);
+}

@@ -1,0 +1,73 @@
+/* internal.h - declarations shared inside libmixprec, not part of the API. */
+#ifndef MP_INTERNAL_H
+#define MP_INTERNAL_H
+
+#include "mixprec.h"
+
+#if defined(__GNUC__)
+#define MP_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define MP_PRINTF(f, a)
+#endif
+
+/* Record a failure for mp_last_error() and return the status. */
+mp_status mp_set_error(mp_status s, const char *fmt, ...) MP_PRINTF(2, 3);
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define MP_X86 1
+#define MP_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+#define MP_TARGET_AVX512BF16                                                                 \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")))
+#else
+#define MP_X86 0
+#endif
+
+static inline uint32_t mp_f32_bits(float x)
+{
+    union { float f; uint32_t u; } v = {.f = x};
+    return v.u;
+}
+static inline float mp_bits_f32(uint32_t u)
+{
+    union { uint32_t u; float f; } v = {.u = u};
+    return v.f;
+}
+
+/* Bulk conversion kernels of one ISA. A NULL entry falls back to scalar. */
+typedef struct {
+    void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);
+    void (*f32_to_f16)(uint16_t *dst, const float *src, size_t n);
+    void (*f32_to_fp8)(uint8_t *dst, const float *src, size_t n, mp_dtype t, mp_overflow ov);
+    void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
+    void (*f16_to_f32)(float *dst, const uint16_t *src, size_t n);
+    void (*fp8_to_f32)(float *dst, const uint8_t *src, size_t n, mp_dtype t);
+} mp_convert_kernels;
+
+extern const mp_convert_kernels mp_convert_scalar_kernels;
+#if MP_X86
+extern const mp_convert_kernels mp_convert_avx512_kernels;
+extern const mp_convert_kernels mp_convert_avx512bf16_kernels;
+#endif
+/* Kernels of a given ISA (scalar if the ISA is not compiled in). */
+const mp_convert_kernels *mp_convert_kernels_for(mp_isa isa);
+/* mp_convert_ex on an explicit ISA, for tests and benchmarks. */
+void mp_convert_isa(mp_isa isa, void *dst, mp_dtype dst_type, const void *src,
+                    mp_dtype src_type, size_t n, mp_overflow ov);
+
+/* fp8 encoding shared by scalar and SIMD paths: format parameters. */
+typedef struct {
+    int mbits, bias;
+    uint32_t max_enc;     /* largest finite magnitude encoding */
+    uint32_t ovf_nonsat;  /* what non-saturating overflow gives (inf or NaN) */
+    uint32_t inf_enc;     /* what +inf becomes in saturating mode */
+    uint32_t nan_enc;     /* canonical NaN magnitude */
+} mp_fp8_format;
+const mp_fp8_format *mp_fp8_format_of(mp_dtype t);
+
+/* Tracked huge-page-friendly allocation used by the arena. */
+void mp_mem_charge(mp_mem_category cat, size_t bytes);
+void mp_mem_uncharge(mp_mem_category cat, size_t bytes);
+void *mp_region_alloc(size_t bytes);
+void mp_region_free(void *p, size_t bytes);
+
+#endif

@@ -1,0 +1,132 @@
+/* memory.c - tracked allocation and the per-category memory accounting that
+ * lets the library report its own footprint (current and peak) exactly. */
+#define _GNU_SOURCE
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+
+static atomic_size_t current[MP_MEM_CATEGORY_COUNT];
+static atomic_size_t peak[MP_MEM_CATEGORY_COUNT];
+static atomic_size_t total_current, total_peak;
+
+static const char *const category_names[MP_MEM_CATEGORY_COUNT] = {
+    "weights", "master_weights", "gradients", "optimizer_state", "activations", "workspace", "other",
+};
+
+const char *mp_mem_category_name(mp_mem_category c)
+{
+    return (unsigned)c < MP_MEM_CATEGORY_COUNT ? category_names[c] : "unknown";
+}
+
+static void raise_peak(atomic_size_t *pk, size_t v)
+{
+    size_t old = atomic_load(pk);
+    while (v > old && !atomic_compare_exchange_weak(pk, &old, v)) {
+    }
+}
+
+void mp_mem_charge(mp_mem_category cat, size_t bytes)
+{
+    size_t c = atomic_fetch_add(&current[cat], bytes) + bytes;
+    raise_peak(&peak[cat], c);
+    size_t t = atomic_fetch_add(&total_current, bytes) + bytes;
+    raise_peak(&total_peak, t);
+}
+
+void mp_mem_uncharge(mp_mem_category cat, size_t bytes)
+{
+    atomic_fetch_sub(&current[cat], bytes);
+    atomic_fetch_sub(&total_current, bytes);
+}
+
+void mp_mem_get_stats(mp_mem_stats *out)
+{
+    for (int i = 0; i < MP_MEM_CATEGORY_COUNT; i++) {
+        out->current[i] = atomic_load(&current[i]);
+        out->peak[i] = atomic_load(&peak[i]);
+    }
+    out->total_current = atomic_load(&total_current);
+    out->total_peak = atomic_load(&total_peak);
+}
+
+void mp_mem_reset_peaks(void)
+{
+    for (int i = 0; i < MP_MEM_CATEGORY_COUNT; i++) atomic_store(&peak[i], atomic_load(&current[i]));
+    atomic_store(&total_peak, atomic_load(&total_current));
+}
+
+/* Regions of 2 MiB or more are mapped and advised onto transparent huge
+ * pages: on this VM each 4 KiB first touch costs ~14 us. */
+#define HUGE_THRESHOLD (2u << 20)
+
+void *mp_region_alloc(size_t bytes)
+{
+    if (bytes >= HUGE_THRESHOLD) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+        madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+        return p;
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+
+void mp_region_free(void *p, size_t bytes)
+{
+    if (!p) return;
+    if (bytes >= HUGE_THRESHOLD)
+        munmap(p, bytes);
+    else
+        free(p);
+}
+
+/* mp_alloc keeps a 64-byte header in front of the block. */
+typedef struct {
+    size_t bytes;
+    size_t region_bytes;
+    uint32_t category;
+    uint32_t magic;
+} block_header;
+#define HEADER 64
+#define MAGIC 0x6D70616Cu
+
+void *mp_alloc(size_t bytes, mp_mem_category cat)
+{
+    if ((unsigned)cat >= MP_MEM_CATEGORY_COUNT) {
+        mp_set_error(MP_ERR_INVALID, "mp_alloc: unknown memory category %d", (int)cat);
+        return NULL;
+    }
+    if (bytes > SIZE_MAX - 2 * HEADER) {
+        mp_set_error(MP_ERR_NOMEM, "mp_alloc: %zu bytes is too large", bytes);
+        return NULL;
+    }
+    size_t region = (bytes + HEADER + 63) & ~(size_t)63;
+    char *base = mp_region_alloc(region);
+    if (!base) {
+        mp_set_error(MP_ERR_NOMEM, "mp_alloc: cannot allocate %zu bytes for %s", bytes,
+                     mp_mem_category_name(cat));
+        return NULL;
+    }
+    block_header *h = (block_header *)base;
+    h->bytes = bytes;
+    h->region_bytes = region;
+    h->category = (uint32_t)cat;
+    h->magic = MAGIC;
+    mp_mem_charge(cat, bytes);
+    return base + HEADER;
+}
+
+void mp_free(void *p)
+{
+    if (!p) return;
+    block_header *h = (block_header *)((char *)p - HEADER);
+    h->magic = 0;
+    mp_mem_uncharge((mp_mem_category)h->category, h->bytes);
+    mp_region_free(h, h->region_bytes);
+}

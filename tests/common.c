@@ -1,0 +1,25 @@
+/* common.c - helpers shared by the cmocka test programs. */
+#include "common.h"
+
+uint64_t test_rng_next(test_rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double test_rng_uniform(test_rng *r, double lo, double hi)
+{
+    return lo + (hi - lo) * (double)(test_rng_next(r) >> 11) * 0x1p-53;
+}
+
+uint32_t test_rng_u32(test_rng *r) { return (uint32_t)(test_rng_next(r) >> 32); }
+
+int test_isas(mp_isa out[MP_ISA_COUNT])
+{
+    int n = 0;
+    for (int i = 0; i < MP_ISA_COUNT; i++)
+        if (mp_isa_supported((mp_isa)i)) out[n++] = (mp_isa)i;
+    return n;
+}

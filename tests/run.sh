@@ -1,0 +1,17 @@
+#!/bin/sh
+# run.sh BUILD TEST... - runs every cmocka test program, then prints one
+# closing line with the totals over all of them.
+build="$1"; shift
+passed=0; failed=0; skipped=0; broken=""
+for t in "$@"; do
+    out=$("$t" 2>&1); rc=$?
+    printf '%s\n' "$out"
+    p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
+    f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
+    s=$(printf '%s\n' "$out" | sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
+    passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+    if [ "$rc" != 0 ] && [ "$f" = 0 ]; then failed=$((failed + 1)); broken="$broken $t"; fi
+done
+[ -n "$broken" ] && echo "crashed or exited non-zero:$broken"
+echo "tests: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" = 0 ]
