@@ -9,6 +9,56 @@
 
 static inline __mmask16 tail_mask(size_t r) { return (__mmask16)((1u << r) - 1u); }
 
+/* Outputs larger than the caches are written with streaming stores, as
+ * memcpy does: the destination is not read for ownership first and the
+ * conversion runs at copy speed. Smaller outputs stay in cache for whoever
+ * reads them next. */
+#define STREAM_BYTES ((size_t)8 << 20)
+
+/* Elements to convert with ordinary stores before the destination is 64-byte
+ * aligned, or SIZE_MAX when streaming does not apply. */
+static inline size_t stream_head(const void *dst, size_t n, size_t es)
+{
+    uintptr_t p = (uintptr_t)dst;
+    if (n * es < STREAM_BYTES || p % es) return SIZE_MAX;
+    return ((64 - (p & 63)) & 63) / es;
+}
+
+/* Run LOOP(dst, src, count, streaming, extra...) over the whole array. */
+#define STREAMED(LOOP, dst, src, n, es, ...)                                                 \
+    do {                                                                                     \
+        size_t h_ = stream_head(dst, n, es);                                                 \
+        if (h_ == SIZE_MAX || h_ > (n)) {                                                    \
+            LOOP(dst, src, n, false, __VA_ARGS__);                                           \
+        } else {                                                                             \
+            LOOP(dst, src, h_, false, __VA_ARGS__);                                          \
+            LOOP((dst) + h_, (src) + h_, (n) - h_, true, __VA_ARGS__);                       \
+            _mm_sfence();                                                                    \
+        }                                                                                    \
+    } while (0)
+
+MP_TARGET_AVX512 static inline void put16(void *p, __m128i v, bool nt)
+{
+    if (nt)
+        _mm_stream_si128((__m128i *)p, v);
+    else
+        _mm_storeu_si128((__m128i *)p, v);
+}
+MP_TARGET_AVX512 static inline void put32(void *p, __m256i v, bool nt)
+{
+    if (nt)
+        _mm256_stream_si256((__m256i *)p, v);
+    else
+        _mm256_storeu_si256((__m256i *)p, v);
+}
+MP_TARGET_AVX512 static inline void put64(void *p, __m512i v, bool nt)
+{
+    if (nt)
+        _mm512_stream_si512(p, v);
+    else
+        _mm512_storeu_si512(p, v);
+}
+
 /* ------------------------------------------------------------ f32 -> bf16 */
 
 MP_TARGET_AVX512 static inline __m512i bf16_round_int(__m512i u)
@@ -22,12 +72,14 @@ MP_TARGET_AVX512 static inline __m512i bf16_round_int(__m512i u)
     return _mm512_mask_mov_epi32(r, nan, q);
 }
 
-MP_TARGET_AVX512 static void v_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
+MP_TARGET_AVX512 static inline void bf16_loop(uint16_t *dst, const float *src, size_t n, bool nt,
+                                              int unused)
 {
+    (void)unused;
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512i u = _mm512_loadu_si512(src + i);
-        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(bf16_round_int(u)));
+        put32(dst + i, _mm512_cvtepi32_epi16(bf16_round_int(u)), nt);
     }
     if (i < n) {
         __mmask16 k = tail_mask(n - i);
@@ -36,11 +88,18 @@ MP_TARGET_AVX512 static void v_f32_to_bf16(uint16_t *dst, const float *src, size
     }
 }
 
+MP_TARGET_AVX512 static void v_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    STREAMED(bf16_loop, dst, src, n, 2, 0);
+}
+
 /* vcvtneps2bf16 rounds to nearest even and quiets NaNs exactly as the scalar
  * definition, but reads subnormal inputs as zero: vectors holding one take the
  * integer path. */
-MP_TARGET_AVX512BF16 static void v_f32_to_bf16_native(uint16_t *dst, const float *src, size_t n)
+MP_TARGET_AVX512BF16 static inline void bf16_native_loop(uint16_t *dst, const float *src, size_t n,
+                                                         bool nt, int unused)
 {
+    (void)unused;
     const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF), one = _mm512_set1_epi32(1);
     const __m512i submax = _mm512_set1_epi32(0x7FFFFF - 1);
     size_t i = 0;
@@ -52,20 +111,26 @@ MP_TARGET_AVX512BF16 static void v_f32_to_bf16_native(uint16_t *dst, const float
             out = _mm512_cvtepi32_epi16(bf16_round_int(u));
         else
             out = (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(u));
-        _mm256_storeu_si256((__m256i *)(dst + i), out);
+        put32(dst + i, out, nt);
     }
-    if (i < n) v_f32_to_bf16(dst + i, src + i, n - i);
+    if (i < n) bf16_loop(dst + i, src + i, n - i, false, 0);
+}
+
+MP_TARGET_AVX512BF16 static void v_f32_to_bf16_native(uint16_t *dst, const float *src, size_t n)
+{
+    STREAMED(bf16_native_loop, dst, src, n, 2, 0);
 }
 
 /* ------------------------------------------------------------- f32 <-> f16 */
 
-MP_TARGET_AVX512 static void v_f32_to_f16(uint16_t *dst, const float *src, size_t n)
+MP_TARGET_AVX512 static inline void f16_loop(uint16_t *dst, const float *src, size_t n, bool nt,
+                                             int unused)
 {
+    (void)unused;
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 x = _mm512_loadu_ps(src + i);
-        _mm256_storeu_si256((__m256i *)(dst + i),
-                            _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        put32(dst + i, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), nt);
     }
     if (i < n) {
         __mmask16 k = tail_mask(n - i);
@@ -75,23 +140,39 @@ MP_TARGET_AVX512 static void v_f32_to_f16(uint16_t *dst, const float *src, size_
     }
 }
 
-MP_TARGET_AVX512 static void v_f16_to_f32(float *dst, const uint16_t *src, size_t n)
+MP_TARGET_AVX512 static void v_f32_to_f16(uint16_t *dst, const float *src, size_t n)
 {
+    STREAMED(f16_loop, dst, src, n, 2, 0);
+}
+
+MP_TARGET_AVX512 static inline void f16_dec_loop(float *dst, const uint16_t *src, size_t n, bool nt,
+                                                 int unused)
+{
+    (void)unused;
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+        put64(dst + i,
+              _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)))),
+              nt);
     if (i < n) {
         __mmask16 k = tail_mask(n - i);
         _mm512_mask_storeu_ps(dst + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, src + i)));
     }
 }
 
-MP_TARGET_AVX512 static void v_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
+MP_TARGET_AVX512 static void v_f16_to_f32(float *dst, const uint16_t *src, size_t n)
 {
+    STREAMED(f16_dec_loop, dst, src, n, 4, 0);
+}
+
+MP_TARGET_AVX512 static inline void bf16_dec_loop(float *dst, const uint16_t *src, size_t n,
+                                                  bool nt, int unused)
+{
+    (void)unused;
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
-        _mm512_storeu_si512(dst + i, _mm512_slli_epi32(h, 16));
+        put64(dst + i, _mm512_slli_epi32(h, 16), nt);
     }
     if (i < n) {
         __mmask16 k = tail_mask(n - i);
@@ -100,38 +181,44 @@ MP_TARGET_AVX512 static void v_bf16_to_f32(float *dst, const uint16_t *src, size
     }
 }
 
+MP_TARGET_AVX512 static void v_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+    STREAMED(bf16_dec_loop, dst, src, n, 4, 0);
+}
+
 /* ------------------------------------------------------------- f32 -> fp8 */
 
-/* The vector form of encode_magnitude() + encode_fp8() in dtype.c. */
+/* Same bits as encode_fp8() in dtype.c, by a cheaper route. Results in the
+ * normal range: the bf16-style integer rounding (add half-ulp-minus-one plus
+ * the kept LSB, shift) on the float32 bits, then rebias; a carry moves into
+ * the exponent as it should. Results in the subnormal range: a float32 add of
+ * 2^(q+23), where q is the subnormal step's exponent, which makes the FPU
+ * round |x| to a multiple of the step (ties to even) in its low bits. */
 MP_TARGET_AVX512 static inline __m512i fp8_encode(__m512i u, const mp_fp8_format *f,
                                                   mp_overflow ov)
 {
-    const int mbits = f->mbits, emin = 1 - f->bias;
-    const __m512i one = _mm512_set1_epi32(1);
+    /* f points at a compile-time constant (see v_f32_to_fp8), so all of the
+     * following folds into immediates. */
+    const int mbits = f->mbits, shift = 23 - mbits, emin = 1 - f->bias;
+    const uint32_t min_normal_bits = (uint32_t)(emin + 127) << 23;
+    const uint32_t magic_bits = (uint32_t)(emin - mbits + 23 + 127) << 23;
     __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
     __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
-    __m512i ef = _mm512_srli_epi32(a, 23);
-    __m512i m = _mm512_and_si512(a, _mm512_set1_epi32(0x7FFFFF));
-    m = _mm512_mask_or_epi32(m, _mm512_test_epi32_mask(ef, ef), m, _mm512_set1_epi32(0x800000));
-    __m512i e = _mm512_sub_epi32(_mm512_max_epi32(ef, one), _mm512_set1_epi32(127));
-    __m512i extra = _mm512_max_epi32(_mm512_sub_epi32(_mm512_set1_epi32(emin), e),
-                                     _mm512_setzero_si512());
-    __m512i shift = _mm512_min_epu32(_mm512_add_epi32(extra, _mm512_set1_epi32(23 - mbits)),
-                                     _mm512_set1_epi32(31));
-    __m512i q = _mm512_srlv_epi32(m, shift);
-    __m512i unit = _mm512_sllv_epi32(one, shift);
-    __m512i rem = _mm512_and_si512(m, _mm512_sub_epi32(unit, one));
-    __m512i half = _mm512_srli_epi32(unit, 1);
-    __mmask16 up = _mm512_cmpgt_epu32_mask(rem, half) |
-                   (_mm512_cmpeq_epi32_mask(rem, half) & _mm512_test_epi32_mask(q, one));
-    q = _mm512_mask_add_epi32(q, up, q, one);
-    __mmask16 normal = _mm512_cmpge_epi32_mask(e, _mm512_set1_epi32(emin));
-    __m512i ebase = _mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(f->bias - 1)),
-                                      (unsigned)mbits);
-    __m512i r = _mm512_mask_add_epi32(q, normal, q, ebase);
-    __mmask16 ovf = _mm512_cmpgt_epu32_mask(r, _mm512_set1_epi32((int)f->max_enc));
+
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, (unsigned)shift), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (shift - 1)) - 1)), lsb);
+    r = _mm512_sub_epi32(_mm512_srli_epi32(r, (unsigned)shift),
+                         _mm512_set1_epi32((127 - f->bias) << mbits));
+
+    __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32((int)magic_bits));
+    __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), magic)),
+                                   _mm512_castps_si512(magic));
+    __mmask16 is_sub = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32((int)min_normal_bits));
+    r = _mm512_mask_mov_epi32(r, is_sub, sub);
+
     uint32_t ovf_val = ov == MP_OVERFLOW_SATURATE ? f->max_enc : f->ovf_nonsat;
     uint32_t inf_val = ov == MP_OVERFLOW_SATURATE ? f->inf_enc : f->ovf_nonsat;
+    __mmask16 ovf = _mm512_cmpgt_epi32_mask(r, _mm512_set1_epi32((int)f->max_enc));
     r = _mm512_mask_mov_epi32(r, ovf, _mm512_set1_epi32((int)ovf_val));
     __mmask16 inf = _mm512_cmpeq_epi32_mask(a, _mm512_set1_epi32(0x7F800000));
     r = _mm512_mask_mov_epi32(r, inf, _mm512_set1_epi32((int)inf_val));
@@ -140,20 +227,37 @@ MP_TARGET_AVX512 static inline __m512i fp8_encode(__m512i u, const mp_fp8_format
     return _mm512_or_si512(r, sign);
 }
 
-MP_TARGET_AVX512 static void v_f32_to_fp8(uint8_t *dst, const float *src, size_t n, mp_dtype t,
-                                          mp_overflow ov)
+MP_TARGET_AVX512 static inline void fp8_encode_loop(uint8_t *dst, const float *src, size_t n,
+                                                    bool nt, const mp_fp8_format f, mp_overflow ov)
 {
-    const mp_fp8_format *f = mp_fp8_format_of(t);
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512i u = _mm512_loadu_si512(src + i);
-        _mm_storeu_si128((__m128i *)(dst + i), _mm512_cvtepi32_epi8(fp8_encode(u, f, ov)));
+        put16(dst + i, _mm512_cvtepi32_epi8(fp8_encode(u, &f, ov)), nt);
     }
     if (i < n) {
         __mmask16 k = tail_mask(n - i);
         __m512i u = _mm512_maskz_loadu_epi32(k, src + i);
-        _mm512_mask_cvtepi32_storeu_epi8(dst + i, k, fp8_encode(u, f, ov));
+        _mm512_mask_cvtepi32_storeu_epi8(dst + i, k, fp8_encode(u, &f, ov));
     }
+}
+
+/* One instance per format and overflow mode, so the format's parameters are
+ * constants inside the loop rather than loads through a pointer that the
+ * byte stores might alias. */
+MP_TARGET_AVX512 static void v_f32_to_fp8(uint8_t *dst, const float *src, size_t n, mp_dtype t,
+                                          mp_overflow ov)
+{
+    static const mp_fp8_format e4m3 = {3, 7, 0x7E, 0x7F, 0x7F, 0x7F};
+    static const mp_fp8_format e5m2 = {2, 15, 0x7B, 0x7C, 0x7C, 0x7E};
+    if (t == MP_F8E4M3 && ov == MP_OVERFLOW_SATURATE)
+        STREAMED(fp8_encode_loop, dst, src, n, 1, e4m3, MP_OVERFLOW_SATURATE);
+    else if (t == MP_F8E4M3)
+        STREAMED(fp8_encode_loop, dst, src, n, 1, e4m3, MP_OVERFLOW_NONSAT);
+    else if (ov == MP_OVERFLOW_SATURATE)
+        STREAMED(fp8_encode_loop, dst, src, n, 1, e5m2, MP_OVERFLOW_SATURATE);
+    else
+        STREAMED(fp8_encode_loop, dst, src, n, 1, e5m2, MP_OVERFLOW_NONSAT);
 }
 
 /* ------------------------------------------------------------- fp8 -> f32 */
@@ -185,18 +289,27 @@ MP_TARGET_AVX512 static inline __m512 fp8_decode(__m512i b, mp_dtype t)
     return _mm512_castsi512_ps(_mm512_or_si512(r, sign));
 }
 
-MP_TARGET_AVX512 static void v_fp8_to_f32(float *dst, const uint8_t *src, size_t n, mp_dtype t)
+MP_TARGET_AVX512 static inline void fp8_dec_loop(float *dst, const uint8_t *src, size_t n, bool nt,
+                                                 mp_dtype t)
 {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
-        _mm512_storeu_ps(dst + i, fp8_decode(b, t));
+        put64(dst + i, _mm512_castps_si512(fp8_decode(b, t)), nt);
     }
     if (i < n) {
         __mmask16 k = tail_mask(n - i);
         __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, src + i));
         _mm512_mask_storeu_ps(dst + i, k, fp8_decode(b, t));
     }
+}
+
+MP_TARGET_AVX512 static void v_fp8_to_f32(float *dst, const uint8_t *src, size_t n, mp_dtype t)
+{
+    if (t == MP_F8E4M3)
+        STREAMED(fp8_dec_loop, dst, src, n, 4, MP_F8E4M3);
+    else
+        STREAMED(fp8_dec_loop, dst, src, n, 4, MP_F8E5M2);
 }
 
 const mp_convert_kernels mp_convert_avx512_kernels = {
