@@ -1,0 +1,283 @@
+/* gemm.c - the GEMM driver: argument checks, choice of microkernel, cache
+ * blocking, packing (which widens every input type to the kernel's format),
+ * OpenMP threading over blocks of C, and the epilogue.
+ *
+ * Kernel choice (documented rule for mixed input types):
+ *   - both operands bf16 or fp8 and the CPU has AVX512_BF16: the vdpbf16ps
+ *     kernel; fp8 is decoded to bf16 while packing, which is exact;
+ *   - anything else (an f32 or f16 operand, or no AVX512_BF16): the f32 FMA
+ *     kernel with every operand widened exactly to f32. An f32 input is never
+ *     rounded to bf16, and f16 x f16 gives exact products accumulated in f32.
+ * Each element of C is summed in one fixed order along k (blocks of depth are
+ * chained through the stored partial sum), so results do not depend on the
+ * thread count or on how C is split. */
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/gemm_internal.h"
+
+mp_gemm_args mp_gemm_args_default(void)
+{
+    mp_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.alpha = 1.0f;
+    a.beta = 0.0f;
+    a.a_type = MP_F32;
+    a.b_type = MP_F32;
+    a.c_type = MP_F32;
+    a.activation = MP_ACT_NONE;
+    return a;
+}
+
+static bool bf16_like(mp_dtype t) { return t == MP_BF16 || t == MP_F8E4M3 || t == MP_F8E5M2; }
+
+static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
+{
+    mp_isa isa = mp_isa_active();
+#if MP_X86
+    if (isa >= MP_ISA_AVX512BF16 && bf16_like(at) && bf16_like(bt))
+        return &mp_gemm_avx512bf16_impl;
+    if (isa >= MP_ISA_AVX512) return &mp_gemm_avx512_impl;
+#else
+    (void)isa;
+    (void)at;
+    (void)bt;
+#endif
+    return &mp_gemm_scalar_impl;
+}
+
+/* ------------------------------------------------------ per-thread buffers */
+
+/* Packing buffers live as long as the thread and only grow: page faults cost
+ * far more than the packing itself, so nothing is freed per call. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} tbuf;
+static _Thread_local tbuf buf_a, buf_b, buf_c;
+
+static void *tbuf_get(tbuf *b, size_t bytes)
+{
+    bytes = (bytes + 4095) & ~(size_t)4095;
+    if (b->bytes < bytes) {
+        mp_region_free(b->p, b->bytes);
+        b->p = mp_region_alloc(bytes);
+        b->bytes = b->p ? bytes : 0;
+    }
+    return b->p;
+}
+
+/* ------------------------------------------------------------ the driver */
+
+typedef struct {
+    const gemm_impl *im;
+    gemm_operand a, b; /* a: width m, depth k; b: width n, depth k */
+    int64_t m, n, k;
+    int64_t kcb; /* depth block, the same for every thread */
+    gemm_epilogue e;
+} gemm_plan;
+
+static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+/* Computes rows [m0, m1) x cols [n0, n1) of C; false if out of memory. */
+static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
+{
+    const gemm_impl *im = pl->im;
+    const int MR = im->mr, NR = im->nr;
+    const size_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    _Alignas(64) float tile[16 * 64];
+    if (m0 >= m1 || n0 >= n1) return true;
+
+    if (pl->k == 0) {
+        memset(tile, 0, sizeof tile);
+        for (int64_t i = m0; i < m1; i += MR)
+            for (int64_t j = n0; j < n1; j += NR)
+                im->epilogue(&pl->e, tile, NR, i, j, min64(MR, m1 - i), min64(NR, n1 - j));
+        return true;
+    }
+
+    const int64_t kcb = pl->kcb;
+    const int64_t kpad_max = im->fmt == GEMM_FMT_BF16 ? kcb + (kcb & 1) : kcb;
+    const int64_t mc = min64(im->mc, cdiv(m1 - m0, MR) * MR);
+    const int64_t nc = min64(im->nc, cdiv(n1 - n0, NR) * NR);
+    const bool multi = kcb < pl->k;
+    char *ap = tbuf_get(&buf_a, (size_t)mc * (size_t)kpad_max * esz);
+    char *bp = tbuf_get(&buf_b, (size_t)nc * (size_t)kpad_max * esz);
+    float *cw = multi ? tbuf_get(&buf_c, (size_t)mc * (size_t)nc * sizeof(float)) : NULL;
+    if (!ap || !bp || (multi && !cw)) return false;
+
+    for (int64_t jc = n0; jc < n1; jc += nc) {
+        const int64_t nb = min64(nc, n1 - jc);
+        for (int64_t ic = m0; ic < m1; ic += mc) {
+            const int64_t mb = min64(mc, m1 - ic);
+            for (int64_t pc = 0; pc < pl->k; pc += kcb) {
+                const int64_t kb = min64(kcb, pl->k - pc);
+                const int64_t kpad = im->fmt == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
+                const bool first = pc == 0, last = pc + kb >= pl->k;
+                im->pack(&pl->a, ic, mb, pc, kb, MR, ap);
+                im->pack(&pl->b, jc, nb, pc, kb, NR, bp);
+                for (int64_t ir = 0; ir < mb; ir += MR) {
+                    const char *apan = ap + (size_t)(ir / MR) * (size_t)(MR * kpad) * esz;
+                    for (int64_t jr = 0; jr < nb; jr += NR) {
+                        const char *bpan = bp + (size_t)(jr / NR) * (size_t)(NR * kpad) * esz;
+                        const int64_t mr = min64(MR, mb - ir), nr = min64(NR, nb - jr);
+                        if (!multi) {
+                            im->kernel(kpad, apan, bpan, tile, NR, 0);
+                            im->epilogue(&pl->e, tile, NR, ic + ir, jc + jr, mr, nr);
+                        } else {
+                            float *t = cw + ir * nc + jr;
+                            im->kernel(kpad, apan, bpan, t, nc, !first);
+                            if (last) im->epilogue(&pl->e, t, nc, ic + ir, jc + jr, mr, nr);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return true;
+}
+
+/* Splits C into a tm x tn grid of thread regions (tm * tn = nt) that
+ * minimises the largest region in tiles; ties go to splitting n, which keeps
+ * each thread's packed B private. */
+static void split_grid(int64_t mt, int64_t ntl, int nt, int *tm, int *tn)
+{
+    int64_t best = -1;
+    for (int a = 1; a <= nt; a++) {
+        if (nt % a) continue;
+        int b = nt / a;
+        int64_t cost = cdiv(mt, a) * cdiv(ntl, b);
+        if (best < 0 || cost < best || (cost == best && b > *tn)) {
+            best = cost;
+            *tm = a;
+            *tn = b;
+        }
+    }
+}
+
+static int64_t part(int64_t tiles, int parts, int idx, int unit, int64_t total)
+{
+    int64_t t = tiles * idx / parts * unit;
+    return t < total ? t : total;
+}
+
+static mp_status validate(const mp_gemm_args *g)
+{
+    if (!g) return mp_set_error(MP_ERR_INVALID, "mp_gemm: NULL arguments");
+    if (g->m < 0 || g->n < 0 || g->k < 0)
+        return mp_set_error(MP_ERR_INVALID, "mp_gemm: negative size m=%lld n=%lld k=%lld",
+                            (long long)g->m, (long long)g->n, (long long)g->k);
+    if ((unsigned)g->a_type >= MP_DTYPE_COUNT || (unsigned)g->b_type >= MP_DTYPE_COUNT)
+        return mp_set_error(MP_ERR_INVALID, "mp_gemm: unknown input dtype (a=%d, b=%d)",
+                            (int)g->a_type, (int)g->b_type);
+    if (g->c_type != MP_F32 && g->c_type != MP_BF16 && g->c_type != MP_F16)
+        return mp_set_error(MP_ERR_INVALID,
+                            "mp_gemm: output dtype %d unsupported (float32, bfloat16 or float16)",
+                            (int)g->c_type);
+    if ((unsigned)g->activation > MP_ACT_GELU_TANH)
+        return mp_set_error(MP_ERR_INVALID, "mp_gemm: unknown activation %d", (int)g->activation);
+    /* Rows and width of each operand as stored. */
+    const int64_t ar = g->trans_a ? g->k : g->m, aw = g->trans_a ? g->m : g->k;
+    const int64_t br = g->trans_b ? g->n : g->k, bw = g->trans_b ? g->k : g->n;
+    struct {
+        const char *name;
+        int64_t rows, width, ld;
+        const void *p;
+    } ops[3] = {{"a", ar, aw, g->lda, g->a}, {"b", br, bw, g->ldb, g->b},
+                {"c", g->m, g->n, g->ldc, g->c}};
+    for (int i = 0; i < 3; i++) {
+        int64_t need = ops[i].width > 1 ? ops[i].width : 1;
+        if (ops[i].ld < need)
+            return mp_set_error(MP_ERR_INVALID,
+                                "mp_gemm: ld%s=%lld is smaller than the row width %lld",
+                                ops[i].name, (long long)ops[i].ld, (long long)need);
+        if (ops[i].rows > 0 && ops[i].width > 0) {
+            if (!ops[i].p)
+                return mp_set_error(MP_ERR_INVALID, "mp_gemm: %s is NULL", ops[i].name);
+            if (ops[i].rows - 1 > (INT64_MAX / 8 - ops[i].width) / ops[i].ld)
+                return mp_set_error(MP_ERR_INVALID, "mp_gemm: %s is too large to address",
+                                    ops[i].name);
+        }
+    }
+    if (g->m > 0 && g->n > 0 && !g->c) return mp_set_error(MP_ERR_INVALID, "mp_gemm: c is NULL");
+    return MP_OK;
+}
+
+mp_status mp_gemm_ex(const mp_gemm_args *g)
+{
+    mp_status st = validate(g);
+    if (st != MP_OK) return st;
+    if (g->m == 0 || g->n == 0) return MP_OK;
+
+    gemm_plan pl;
+    /* alpha == 0 reads neither A nor B, as in BLAS. */
+    const int64_t k = g->alpha == 0.0f ? 0 : g->k;
+    pl.im = choose_impl(g->a_type, g->b_type);
+    pl.m = g->m;
+    pl.n = g->n;
+    pl.k = k;
+    pl.a = (gemm_operand){g->a, g->a_type, g->trans_a ? 1 : g->lda, g->trans_a ? g->lda : 1};
+    pl.b = (gemm_operand){g->b, g->b_type, g->trans_b ? g->ldb : 1, g->trans_b ? 1 : g->ldb};
+    pl.e = (gemm_epilogue){g->alpha, g->beta, g->c, g->c_type, g->ldc, g->bias, g->activation};
+    /* Equal depth blocks rather than kc, kc, ..., remainder. */
+    const int64_t nkb = k > 0 ? cdiv(k, pl.im->kc) : 1;
+    pl.kcb = k > 0 ? cdiv(k, nkb) : 0;
+    if (pl.im->fmt == GEMM_FMT_BF16 && (pl.kcb & 1) && pl.kcb < k) pl.kcb++;
+
+    const int MR = pl.im->mr, NR = pl.im->nr;
+    const int64_t mt = cdiv(g->m, MR), ntl = cdiv(g->n, NR);
+    int nt = mp_num_threads();
+    /* Below ~4 MFLOP a fork/join costs more than it saves. */
+    double flops = 2.0 * (double)g->m * (double)g->n * (double)(k > 0 ? k : 1);
+    if (flops < 4e6) nt = 1;
+    if ((int64_t)nt > mt * ntl) nt = (int)(mt * ntl);
+    int tm = 1, tn = 1;
+    split_grid(mt, ntl, nt, &tm, &tn);
+
+    bool ok = true;
+    if (nt <= 1) {
+        ok = run_region(&pl, 0, g->m, 0, g->n);
+    } else {
+#pragma omp parallel num_threads(nt) reduction(&& : ok)
+        {
+#ifdef _OPENMP
+            int t = omp_get_thread_num();
+#else
+            int t = 0;
+#endif
+            int ti = t / tn, tj = t % tn;
+            ok = run_region(&pl, part(mt, tm, ti, MR, g->m), part(mt, tm, ti + 1, MR, g->m),
+                            part(ntl, tn, tj, NR, g->n), part(ntl, tn, tj + 1, NR, g->n));
+        }
+    }
+    if (!ok) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate packing buffers");
+    return MP_OK;
+}
+
+void mp_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+             const void *a, mp_dtype a_type, int64_t lda, const void *b, mp_dtype b_type,
+             int64_t ldb, float beta, void *c, mp_dtype c_type, int64_t ldc)
+{
+    mp_gemm_args g = mp_gemm_args_default();
+    g.trans_a = trans_a;
+    g.trans_b = trans_b;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = alpha;
+    g.a = a;
+    g.a_type = a_type;
+    g.lda = lda;
+    g.b = b;
+    g.b_type = b_type;
+    g.ldb = ldb;
+    g.beta = beta;
+    g.c = c;
+    g.c_type = c_type;
+    g.ldc = ldc;
+    (void)mp_gemm_ex(&g); /* on bad arguments the error is set and C untouched */
+}

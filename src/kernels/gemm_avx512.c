@@ -1,0 +1,120 @@
+/* gemm_avx512.c - AVX-512 float32 GEMM path: an 8x48 FMA microkernel (24 zmm
+ * accumulators, enough independent chains to cover FMA latency on two
+ * pipes), packers that widen f32/f16/bf16 to f32 with SIMD loads and 8x8
+ * transposes, and the vector epilogue. Compiled with target attributes and
+ * only reached after runtime CPU detection. */
+#include "kernels/gemm_avx512_common.h"
+
+#if MP_X86
+
+enum { FMR = 8, FNR = 48 };
+
+MP_TARGET_AVX512 static void kernel_f32(int64_t kc, const void *a, const void *b, float *c,
+                                        int64_t ldc, int acc)
+{
+    const float *ap = a, *bp = b;
+    __m512 c0[FMR], c1[FMR], c2[FMR];
+#pragma GCC unroll 8
+    for (int i = 0; i < FMR; i++) {
+        if (acc) {
+            c0[i] = _mm512_loadu_ps(c + i * ldc);
+            c1[i] = _mm512_loadu_ps(c + i * ldc + 16);
+            c2[i] = _mm512_loadu_ps(c + i * ldc + 32);
+        } else {
+            c0[i] = _mm512_setzero_ps();
+            c1[i] = _mm512_setzero_ps();
+            c2[i] = _mm512_setzero_ps();
+        }
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16), b2 = _mm512_load_ps(bp + 32);
+#pragma GCC unroll 8
+        for (int i = 0; i < FMR; i++) {
+            __m512 av = _mm512_set1_ps(ap[i]);
+            c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
+            c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
+            c2[i] = _mm512_fmadd_ps(av, b2, c2[i]);
+        }
+        ap += FMR;
+        bp += FNR;
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < FMR; i++) {
+        _mm512_storeu_ps(c + i * ldc, c0[i]);
+        _mm512_storeu_ps(c + i * ldc + 16, c1[i]);
+        _mm512_storeu_ps(c + i * ldc + 32, c2[i]);
+    }
+}
+
+/* Up to 8 consecutive elements of a 16/32-bit type widened to f32; lanes past
+ * cnt are zero and their memory is not touched. */
+MP_TARGET_AVX512 static inline __m256 load8(const char *p, mp_dtype t, int cnt)
+{
+    __mmask8 m = (__mmask8)((1u << cnt) - 1u);
+    switch (t) {
+    case MP_F32: return cnt == 8 ? _mm256_loadu_ps((const float *)p) : _mm256_maskz_loadu_ps(m, p);
+    case MP_F16: return _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, p));
+    default: /* MP_BF16 */
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_maskz_loadu_epi16(m, p)), 16));
+    }
+}
+
+MP_TARGET_AVX512 static void pack_f32(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
+                                      int64_t nd, int W, void *dst)
+{
+    const mp_dtype t = op->type;
+    if ((t != MP_F32 && t != MP_F16 && t != MP_BF16) || (W & 7) ||
+        (op->sw != 1 && op->sd != 1)) {
+        mp_gemm_pack_generic(op, w0, nw, d0, nd, W, GEMM_FMT_F32, dst);
+        return;
+    }
+    const int64_t es = (int64_t)mp_dtype_size(t);
+    const char *base = op->base;
+    float *out = dst;
+    for (int64_t w = 0; w < nw; w += W, out += nd * W) {
+        const int64_t nv = nw - w < W ? nw - w : W;
+        if (op->sw == 1) {
+            /* Rows of the panel are contiguous in memory: straight copies. */
+            for (int64_t d = 0; d < nd; d++) {
+                const char *src = base + ((w0 + w) + (d0 + d) * op->sd) * es;
+                for (int g = 0; g < W; g += 8) {
+                    int64_t cnt = nv - g;
+                    __m256 v = cnt <= 0 ? _mm256_setzero_ps()
+                                        : load8(src + g * es, t, cnt >= 8 ? 8 : (int)cnt);
+                    _mm256_storeu_ps(out + d * W + g, v);
+                }
+            }
+        } else {
+            /* Depth is contiguous: transpose 8 rows x 8 depths at a time. */
+            for (int g = 0; g < W; g += 8) {
+                int64_t cnt = nv - g;
+                if (cnt > 8) cnt = 8;
+                const char *rows = base + ((w0 + w + g) * op->sw + d0) * es;
+                for (int64_t d = 0; d < nd; d += 8) {
+                    int dn = nd - d >= 8 ? 8 : (int)(nd - d);
+                    __m256 r[8];
+                    for (int q = 0; q < 8; q++)
+                        r[q] = q < cnt ? load8(rows + (q * op->sw + d) * es, t, dn)
+                                       : _mm256_setzero_ps();
+                    mp_gemm_tr8(r);
+                    for (int q = 0; q < dn; q++) _mm256_storeu_ps(out + (d + q) * W + g, r[q]);
+                }
+            }
+        }
+    }
+}
+
+const gemm_impl mp_gemm_avx512_impl = {
+    .fmt = GEMM_FMT_F32,
+    .mr = FMR,
+    .nr = FNR,
+    .kc = 256,
+    .mc = 1024,
+    .nc = 480,
+    .kernel = kernel_f32,
+    .pack = pack_f32,
+    .epilogue = mp_gemm_epilogue_avx512,
+};
+
+#endif

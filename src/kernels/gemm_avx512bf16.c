@@ -1,0 +1,148 @@
+/* gemm_avx512bf16.c - AVX512_BF16 GEMM path for bf16 and fp8 inputs: an 8x48
+ * vdpbf16ps microkernel over K interleaved in pairs (one 32-bit lane holds
+ * the two bf16 values it multiplies), and packers that decode fp8 to bf16
+ * exactly with SIMD. vdpbf16ps reads subnormal bf16 inputs as zero and
+ * flushes subnormal sums: a documented difference from the f32 paths that
+ * only shows below 2^-126. */
+#include "kernels/gemm_avx512_common.h"
+
+#if MP_X86
+
+enum { BMR = 8, BNR = 48 };
+
+MP_TARGET_AVX512BF16 static void kernel_bf16(int64_t kc, const void *a, const void *b, float *c,
+                                             int64_t ldc, int acc)
+{
+    const int32_t *ap = a;
+    const uint16_t *bp = b;
+    __m512 c0[BMR], c1[BMR], c2[BMR];
+#pragma GCC unroll 8
+    for (int i = 0; i < BMR; i++) {
+        if (acc) {
+            c0[i] = _mm512_loadu_ps(c + i * ldc);
+            c1[i] = _mm512_loadu_ps(c + i * ldc + 16);
+            c2[i] = _mm512_loadu_ps(c + i * ldc + 32);
+        } else {
+            c0[i] = _mm512_setzero_ps();
+            c1[i] = _mm512_setzero_ps();
+            c2[i] = _mm512_setzero_ps();
+        }
+    }
+    for (int64_t kp = 0; kp < kc / 2; kp++) {
+        __m512bh b0 = (__m512bh)_mm512_load_si512(bp);
+        __m512bh b1 = (__m512bh)_mm512_load_si512(bp + 32);
+        __m512bh b2 = (__m512bh)_mm512_load_si512(bp + 64);
+#pragma GCC unroll 8
+        for (int i = 0; i < BMR; i++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32(ap[i]);
+            c0[i] = _mm512_dpbf16_ps(c0[i], av, b0);
+            c1[i] = _mm512_dpbf16_ps(c1[i], av, b1);
+            c2[i] = _mm512_dpbf16_ps(c2[i], av, b2);
+        }
+        ap += BMR;
+        bp += 2 * BNR;
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < BMR; i++) {
+        _mm512_storeu_ps(c + i * ldc, c0[i]);
+        _mm512_storeu_ps(c + i * ldc + 16, c1[i]);
+        _mm512_storeu_ps(c + i * ldc + 32, c2[i]);
+    }
+}
+
+/* Up to 16 consecutive bf16/fp8 elements as bf16 bits; lanes past cnt are
+ * zero and their memory is not touched. fp8 goes through f16 bit patterns:
+ * E5M2 is the top byte of an f16, and E4M3's exponent and mantissa placed
+ * in an f16 read 2^8 times too small (subnormals included), so one exact
+ * multiply fixes the scale. Every fp8 value then fits bf16 exactly. */
+MP_TARGET_AVX512BF16 static inline __m256i load16(const char *p, mp_dtype t, int cnt)
+{
+    __mmask16 m = (__mmask16)((1u << cnt) - 1u);
+    if (t == MP_BF16) return _mm256_maskz_loadu_epi16(m, p);
+    __m256i b = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p));
+    __m512 f;
+    if (t == MP_F8E5M2) {
+        f = _mm512_cvtph_ps(_mm256_slli_epi16(b, 8));
+    } else {
+        __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7F));
+        f = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_slli_epi16(mag, 7)), _mm512_set1_ps(256.0f));
+        __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
+        f = _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(__builtin_nanf("")));
+        __m512i sign = _mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_and_si256(b, _mm256_set1_epi16(0x80))), 24);
+        f = _mm512_or_ps(f, _mm512_castsi512_ps(sign));
+    }
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16));
+}
+
+MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, int64_t nw,
+                                           int64_t d0, int64_t nd, int W, void *dst)
+{
+    const mp_dtype t = op->type;
+    if ((t != MP_BF16 && t != MP_F8E4M3 && t != MP_F8E5M2) || (W & 7) ||
+        (op->sw != 1 && op->sd != 1)) {
+        mp_gemm_pack_generic(op, w0, nw, d0, nd, W, GEMM_FMT_BF16, dst);
+        return;
+    }
+    const int64_t es = (int64_t)mp_dtype_size(t);
+    const int64_t kp = (nd + 1) / 2;
+    const char *base = op->base;
+    uint16_t *out = dst;
+    for (int64_t w = 0; w < nw; w += W, out += kp * 2 * W) {
+        const int64_t nv = nw - w < W ? nw - w : W;
+        if (op->sw == 1) {
+            /* Two depth rows of W contiguous values interleave into W pairs. */
+            for (int64_t p = 0; p < kp; p++) {
+                const char *r0 = base + ((w0 + w) + (d0 + 2 * p) * op->sd) * es;
+                const bool two = 2 * p + 1 < nd;
+                for (int g = 0; g < W; g += 8) {
+                    int64_t cnt = nv - g;
+                    __m256i v = _mm256_setzero_si256();
+                    if (cnt > 0) {
+                        int c8 = cnt >= 8 ? 8 : (int)cnt;
+                        __m256i lo = _mm256_cvtepu16_epi32(
+                            _mm256_castsi256_si128(load16(r0 + g * es, t, c8)));
+                        __m256i hi = _mm256_setzero_si256();
+                        if (two)
+                            hi = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(
+                                load16(r0 + (op->sd + g) * es, t, c8)));
+                        v = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16));
+                    }
+                    _mm256_storeu_si256((__m256i *)(out + (p * W + g) * 2), v);
+                }
+            }
+        } else {
+            /* Depth pairs are adjacent in memory: a 32-bit 8x8 transpose. */
+            for (int g = 0; g < W; g += 8) {
+                int64_t cnt = nv - g;
+                if (cnt > 8) cnt = 8;
+                const char *rows = base + ((w0 + w + g) * op->sw + d0) * es;
+                for (int64_t d = 0; d < nd; d += 16) {
+                    int dn = nd - d >= 16 ? 16 : (int)(nd - d);
+                    __m256 r[8];
+                    for (int q = 0; q < 8; q++)
+                        r[q] = q < cnt ? _mm256_castsi256_ps(
+                                             load16(rows + (q * op->sw + d) * es, t, dn))
+                                       : _mm256_setzero_ps();
+                    mp_gemm_tr8(r);
+                    for (int q = 0; q < (dn + 1) / 2; q++)
+                        _mm256_storeu_ps((float *)(out + ((d / 2 + q) * W + g) * 2), r[q]);
+                }
+            }
+        }
+    }
+}
+
+const gemm_impl mp_gemm_avx512bf16_impl = {
+    .fmt = GEMM_FMT_BF16,
+    .mr = BMR,
+    .nr = BNR,
+    .kc = 512,
+    .mc = 1024,
+    .nc = 480,
+    .kernel = kernel_bf16,
+    .pack = pack_bf16,
+    .epilogue = mp_gemm_epilogue_avx512,
+};
+
+#endif

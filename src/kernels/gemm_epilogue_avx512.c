@@ -1,0 +1,63 @@
+/* gemm_epilogue_avx512.c - the vector GEMM epilogue: alpha, beta*C, bias and
+ * relu on 16 lanes, in the same operation order as the scalar epilogue (no
+ * contraction), and the final rounding through the bit-exact conversion
+ * kernels. GELU calls the scalar activation: its erf/tanh cost is small next
+ * to the products that produced the tile. */
+#include "kernels/gemm_avx512_common.h"
+
+#if MP_X86
+
+MP_TARGET_AVX512 static inline __m512 load_c(const void *c, mp_dtype t, int64_t idx, __mmask16 m)
+{
+    switch (t) {
+    case MP_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)c + idx));
+    case MP_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)c + idx)), 16));
+    default: return _mm512_maskz_loadu_ps(m, (const float *)c + idx);
+    }
+}
+
+MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const float *t, int64_t ldt,
+                                              int64_t i0, int64_t j0, int64_t mr, int64_t nr)
+{
+    const mp_convert_kernels *cv = mp_convert_kernels_for(MP_ISA_AVX512);
+    const __m512 alpha = _mm512_set1_ps(e->alpha), beta = _mm512_set1_ps(e->beta);
+    const __m512 zero = _mm512_setzero_ps();
+    _Alignas(64) float row[64];
+    if (nr > 64) {
+        mp_gemm_epilogue_scalar(e, t, ldt, i0, j0, mr, nr);
+        return;
+    }
+    for (int64_t i = 0; i < mr; i++) {
+        const int64_t ci = (i0 + i) * e->ldc + j0;
+        for (int64_t j = 0; j < nr; j += 16) {
+            const int64_t cnt = nr - j < 16 ? nr - j : 16;
+            const __mmask16 m = (__mmask16)((1u << cnt) - 1u);
+            __m512 v = _mm512_mul_ps(alpha, _mm512_maskz_loadu_ps(m, t + i * ldt + j));
+            if (e->beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(beta, load_c(e->c, e->c_type, ci + j, m)));
+            if (e->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, e->bias + j0 + j));
+            if (e->act == MP_ACT_RELU)
+                v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_NLE_UQ), v);
+            if (e->c_type == MP_F32 && (e->act == MP_ACT_NONE || e->act == MP_ACT_RELU))
+                _mm512_mask_storeu_ps((float *)e->c + ci + j, m, v);
+            else
+                _mm512_store_ps(row + j, v);
+        }
+        if (e->c_type == MP_F32 && (e->act == MP_ACT_NONE || e->act == MP_ACT_RELU)) continue;
+        if (e->act == MP_ACT_GELU || e->act == MP_ACT_GELU_TANH)
+            for (int64_t j = 0; j < nr; j++) row[j] = mp_gemm_activate(e->act, row[j]);
+        uint16_t *c16 = (uint16_t *)e->c + ci;
+        if (e->c_type == MP_F32)
+            for (int64_t j = 0; j < nr; j++) ((float *)e->c)[ci + j] = row[j];
+        else if (e->c_type == MP_BF16 && cv->f32_to_bf16)
+            cv->f32_to_bf16(c16, row, (size_t)nr);
+        else if (e->c_type == MP_F16 && cv->f32_to_f16)
+            cv->f32_to_f16(c16, row, (size_t)nr);
+        else
+            for (int64_t j = 0; j < nr; j++)
+                c16[j] = e->c_type == MP_BF16 ? mp_f32_to_bf16(row[j]) : mp_f32_to_f16(row[j]);
+    }
+}
+
+#endif

@@ -1,0 +1,72 @@
+/* gemm_internal.h - the contract between the GEMM driver (gemm.c) and the
+ * per-ISA microkernel files: packed panel layouts, the microkernel and packer
+ * signatures, and the epilogue description. */
+#ifndef MP_GEMM_INTERNAL_H
+#define MP_GEMM_INTERNAL_H
+
+#include "core/internal.h"
+
+/* Packed formats. Both operands are packed into panels of W rows (W = MR for
+ * A, NR for B) along K, zero-padded to full width:
+ *   GEMM_FMT_F32:  panel[k][w] as float;
+ *   GEMM_FMT_BF16: panel[k/2][w][k%2] as bf16, K padded to even, so that one
+ *                  32-bit lane holds the pair vdpbf16ps multiplies. */
+typedef enum { GEMM_FMT_F32 = 0, GEMM_FMT_BF16 = 1 } gemm_fmt;
+
+/* One operand seen as a (width x depth) matrix: element (w, d) lives at
+ * base + (w * sw + d * sd) elements. A: width = m, depth = k; B: width = n. */
+typedef struct {
+    const void *base;
+    mp_dtype type;
+    int64_t sw, sd;
+} gemm_operand;
+
+/* Packs width rows [w0, w0+nw) and depth [d0, d0+nd) of op into
+ * ceil(nw/W) panels of W x kpad (kpad = nd, rounded up to even for bf16). */
+typedef void (*gemm_pack_fn)(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
+                             int64_t nd, int W, void *dst);
+
+/* c[MR x NR] (row stride ldc, floats) = (acc ? c : 0) + Apanel * Bpanel over
+ * kc depth (kc already padded for the format). */
+typedef void (*gemm_kernel_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
+                               int acc);
+
+/* What happens to a finished f32 tile on its way to C. */
+typedef struct {
+    float alpha, beta;
+    void *c;
+    mp_dtype c_type;
+    int64_t ldc;
+    const float *bias;
+    mp_activation act;
+} gemm_epilogue;
+
+/* Writes rows [i0, i0+mr) x cols [j0, j0+nr) of C from the f32 tile t. */
+typedef void (*gemm_epilogue_fn)(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
+                                 int64_t j0, int64_t mr, int64_t nr);
+
+typedef struct {
+    gemm_fmt fmt;
+    int mr, nr;
+    int64_t kc, mc, nc; /* cache blocks: kc in depth units, mc/nc multiples of mr/nr */
+    gemm_kernel_fn kernel;
+    gemm_pack_fn pack; /* for both operands */
+    gemm_epilogue_fn epilogue;
+} gemm_impl;
+
+/* Portable pieces (gemm_scalar.c): widen any dtype to f32 / bf16 bits. */
+float mp_gemm_load_f32(const void *base, mp_dtype t, int64_t idx);
+uint16_t mp_gemm_load_bf16(const void *base, mp_dtype t, int64_t idx);
+void mp_gemm_pack_generic(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
+                          int W, gemm_fmt fmt, void *dst);
+void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
+                             int64_t j0, int64_t mr, int64_t nr);
+float mp_gemm_activate(mp_activation act, float x);
+extern const gemm_impl mp_gemm_scalar_impl;
+
+#if MP_X86
+extern const gemm_impl mp_gemm_avx512_impl;     /* f32 FMA */
+extern const gemm_impl mp_gemm_avx512bf16_impl; /* vdpbf16ps */
+#endif
+
+#endif

@@ -1,0 +1,444 @@
+/* test_gemm.c - mp_gemm / mp_gemm_ex against a float64 reference computed
+ * from the same rounded inputs, on every ISA path and every type
+ * combination; strides, transposes, alpha/beta, epilogues, determinism and
+ * argument checks. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+static const mp_dtype in_types[] = {MP_F32, MP_BF16, MP_F16, MP_F8E4M3, MP_F8E5M2};
+static const int64_t sizes[] = {0, 1, 2, 3, 15, 16, 17, 31, 33, 64, 100, 257};
+#define NSIZES ((int)(sizeof sizes / sizeof sizes[0]))
+
+typedef struct {
+    bool ta, tb;
+    int64_t m, n, k;
+    mp_dtype at, bt, ct;
+    float alpha, beta;
+    int pad;  /* extra elements per row of A, B and C */
+    bool bias;
+    mp_activation act;
+    bool nan_c; /* C holds NaN on entry (only meaningful with beta == 0) */
+} gemm_case;
+
+/* A stored matrix of `rows` x `width` (leading dimension ld) in dtype t, and
+ * the exact values it holds as doubles. */
+typedef struct {
+    void *data;
+    double *val;
+    int64_t rows, width, ld;
+} mat;
+
+static void mat_random(mat *x, test_rng *r, mp_dtype t, int64_t rows, int64_t width, int pad)
+{
+    x->rows = rows;
+    x->width = width;
+    x->ld = width + pad > 0 ? width + pad : 1;
+    size_t n = (size_t)(rows * x->ld);
+    size_t es = mp_dtype_size(t);
+    float *f = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) f[i] = (float)test_rng_uniform(r, -1.0, 1.0);
+    x->data = malloc((n ? n : 1) * es);
+    mp_convert(x->data, t, f, MP_F32, n);
+    mp_convert(f, MP_F32, x->data, t, n);
+    x->val = malloc((n ? n : 1) * sizeof(double));
+    for (size_t i = 0; i < n; i++) x->val[i] = f[i];
+    free(f);
+}
+
+static void mat_free(mat *x)
+{
+    free(x->data);
+    free(x->val);
+}
+
+static double gamma_n(double n)
+{
+    const double u = 0x1p-24;
+    return n * u / (1.0 - n * u);
+}
+
+static double act_ref(mp_activation a, double x)
+{
+    switch (a) {
+    case MP_ACT_RELU: return x > 0 ? x : 0;
+    case MP_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case MP_ACT_GELU_TANH:
+        return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    default: return x;
+    }
+}
+
+static double unit_roundoff(mp_dtype t)
+{
+    return t == MP_BF16 ? 0x1p-8 : t == MP_F16 ? 0x1p-11 : 0x1p-24;
+}
+
+static void run_case(const gemm_case *gc, test_rng *r)
+{
+    mat A, B, C;
+    mat_random(&A, r, gc->at, gc->ta ? gc->k : gc->m, gc->ta ? gc->m : gc->k, gc->pad);
+    mat_random(&B, r, gc->bt, gc->tb ? gc->n : gc->k, gc->tb ? gc->k : gc->n, gc->pad);
+    mat_random(&C, r, gc->ct, gc->m, gc->n, gc->pad);
+    const size_t ces = mp_dtype_size(gc->ct);
+    const size_t cbytes = (size_t)(C.rows * C.ld) * ces;
+    if (gc->nan_c) {
+        for (int64_t i = 0; i < C.rows * C.ld; i++) {
+            float q = NAN;
+            mp_convert((char *)C.data + (size_t)i * ces, gc->ct, &q, MP_F32, 1);
+        }
+    }
+    /* Padding columns of C must come back untouched. */
+    for (int64_t i = 0; i < C.rows; i++)
+        memset((char *)C.data + (size_t)(i * C.ld + gc->n) * ces, 0x5A,
+               (size_t)(C.ld - gc->n) * ces);
+    void *c0 = malloc(cbytes ? cbytes : 1);
+    memcpy(c0, C.data, cbytes);
+    float *bias = NULL;
+    if (gc->bias) {
+        bias = malloc((size_t)(gc->n + 1) * sizeof(float));
+        for (int64_t j = 0; j < gc->n; j++) bias[j] = (float)test_rng_uniform(r, -1.0, 1.0);
+    }
+
+    mp_gemm_args g = mp_gemm_args_default();
+    g.trans_a = gc->ta;
+    g.trans_b = gc->tb;
+    g.m = gc->m;
+    g.n = gc->n;
+    g.k = gc->k;
+    g.alpha = gc->alpha;
+    g.beta = gc->beta;
+    g.a = A.data;
+    g.a_type = gc->at;
+    g.lda = A.ld;
+    g.b = B.data;
+    g.b_type = gc->bt;
+    g.ldb = B.ld;
+    g.c = C.data;
+    g.c_type = gc->ct;
+    g.ldc = C.ld;
+    g.bias = bias;
+    g.activation = gc->act;
+    mp_status st = mp_gemm_ex(&g);
+    if (st != MP_OK) fail_msg("mp_gemm_ex failed: %s", mp_last_error());
+
+    int bad = 0;
+    for (int64_t i = 0; i < gc->m && bad < 5; i++) {
+        for (int64_t j = 0; j < gc->n && bad < 5; j++) {
+            double dot = 0, S = 0;
+            for (int64_t p = 0; p < gc->k; p++) {
+                double a = gc->ta ? A.val[p * A.ld + i] : A.val[i * A.ld + p];
+                double b = gc->tb ? B.val[j * B.ld + p] : B.val[p * B.ld + j];
+                dot += a * b;
+                S += fabs(a * b);
+            }
+            double cin = gc->beta != 0.0f ? C.val[i * C.ld + j] : 0.0;
+            double bj = bias ? bias[j] : 0.0;
+            double pre = (double)gc->alpha * dot + (double)gc->beta * cin + bj;
+            double want = act_ref(gc->act, pre);
+            /* Tolerance. Each f32 accumulation chain of length k (sequential
+             * FMA, mul+add, or vdpbf16ps's two chained roundings per pair) is
+             * within gamma_k * sum|a||b| of the exact dot product of the
+             * rounded inputs (Higham, Thm 3.1). The epilogue adds at most three
+             * more f32 roundings (alpha*acc, beta*c, the two additions share
+             * the bound as terms of a sum): gamma_{k+3} over the magnitudes
+             * |alpha| S + |beta c| + |bias|. relu is 1-Lipschitz; gelu's slope
+             * is below 1.13 and its f32 evaluation (erff/tanhf plus three
+             * operations) adds a few ulp. Finally one RNE rounding to C's dtype
+             * adds u_c * |result| (plus half the smallest f16 subnormal). */
+            double tol = gamma_n((double)gc->k + 3.0) *
+                         (fabs((double)gc->alpha) * S + fabs((double)gc->beta * cin) + fabs(bj));
+            if (gc->act == MP_ACT_GELU || gc->act == MP_ACT_GELU_TANH)
+                tol = 1.2 * tol + 8 * 0x1p-24 * fabs(want) + 0x1p-126;
+            tol += unit_roundoff(gc->ct) * (fabs(want) + tol) * 1.0001;
+            if (gc->ct == MP_F16) tol += 0x1p-25;
+            float got;
+            mp_convert(&got, MP_F32, (char *)C.data + (size_t)(i * C.ld + j) * ces, gc->ct, 1);
+            if (!(fabs((double)got - want) <= tol)) {
+                print_error("  C[%lld,%lld] = %.9g, want %.9g (tol %.3g) isa=%s ta=%d tb=%d "
+                            "m=%lld n=%lld k=%lld a=%s b=%s c=%s alpha=%g beta=%g act=%d\n",
+                            (long long)i, (long long)j, (double)got, want, tol,
+                            mp_isa_name(mp_isa_active()), gc->ta, gc->tb, (long long)gc->m,
+                            (long long)gc->n, (long long)gc->k, mp_dtype_name(gc->at),
+                            mp_dtype_name(gc->bt), mp_dtype_name(gc->ct), (double)gc->alpha,
+                            (double)gc->beta, (int)gc->act);
+                bad++;
+            }
+        }
+    }
+    for (int64_t i = 0; i < C.rows && !bad; i++)
+        for (int64_t b = gc->n * (int64_t)ces; b < C.ld * (int64_t)ces; b++)
+            if (((unsigned char *)C.data)[i * C.ld * (int64_t)ces + b] != 0x5A) {
+                print_error("  padding of C row %lld overwritten\n", (long long)i);
+                bad++;
+                break;
+            }
+    free(c0);
+    free(bias);
+    mat_free(&A);
+    mat_free(&B);
+    mat_free(&C);
+    if (bad) fail();
+}
+
+static void for_each_isa(void (*fn)(test_rng *), uint64_t seed)
+{
+    mp_isa isas[MP_ISA_COUNT];
+    int n = test_isas(isas);
+    mp_isa saved = mp_isa_active();
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(mp_isa_set(isas[i]), MP_OK);
+        test_rng r = {seed + (uint64_t)i};
+        fn(&r);
+    }
+    mp_isa_set(saved);
+}
+
+/* Every input type pair, every transpose combination, a rotating selection of
+ * sizes from the list (so each size meets each role), on every ISA path. */
+static void types_body(test_rng *r)
+{
+    int t = 0;
+    for (int ai = 0; ai < 5; ai++)
+        for (int bi = 0; bi < 5; bi++)
+            for (int tr = 0; tr < 4; tr++)
+                for (int s = 0; s < 3; s++, t++) {
+                    gemm_case gc = {.ta = tr & 1, .tb = tr >> 1, .at = in_types[ai],
+                                    .bt = in_types[bi], .ct = MP_F32, .alpha = 1.0f,
+                                    .beta = 0.0f};
+                    gc.m = sizes[(t * 5 + 1) % NSIZES];
+                    gc.n = sizes[(t * 7 + 4) % NSIZES];
+                    gc.k = sizes[(t * 11 + 9) % NSIZES];
+                    gc.pad = t % 3 == 0 ? 0 : 3;
+                    run_case(&gc, r);
+                }
+}
+static void test_type_combinations(void **state)
+{
+    (void)state;
+    for_each_isa(types_body, 1);
+}
+
+/* The full cross of the size list on the main formats. */
+static void cross_body(test_rng *r)
+{
+    const mp_dtype pairs[3][2] = {{MP_F32, MP_F32}, {MP_BF16, MP_BF16}, {MP_F8E4M3, MP_F8E5M2}};
+    int t = 0;
+    static const int64_t ks[] = {0, 1, 2, 3, 16, 17, 33, 100};
+    for (int p = 0; p < 3; p++)
+        for (int mi = 0; mi < NSIZES; mi++)
+            for (int ni = 0; ni < NSIZES; ni++)
+                for (int ki = 0; ki < 8; ki++, t++) {
+                    gemm_case gc = {.ta = t & 1, .tb = (t >> 1) & 1, .m = sizes[mi],
+                                    .n = sizes[ni], .k = ks[ki], .at = pairs[p][0],
+                                    .bt = pairs[p][1], .ct = MP_F32, .alpha = 1.0f,
+                                    .beta = 0.0f, .pad = t % 2};
+                    if (gc.m * gc.n * gc.k > 100000) continue;
+                    run_case(&gc, r);
+                }
+}
+static void test_size_cross(void **state)
+{
+    (void)state;
+    for_each_isa(cross_body, 2);
+}
+
+/* Large shapes cross every cache block boundary and use the threads. */
+static void large_body(test_rng *r)
+{
+    const mp_dtype pairs[4][2] = {
+        {MP_F32, MP_F32}, {MP_BF16, MP_BF16}, {MP_F8E4M3, MP_F16}, {MP_F8E5M2, MP_BF16}};
+    for (int p = 0; p < 4; p++) {
+        int tr = p;
+        gemm_case gc = {.ta = tr & 1, .tb = tr >> 1, .m = 300, .n = 520, .k = 700,
+                        .at = pairs[p][0], .bt = pairs[p][1], .ct = MP_F32, .alpha = 0.5f,
+                        .beta = -1.25f, .pad = 5};
+        if (mp_isa_active() == MP_ISA_SCALAR) gc.k = 300;
+        run_case(&gc, r);
+    }
+    gemm_case gc = {.m = 1030, .n = 100, .k = 1100, .at = MP_BF16, .bt = MP_F8E4M3,
+                    .ct = MP_BF16, .alpha = 1.0f, .beta = 0.0f, .tb = true};
+    if (mp_isa_active() != MP_ISA_SCALAR) run_case(&gc, r);
+}
+static void test_large(void **state)
+{
+    (void)state;
+    for_each_isa(large_body, 3);
+}
+
+/* alpha/beta, beta == 0 over NaN, output dtypes, bias and activations. */
+static void epilogue_body(test_rng *r)
+{
+    const mp_dtype cts[3] = {MP_F32, MP_BF16, MP_F16};
+    const mp_dtype ins[3][2] = {{MP_F32, MP_F32}, {MP_BF16, MP_BF16}, {MP_F16, MP_F8E5M2}};
+    int t = 0;
+    for (int ci = 0; ci < 3; ci++)
+        for (int ii = 0; ii < 3; ii++)
+            for (int act = 0; act < 4; act++)
+                for (int v = 0; v < 3; v++, t++) {
+                    gemm_case gc = {.ta = t & 1, .tb = (t >> 1) & 1, .m = sizes[3 + t % 9],
+                                    .n = sizes[2 + (t * 5) % 10], .k = sizes[(t * 3) % NSIZES],
+                                    .at = ins[ii][0], .bt = ins[ii][1], .ct = cts[ci],
+                                    .pad = 2, .act = (mp_activation)act, .bias = v != 1};
+                    if (v == 0) {
+                        gc.alpha = 1.0f;
+                        gc.beta = 0.0f;
+                        gc.nan_c = true;
+                    } else if (v == 1) {
+                        gc.alpha = -1.5f;
+                        gc.beta = 0.75f;
+                    } else {
+                        gc.alpha = 2.0f;
+                        gc.beta = 1.0f;
+                    }
+                    run_case(&gc, r);
+                }
+    /* k == 0: C = beta * C (+ epilogue). */
+    gemm_case z = {.m = 17, .n = 33, .k = 0, .at = MP_F32, .bt = MP_BF16, .ct = MP_F32,
+                   .alpha = 1.0f, .beta = 0.5f, .pad = 1, .bias = true, .act = MP_ACT_RELU};
+    run_case(&z, r);
+}
+static void test_epilogue(void **state)
+{
+    (void)state;
+    for_each_isa(epilogue_body, 4);
+}
+
+/* alpha == 0 reads neither A nor B, as BLAS: NaN there does not reach C. */
+static void test_alpha_zero(void **state)
+{
+    (void)state;
+    float a[6] = {NAN, NAN, NAN, NAN, NAN, NAN}, b[6] = {1, 2, 3, 4, 5, 6};
+    float c[4] = {1, 2, 3, 4};
+    mp_gemm(false, false, 2, 2, 3, 0.0f, a, MP_F32, 3, b, MP_F32, 2, 2.0f, c, MP_F32, 2);
+    assert_true(c[0] == 2 && c[1] == 4 && c[2] == 6 && c[3] == 8);
+    /* And NaN in the inputs does propagate otherwise. */
+    mp_gemm(false, false, 2, 2, 3, 1.0f, a, MP_F32, 3, b, MP_F32, 2, 0.0f, c, MP_F32, 2);
+    assert_true(isnan(c[0]) && isnan(c[3]));
+}
+
+static void det_run(int threads, mp_dtype t, void *a, void *b, float *c, int64_t m, int64_t n,
+                    int64_t k)
+{
+    mp_set_num_threads(threads);
+    mp_gemm(false, true, m, n, k, 1.0f, a, t, k, b, t, k, 0.0f, c, MP_F32, n);
+}
+
+/* Same bits on every run and for every thread count (no K split). */
+static void test_determinism(void **state)
+{
+    (void)state;
+    const int64_t m = 333, n = 290, k = 1500;
+    test_rng r = {77};
+    mp_isa isas[MP_ISA_COUNT];
+    int ni = test_isas(isas);
+    mp_isa saved = mp_isa_active();
+    int saved_threads = mp_num_threads();
+    float *f = malloc((size_t)(m + n) * (size_t)k * sizeof(float));
+    for (int64_t i = 0; i < (m + n) * k; i++) f[i] = (float)test_rng_uniform(&r, -1, 1);
+    void *h = malloc((size_t)(m + n) * (size_t)k * 4);
+    float *c1 = malloc((size_t)(m * n) * sizeof(float));
+    float *c2 = malloc((size_t)(m * n) * sizeof(float));
+    const mp_dtype ts[2] = {MP_F32, MP_BF16};
+    for (int ii = 0; ii < ni; ii++) {
+        mp_isa_set(isas[ii]);
+        for (int ti = 0; ti < 2; ti++) {
+            mp_convert(h, ts[ti], f, MP_F32, (size_t)((m + n) * k));
+            void *b = (char *)h + (size_t)(m * k) * mp_dtype_size(ts[ti]);
+            det_run(2, ts[ti], h, b, c1, m, n, k);
+            for (int rep = 0; rep < 3; rep++) {
+                det_run(rep == 1 ? 1 : 2, ts[ti], h, b, c2, m, n, k);
+                assert_memory_equal(c1, c2, (size_t)(m * n) * sizeof(float));
+            }
+        }
+    }
+    mp_set_num_threads(saved_threads);
+    mp_isa_set(saved);
+    free(f);
+    free(h);
+    free(c1);
+    free(c2);
+}
+
+static void expect_invalid(const mp_gemm_args *g, const char *what)
+{
+    mp_clear_error();
+    assert_int_equal(mp_gemm_ex(g), MP_ERR_INVALID);
+    const char *msg = mp_last_error();
+    if (!strstr(msg, what)) fail_msg("message '%s' does not mention '%s'", msg, what);
+}
+
+static void test_invalid_args(void **state)
+{
+    (void)state;
+    float a[64] = {0}, b[64] = {0}, c[64];
+    for (int i = 0; i < 64; i++) c[i] = 42.0f;
+    mp_gemm_args g = mp_gemm_args_default();
+    g.m = 4;
+    g.n = 4;
+    g.k = 4;
+    g.a = a;
+    g.b = b;
+    g.c = c;
+    g.lda = g.ldb = g.ldc = 4;
+    assert_int_equal(mp_gemm_ex(&g), MP_OK);
+    for (int i = 0; i < 64; i++) c[i] = 42.0f;
+
+    mp_gemm_args x = g;
+    x.m = -1;
+    expect_invalid(&x, "negative");
+    x = g;
+    x.lda = 3;
+    expect_invalid(&x, "lda");
+    x = g;
+    x.trans_b = true;
+    x.n = 8;
+    x.ldc = 8;
+    x.ldb = 3;
+    expect_invalid(&x, "ldb");
+    x = g;
+    x.ldc = 2;
+    expect_invalid(&x, "ldc");
+    x = g;
+    x.c_type = MP_F8E4M3;
+    expect_invalid(&x, "output dtype");
+    x = g;
+    x.a_type = (mp_dtype)9;
+    expect_invalid(&x, "dtype");
+    x = g;
+    x.a = NULL;
+    expect_invalid(&x, "a is NULL");
+    x = g;
+    x.activation = (mp_activation)17;
+    expect_invalid(&x, "activation");
+    assert_int_equal(mp_gemm_ex(NULL), MP_ERR_INVALID);
+    /* mp_gemm reports through mp_last_error and leaves C alone. */
+    mp_clear_error();
+    mp_gemm(false, false, 4, 4, 4, 1.0f, a, MP_F32, 2, b, MP_F32, 4, 0.0f, c, MP_F32, 4);
+    assert_true(strlen(mp_last_error()) > 0);
+    for (int i = 0; i < 64; i++) assert_true(c[i] == 42.0f);
+    /* Empty problems are valid, including ld = 1 for zero-width rows. */
+    x = g;
+    x.k = 0;
+    x.lda = 1;
+    x.ldb = 4;
+    assert_int_equal(mp_gemm_ex(&x), MP_OK);
+    x = g;
+    x.m = 0;
+    x.a = NULL;
+    x.c = NULL;
+    assert_int_equal(mp_gemm_ex(&x), MP_OK);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_invalid_args),   cmocka_unit_test(test_alpha_zero),
+        cmocka_unit_test(test_type_combinations), cmocka_unit_test(test_size_cross),
+        cmocka_unit_test(test_epilogue),       cmocka_unit_test(test_large),
+        cmocka_unit_test(test_determinism),
+    };
+    return cmocka_run_group_tests_name("gemm", tests, NULL, NULL);
+}
