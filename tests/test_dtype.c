@@ -240,6 +240,39 @@ static void test_sample_all_paths(void **state)
     free(got);
 }
 
+/* Outputs of 8 MiB and more take the streaming-store route, with a head of
+ * ordinary stores up to 64-byte alignment: check it against scalar at
+ * several misalignments. */
+static void test_streaming_paths(void **state)
+{
+    (void)state;
+    const size_t n = (9u << 20) + 5;
+    float *x = malloc((n + 16) * sizeof *x), *y = malloc((n + 16) * sizeof *y);
+    uint8_t *ref = malloc((n + 16) * 4), *got = malloc((n + 16) * 4);
+    test_rng r = {5};
+    for (size_t i = 0; i < n + 16; i++) x[i] = (float)test_rng_uniform(&r, -500, 500);
+    const mp_dtype targets[] = {MP_BF16, MP_F16, MP_F8E4M3, MP_F8E5M2};
+    mp_isa isas[MP_ISA_COUNT];
+    int nisa = test_isas(isas);
+    for (int t = 0; t < 4; t++) {
+        size_t es = mp_dtype_size(targets[t]);
+        for (size_t off = 0; off < 3; off++) {
+            mp_convert_isa(MP_ISA_SCALAR, ref, targets[t], x, MP_F32, n, MP_OVERFLOW_SATURATE);
+            for (int k = 0; k < nisa; k++) {
+                mp_convert_isa(isas[k], got + off * es, targets[t], x, MP_F32, n, MP_OVERFLOW_SATURATE);
+                assert_memory_equal(got + off * es, ref, n * es);
+                mp_convert_isa(isas[k], y + off, MP_F32, ref, targets[t], n, MP_OVERFLOW_SATURATE);
+                mp_convert_isa(MP_ISA_SCALAR, (float *)got, MP_F32, ref, targets[t], n, MP_OVERFLOW_SATURATE);
+                assert_memory_equal(y + off, got, n * sizeof(float));
+            }
+        }
+    }
+    free(x);
+    free(y);
+    free(ref);
+    free(got);
+}
+
 /* Conversions between two low-precision types are one rounding of the exact
  * decoded value, whichever path runs. */
 static void test_convert_any_pair(void **state)
@@ -315,7 +348,7 @@ int main(void)
         cmocka_unit_test(test_bf16_edges),       cmocka_unit_test(test_f16_edges),
         cmocka_unit_test(test_fp8_edges),        cmocka_unit_test(test_decode_all_8bit),
         cmocka_unit_test(test_decode_all_16bit), cmocka_unit_test(test_sample_all_paths),
-        cmocka_unit_test(test_convert_any_pair), cmocka_unit_test(test_facts_and_names),
+        cmocka_unit_test(test_convert_any_pair), cmocka_unit_test(test_streaming_paths), cmocka_unit_test(test_facts_and_names),
         cmocka_unit_test(test_isa_selection),
     };
     return cmocka_run_group_tests_name("dtype", tests, NULL, NULL);
