@@ -43,7 +43,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -109,13 +109,20 @@ demo: $(CLI)
 # ---------------------------------------------------------------- install
 install: $(STATIC) $(SHARED) $(CLI)
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -d $(DESTDIR)$(PREFIX)/include/mixprec
 	install -m 644 include/mixprec.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 include/mixprec/*.h $(DESTDIR)$(PREFIX)/include/mixprec/
 	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/libmixprec.so.0
 	ln -sf libmixprec.so.0 $(DESTDIR)$(PREFIX)/lib/libmixprec.so
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n 's/.*MP_VERSION_STRING "\(.*\)"/\1/p' include/mixprec.h)|' \
 		mixprec.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mixprec.pc
+
+# Install into a scratch prefix and build a program against it with pkg-config.
+test-install: all
+	@sh scripts/deps.sh pkgconfig
+	@sh tests/install_test.sh
 
 format:
 	clang-format -i $(LIB_SRC) $(CLI_SRC) $(wildcard src/*/*.h tests/*.c tests/*.h bench/*.c include/*.h)

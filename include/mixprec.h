@@ -262,4 +262,7 @@ void mp_set_num_threads(int n);
 #ifdef __cplusplus
 }
 #endif
+
+#include "mixprec/optim.h"
+
 #endif /* MIXPREC_H */

@@ -8,6 +8,7 @@ case "$1" in
     test) pkgs="gcc make libc6-dev libcmocka-dev" ;;
     bench) pkgs="gcc make libc6-dev libopenblas-dev libdnnl-dev" ;;
     data) pkgs="dataset-fashion-mnist" ;;
+    pkgconfig) pkgs="pkg-config" ;;
     *) echo "deps.sh: unknown group '$1'" >&2; exit 2 ;;
 esac
 missing=""
