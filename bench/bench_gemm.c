@@ -1,0 +1,403 @@
+/* bench_gemm.c - GEMM throughput of mixprec (f32, bf16, f16, fp8 inputs)
+ * against the machine's own measured FMA / vdpbf16ps peak and, when
+ * installed, OpenBLAS sgemm and oneDNN matmul (f32, bf16), all loaded with
+ * dlopen so neither is needed to build. Shapes: the training step of the MLP
+ * 784 -> 4096 -> 4096 -> 10 at batch 1024 and 2048^3. Times are medians. */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/internal.h"
+
+#if __has_include(<dnnl.h>)
+#include <dnnl.h> /* types only: the functions come from dlsym */
+#define HAVE_DNNL_H 1
+#else
+#define HAVE_DNNL_H 0
+#endif
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* ------------------------------------------------------------------ peaks */
+
+static volatile float peak_sink;
+
+#if MP_X86
+#include <immintrin.h>
+/* 24 independent chains per thread, register-only: the FMA ports' limit. */
+MP_TARGET_AVX512 static double peak_fma_thread(long iters)
+{
+    __m512 acc[24];
+    __m512 x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(0.9999999f);
+    for (int i = 0; i < 24; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < 24; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+        __asm__ volatile("" : "+v"(x));
+    }
+    __m512 s = acc[0];
+    for (int i = 1; i < 24; i++) s = _mm512_add_ps(s, acc[i]);
+    peak_sink = _mm512_reduce_add_ps(s);
+    return (double)iters * 24 * 32;
+}
+
+MP_TARGET_AVX512BF16 static double peak_bf16_thread(long iters)
+{
+    __m512 acc[24];
+    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80), y = (__m512bh)_mm512_set1_epi32(0x3F80BF80);
+    for (int i = 0; i < 24; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 24
+        for (int i = 0; i < 24; i++) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+        __asm__ volatile("" : "+v"(x));
+    }
+    __m512 s = acc[0];
+    for (int i = 1; i < 24; i++) s = _mm512_add_ps(s, acc[i]);
+    peak_sink = _mm512_reduce_add_ps(s);
+    return (double)iters * 24 * 64;
+}
+#endif
+
+/* GFLOP/s of all threads together, best of a few tries. */
+static double measure_peak(int bf16, int threads)
+{
+#if MP_X86
+    if (bf16 ? !mp_isa_supported(MP_ISA_AVX512BF16) : !mp_isa_supported(MP_ISA_AVX512))
+        return 0;
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double flops = 0, t0 = now();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+        flops += bf16 ? peak_bf16_thread(4000000) : peak_fma_thread(4000000);
+        double g = flops / (now() - t0) * 1e-9;
+        if (g > best) best = g;
+    }
+    return best;
+#else
+    (void)bf16;
+    (void)threads;
+    return 0;
+#endif
+}
+
+/* ------------------------------------------------------------------ peers */
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *,
+                         int, float, float *, int);
+static sgemm_fn p_sgemm;
+
+static void load_openblas(int threads)
+{
+    const char *names[] = {"libopenblas.so.0", "libopenblas.so",
+                           "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"};
+    for (int i = 0; i < 3 && !p_sgemm; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) continue;
+        *(void **)&p_sgemm = dlsym(h, "cblas_sgemm");
+        void (*set_threads)(int);
+        *(void **)&set_threads = dlsym(h, "openblas_set_num_threads");
+        if (set_threads) set_threads(threads);
+    }
+}
+
+static void openblas_run(bool ta, bool tb, int m, int n, int k, const float *a, int lda,
+                         const float *b, int ldb, float *c, int ldc)
+{
+    /* CblasRowMajor = 101, CblasNoTrans = 111, CblasTrans = 112 */
+    p_sgemm(101, ta ? 112 : 111, tb ? 112 : 111, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+}
+
+#if HAVE_DNNL_H
+static struct {
+    bool ok;
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    dnnl_status_t (*engine_create)(dnnl_engine_t *, dnnl_engine_kind_t, size_t);
+    dnnl_status_t (*stream_create)(dnnl_stream_t *, dnnl_engine_t, unsigned);
+    dnnl_status_t (*md_init)(dnnl_memory_desc_t *, int, const dnnl_dims_t, dnnl_data_type_t,
+                             const dnnl_dims_t);
+    dnnl_status_t (*matmul_init)(dnnl_matmul_desc_t *, const dnnl_memory_desc_t *,
+                                 const dnnl_memory_desc_t *, const dnnl_memory_desc_t *,
+                                 const dnnl_memory_desc_t *);
+    dnnl_status_t (*pd_create)(dnnl_primitive_desc_t *, const_dnnl_op_desc_t,
+                               const_dnnl_primitive_attr_t, dnnl_engine_t,
+                               const_dnnl_primitive_desc_t);
+    dnnl_status_t (*pd_destroy)(dnnl_primitive_desc_t);
+    dnnl_status_t (*prim_create)(dnnl_primitive_t *, const_dnnl_primitive_desc_t);
+    dnnl_status_t (*prim_destroy)(dnnl_primitive_t);
+    dnnl_status_t (*mem_create)(dnnl_memory_t *, const dnnl_memory_desc_t *, dnnl_engine_t,
+                                void *);
+    dnnl_status_t (*mem_destroy)(dnnl_memory_t);
+    dnnl_status_t (*execute)(const_dnnl_primitive_t, dnnl_stream_t, int, const dnnl_exec_arg_t *);
+    dnnl_status_t (*wait)(dnnl_stream_t);
+} dn;
+
+static void load_dnnl(void)
+{
+    void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("libdnnl.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return;
+    struct {
+        void **slot;
+        const char *name;
+    } syms[] = {
+        {(void **)&dn.engine_create, "dnnl_engine_create"},
+        {(void **)&dn.stream_create, "dnnl_stream_create"},
+        {(void **)&dn.md_init, "dnnl_memory_desc_init_by_strides"},
+        {(void **)&dn.matmul_init, "dnnl_matmul_desc_init"},
+        {(void **)&dn.pd_create, "dnnl_primitive_desc_create"},
+        {(void **)&dn.pd_destroy, "dnnl_primitive_desc_destroy"},
+        {(void **)&dn.prim_create, "dnnl_primitive_create"},
+        {(void **)&dn.prim_destroy, "dnnl_primitive_destroy"},
+        {(void **)&dn.mem_create, "dnnl_memory_create"},
+        {(void **)&dn.mem_destroy, "dnnl_memory_destroy"},
+        {(void **)&dn.execute, "dnnl_primitive_execute"},
+        {(void **)&dn.wait, "dnnl_stream_wait"},
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)
+        if (!(*syms[i].slot = dlsym(h, syms[i].name))) return;
+    if (dn.engine_create(&dn.eng, dnnl_cpu, 0) != dnnl_success) return;
+    if (dn.stream_create(&dn.stream, dn.eng, dnnl_stream_default_flags) != dnnl_success) return;
+    dn.ok = true;
+}
+
+typedef struct {
+    dnnl_primitive_t prim;
+    dnnl_memory_t ma, mb, mc;
+} dnnl_mm;
+
+/* A matmul primitive for C(f32) = op(A) op(B), inputs f32 or bf16; the
+ * transposes are expressed as strides, as oneDNN wants them. */
+static bool dnnl_mm_create(dnnl_mm *x, bool bf16, bool ta, bool tb, int64_t m, int64_t n,
+                           int64_t k, void *a, void *b, float *c)
+{
+    dnnl_memory_desc_t da, db, dc;
+    dnnl_data_type_t it = bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_dims_t sa = {m, k}, ta_s = {ta ? 1 : k, ta ? m : 1};
+    dnnl_dims_t sb = {k, n}, tb_s = {tb ? 1 : n, tb ? k : 1};
+    dnnl_dims_t sc = {m, n}, tc_s = {n, 1};
+    if (dn.md_init(&da, 2, sa, it, ta_s) || dn.md_init(&db, 2, sb, it, tb_s) ||
+        dn.md_init(&dc, 2, sc, dnnl_f32, tc_s))
+        return false;
+    dnnl_matmul_desc_t md;
+    if (dn.matmul_init(&md, &da, &db, NULL, &dc)) return false;
+    dnnl_primitive_desc_t pd;
+    if (dn.pd_create(&pd, &md, NULL, dn.eng, NULL)) return false;
+    dnnl_status_t s = dn.prim_create(&x->prim, pd);
+    dn.pd_destroy(pd);
+    if (s) return false;
+    return !dn.mem_create(&x->ma, &da, dn.eng, a) && !dn.mem_create(&x->mb, &db, dn.eng, b) &&
+           !dn.mem_create(&x->mc, &dc, dn.eng, c);
+}
+
+static void dnnl_mm_run(const dnnl_mm *x)
+{
+    dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, x->ma}, {DNNL_ARG_WEIGHTS, x->mb}, {DNNL_ARG_DST, x->mc}};
+    dn.execute(x->prim, dn.stream, 3, args);
+    dn.wait(dn.stream);
+}
+
+static void dnnl_mm_destroy(dnnl_mm *x)
+{
+    dn.mem_destroy(x->ma);
+    dn.mem_destroy(x->mb);
+    dn.mem_destroy(x->mc);
+    dn.prim_destroy(x->prim);
+}
+#endif
+
+/* ----------------------------------------------------------------- timing */
+
+typedef struct {
+    const char *name;
+    bool ta, tb;
+    int64_t m, n, k;
+    bool big;
+} shape;
+
+static const shape shapes[] = {
+    {"fc1 fwd    1024x4096x784 ", false, false, 1024, 4096, 784, true},
+    {"fc1 dW     784x4096x1024 ", true, false, 784, 4096, 1024, true},
+    {"fc1 dX     1024x784x4096 ", false, true, 1024, 784, 4096, true},
+    {"fc2 fwd    1024x4096x4096", false, false, 1024, 4096, 4096, true},
+    {"fc2 dW     4096x4096x1024", true, false, 4096, 4096, 1024, true},
+    {"fc2 dX     1024x4096x4096", false, true, 1024, 4096, 4096, true},
+    {"fc3 fwd    1024x10x4096  ", false, false, 1024, 10, 4096, false},
+    {"fc3 dW     4096x10x1024  ", true, false, 4096, 10, 1024, false},
+    {"fc3 dX     1024x4096x10  ", false, true, 1024, 4096, 10, false},
+    {"square     2048x2048x2048", false, false, 2048, 2048, 2048, true},
+};
+#define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
+
+typedef struct {
+    int kind; /* 0 mixprec, 1 openblas, 2 dnnl */
+    const shape *s;
+    mp_dtype t;
+    void *a, *b;
+    float *c;
+#if HAVE_DNNL_H
+    dnnl_mm *dm;
+#endif
+} job;
+
+static void run_job(const job *j)
+{
+    const shape *s = j->s;
+    int64_t lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
+    if (j->kind == 0)
+        mp_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, j->a, j->t, lda, j->b, j->t, ldb, 0.0f, j->c,
+                MP_F32, s->n);
+    else if (j->kind == 1)
+        openblas_run(s->ta, s->tb, (int)s->m, (int)s->n, (int)s->k, j->a, (int)lda, j->b,
+                     (int)ldb, j->c, (int)s->n);
+#if HAVE_DNNL_H
+    else
+        dnnl_mm_run(j->dm);
+#endif
+}
+
+/* Median GFLOP/s: one warm-up, then repeats for about `budget` seconds
+ * (at least 3, at most 25). */
+static double time_job(const job *j, double budget)
+{
+    const double flops = 2.0 * (double)j->s->m * (double)j->s->n * (double)j->s->k;
+    double ts[25];
+    int n = 0;
+    run_job(j);
+    double start = now();
+    while (n < 25 && (n < 3 || now() - start < budget)) {
+        double t0 = now();
+        run_job(j);
+        ts[n++] = now() - t0;
+    }
+    qsort(ts, (size_t)n, sizeof ts[0], cmp_double);
+    return flops / ts[n / 2] * 1e-9;
+}
+
+int main(void)
+{
+    const int threads = mp_num_threads();
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
+    double pk_f32 = measure_peak(0, threads), pk_bf16 = measure_peak(1, threads);
+    load_openblas(threads);
+#if HAVE_DNNL_H
+    load_dnnl();
+    const bool have_dnnl = dn.ok;
+#else
+    const bool have_dnnl = false;
+#endif
+    printf("mixprec gemm benchmark: %d threads, isa %s\n", threads,
+           mp_isa_name(mp_isa_active()));
+    printf("measured peak: f32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s\n", pk_f32,
+           pk_bf16);
+    printf("peers: openblas %s, onednn %s\n", p_sgemm ? "yes" : "not found",
+           have_dnnl ? "yes" : "not found");
+    printf("GFLOP/s (fraction of the matching peak); ratios are mixprec / peer\n");
+    printf("%-26s %13s %13s %7s %7s %9s %9s %9s %9s %9s\n", "shape", "mp f32", "mp bf16",
+           "mp f16", "mp fp8", "openblas", "dnnl f32", "dnnl bf16", "f32/oblas",
+           "bf16/dnnl");
+
+    double sum_lr_bf = 0, sum_lr_f32 = 0, sum_lpf_bf = 0, sum_lpf_f32 = 0;
+    int n_bf = 0, n_f32 = 0, n_big = 0;
+    for (int si = 0; si < NSHAPES; si++) {
+        const shape *s = &shapes[si];
+        const size_t na = (size_t)(s->m * s->k), nb = (size_t)(s->k * s->n);
+        float *af = malloc(na * 4), *bf = malloc(nb * 4), *c = malloc((size_t)(s->m * s->n) * 4);
+        void *ah = malloc(na * 2), *bh = malloc(nb * 2), *a8 = malloc(na), *b8 = malloc(nb);
+        uint64_t z = 12345 + (uint64_t)si;
+        for (size_t i = 0; i < na + nb; i++) {
+            z = z * 6364136223846793005ull + 1442695040888963407ull;
+            float v = (float)((double)(z >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+            if (i < na)
+                af[i] = v;
+            else
+                bf[i - na] = v;
+        }
+        job j = {.kind = 0, .s = s, .c = c};
+        double budget = s->big ? 0.8 : 0.25;
+        j.t = MP_F32, j.a = af, j.b = bf;
+        double g_f32 = time_job(&j, budget);
+        mp_convert(ah, MP_BF16, af, MP_F32, na);
+        mp_convert(bh, MP_BF16, bf, MP_F32, nb);
+        j.t = MP_BF16, j.a = ah, j.b = bh;
+        double g_bf16 = time_job(&j, budget);
+        double g_dnnl_bf16 = 0, g_dnnl_f32 = 0, g_ob = 0;
+#if HAVE_DNNL_H
+        if (have_dnnl) {
+            dnnl_mm dm;
+            if (dnnl_mm_create(&dm, true, s->ta, s->tb, s->m, s->n, s->k, ah, bh, c)) {
+                job d = {.kind = 2, .s = s, .dm = &dm};
+                g_dnnl_bf16 = time_job(&d, budget);
+                dnnl_mm_destroy(&dm);
+            }
+            if (dnnl_mm_create(&dm, false, s->ta, s->tb, s->m, s->n, s->k, af, bf, c)) {
+                job d = {.kind = 2, .s = s, .dm = &dm};
+                g_dnnl_f32 = time_job(&d, budget);
+                dnnl_mm_destroy(&dm);
+            }
+        }
+#endif
+        mp_convert(ah, MP_F16, af, MP_F32, na);
+        mp_convert(bh, MP_F16, bf, MP_F32, nb);
+        j.t = MP_F16, j.a = ah, j.b = bh;
+        double g_f16 = time_job(&j, budget * 0.5);
+        mp_convert(a8, MP_F8E4M3, af, MP_F32, na);
+        mp_convert(b8, MP_F8E4M3, bf, MP_F32, nb);
+        j.t = MP_F8E4M3, j.a = a8, j.b = b8;
+        double g_fp8 = time_job(&j, budget * 0.5);
+        if (p_sgemm) {
+            job o = {.kind = 1, .s = s, .a = af, .b = bf, .c = c};
+            g_ob = time_job(&o, budget);
+        }
+        char r1[16] = "-", r2[16] = "-", f1[32], f2[32];
+        if (g_ob > 0) snprintf(r1, sizeof r1, "%.2f", g_f32 / g_ob);
+        if (g_dnnl_bf16 > 0) snprintf(r2, sizeof r2, "%.2f", g_bf16 / g_dnnl_bf16);
+        snprintf(f1, sizeof f1, "%.0f (%.2f)", g_f32, pk_f32 > 0 ? g_f32 / pk_f32 : 0);
+        snprintf(f2, sizeof f2, "%.0f (%.2f)", g_bf16, pk_bf16 > 0 ? g_bf16 / pk_bf16 : 0);
+        printf("%-26s %13s %13s %7.0f %7.0f %9.0f %9.0f %9.0f %9s %9s\n", s->name, f1, f2, g_f16,
+               g_fp8, g_ob, g_dnnl_f32, g_dnnl_bf16, r1, r2);
+        fflush(stdout);
+        if (s->big) {
+            n_big++;
+            if (g_ob > 0) sum_lr_f32 += log(g_f32 / g_ob), n_f32++;
+            if (g_dnnl_bf16 > 0) sum_lr_bf += log(g_bf16 / g_dnnl_bf16), n_bf++;
+            if (pk_f32 > 0) sum_lpf_f32 += log(g_f32 / pk_f32);
+            if (pk_bf16 > 0) sum_lpf_bf += log(g_bf16 / pk_bf16);
+        }
+        free(af);
+        free(bf);
+        free(c);
+        free(ah);
+        free(bh);
+        free(a8);
+        free(b8);
+    }
+    printf("(summary: geometric means over the big shapes, the fc1/fc2 products and 2048^3)\n");
+    printf("summary: bf16_vs_onednn_bf16=%.2f f32_vs_openblas=%.2f bf16_peak_fraction=%.2f "
+           "f32_peak_fraction=%.2f\n",
+           n_bf ? exp(sum_lr_bf / n_bf) : 0.0, n_f32 ? exp(sum_lr_f32 / n_f32) : 0.0,
+           pk_bf16 > 0 ? exp(sum_lpf_bf / n_big) : 0.0,
+           pk_f32 > 0 ? exp(sum_lpf_f32 / n_big) : 0.0);
+    return 0;
+}
