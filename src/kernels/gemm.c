@@ -80,6 +80,12 @@ typedef struct {
     gemm_epilogue e;
 } gemm_plan;
 
+#include <stdlib.h>
+static int64_t envi(const char *n, int64_t d)
+{
+    const char *s = getenv(n);
+    return s ? atoll(s) : d;
+}
 static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
@@ -102,9 +108,14 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
 
     const int64_t kcb = pl->kcb;
     const int64_t kpad_max = im->fmt == GEMM_FMT_BF16 ? kcb + (kcb & 1) : kcb;
-    const int64_t mc = min64(im->mc, cdiv(m1 - m0, MR) * MR);
-    const int64_t nc = min64(im->nc, cdiv(n1 - n0, NR) * NR);
+    const int64_t mc = min64(envi("MP_GEMM_MC", im->mc), cdiv(m1 - m0, MR) * MR);
+    const int64_t nc = min64(envi("MP_GEMM_NC", im->nc), cdiv(n1 - n0, NR) * NR);
     const bool multi = kcb < pl->k;
+    /* With nothing to apply on the way out, full tiles accumulate in C itself
+     * and skip the round trip through a buffer. */
+    const gemm_epilogue *e = &pl->e;
+    const bool direct = e->c_type == MP_F32 && e->alpha == 1.0f && e->beta == 0.0f && !e->bias &&
+                        e->act == MP_ACT_NONE && !e->trans;
     char *ap = tbuf_get(&buf_a, (size_t)mc * (size_t)kpad_max * esz);
     char *bp = tbuf_get(&buf_b, (size_t)nc * (size_t)kpad_max * esz);
     float *cw = multi ? tbuf_get(&buf_c, (size_t)mc * (size_t)nc * sizeof(float)) : NULL;
@@ -125,7 +136,10 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                     for (int64_t jr = 0; jr < nb; jr += NR) {
                         const char *bpan = bp + (size_t)(jr / NR) * (size_t)(NR * kpad) * esz;
                         const int64_t mr = min64(MR, mb - ir), nr = min64(NR, nb - jr);
-                        if (!multi) {
+                        if (direct && mr == MR && nr == NR) {
+                            float *cp = (float *)e->c + (ic + ir) * e->ldc + jc + jr;
+                            im->kernel(kpad, apan, bpan, cp, e->ldc, !first);
+                        } else if (!multi) {
                             im->kernel(kpad, apan, bpan, tile, NR, 0);
                             im->epilogue(&pl->e, tile, NR, ic + ir, jc + jr, mr, nr);
                         } else {
@@ -222,17 +236,28 @@ mp_status mp_gemm_ex(const mp_gemm_args *g)
     pl.k = k;
     pl.a = (gemm_operand){g->a, g->a_type, g->trans_a ? 1 : g->lda, g->trans_a ? g->lda : 1};
     pl.b = (gemm_operand){g->b, g->b_type, g->trans_b ? g->ldb : 1, g->trans_b ? 1 : g->ldb};
-    pl.e = (gemm_epilogue){g->alpha, g->beta, g->c, g->c_type, g->ldc, g->bias, g->activation};
+    pl.e = (gemm_epilogue){g->alpha, g->beta,     g->c,          g->c_type,
+                           g->ldc,   g->bias,     g->activation, false};
+    /* A thin C (n well below the kernel's NR) wastes most of each register
+     * tile; as C^T = op(B)^T op(A)^T the thin side meets the short MR. */
+    if (k > 0 && g->n * 2 <= pl.im->nr && g->m >= 4 * g->n) {
+        gemm_operand t = pl.a;
+        pl.a = pl.b;
+        pl.b = t;
+        pl.m = g->n;
+        pl.n = g->m;
+        pl.e.trans = true;
+    }
     /* Equal depth blocks rather than kc, kc, ..., remainder. */
-    const int64_t nkb = k > 0 ? cdiv(k, pl.im->kc) : 1;
+    const int64_t nkb = k > 0 ? cdiv(k, envi("MP_GEMM_KC", pl.im->kc)) : 1;
     pl.kcb = k > 0 ? cdiv(k, nkb) : 0;
     if (pl.im->fmt == GEMM_FMT_BF16 && (pl.kcb & 1) && pl.kcb < k) pl.kcb++;
 
     const int MR = pl.im->mr, NR = pl.im->nr;
-    const int64_t mt = cdiv(g->m, MR), ntl = cdiv(g->n, NR);
+    const int64_t mt = cdiv(pl.m, MR), ntl = cdiv(pl.n, NR);
     int nt = mp_num_threads();
     /* Below ~4 MFLOP a fork/join costs more than it saves. */
-    double flops = 2.0 * (double)g->m * (double)g->n * (double)(k > 0 ? k : 1);
+    double flops = 2.0 * (double)pl.m * (double)pl.n * (double)(k > 0 ? k : 1);
     if (flops < 4e6) nt = 1;
     if ((int64_t)nt > mt * ntl) nt = (int)(mt * ntl);
     int tm = 1, tn = 1;
@@ -240,7 +265,7 @@ mp_status mp_gemm_ex(const mp_gemm_args *g)
 
     bool ok = true;
     if (nt <= 1) {
-        ok = run_region(&pl, 0, g->m, 0, g->n);
+        ok = run_region(&pl, 0, pl.m, 0, pl.n);
     } else {
 #pragma omp parallel num_threads(nt) reduction(&& : ok)
         {
@@ -250,8 +275,8 @@ mp_status mp_gemm_ex(const mp_gemm_args *g)
             int t = 0;
 #endif
             int ti = t / tn, tj = t % tn;
-            ok = run_region(&pl, part(mt, tm, ti, MR, g->m), part(mt, tm, ti + 1, MR, g->m),
-                            part(ntl, tn, tj, NR, g->n), part(ntl, tn, tj + 1, NR, g->n));
+            ok = run_region(&pl, part(mt, tm, ti, MR, pl.m), part(mt, tm, ti + 1, MR, pl.m),
+                            part(ntl, tn, tj, NR, pl.n), part(ntl, tn, tj + 1, NR, pl.n));
         }
     }
     if (!ok) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate packing buffers");

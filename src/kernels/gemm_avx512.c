@@ -72,34 +72,39 @@ MP_TARGET_AVX512 static void pack_f32(const gemm_operand *op, int64_t w0, int64_
     const int64_t es = (int64_t)mp_dtype_size(t);
     const char *base = op->base;
     float *out = dst;
-    for (int64_t w = 0; w < nw; w += W, out += nd * W) {
-        const int64_t nv = nw - w < W ? nw - w : W;
-        if (op->sw == 1) {
-            /* Rows of the panel are contiguous in memory: straight copies. */
-            for (int64_t d = 0; d < nd; d++) {
-                const char *src = base + ((w0 + w) + (d0 + d) * op->sd) * es;
+    if (op->sw == 1) {
+        /* Rows of the panels are contiguous in memory: walk each source row
+         * once, left to right, and deal it out to the panels. */
+        const int64_t np = (nw + W - 1) / W;
+        for (int64_t d = 0; d < nd; d++) {
+            const char *src = base + (w0 + (d0 + d) * op->sd) * es;
+            for (int64_t p = 0; p < np; p++) {
+                float *o = out + p * nd * W + d * W;
                 for (int g = 0; g < W; g += 8) {
-                    int64_t cnt = nv - g;
+                    int64_t cnt = nw - p * W - g;
                     __m256 v = cnt <= 0 ? _mm256_setzero_ps()
-                                        : load8(src + g * es, t, cnt >= 8 ? 8 : (int)cnt);
-                    _mm256_storeu_ps(out + d * W + g, v);
+                                        : load8(src + (p * W + g) * es, t, cnt >= 8 ? 8 : (int)cnt);
+                    _mm256_storeu_ps(o + g, v);
                 }
             }
-        } else {
-            /* Depth is contiguous: transpose 8 rows x 8 depths at a time. */
-            for (int g = 0; g < W; g += 8) {
-                int64_t cnt = nv - g;
-                if (cnt > 8) cnt = 8;
-                const char *rows = base + ((w0 + w + g) * op->sw + d0) * es;
-                for (int64_t d = 0; d < nd; d += 8) {
-                    int dn = nd - d >= 8 ? 8 : (int)(nd - d);
-                    __m256 r[8];
-                    for (int q = 0; q < 8; q++)
-                        r[q] = q < cnt ? load8(rows + (q * op->sw + d) * es, t, dn)
-                                       : _mm256_setzero_ps();
-                    mp_gemm_tr8(r);
-                    for (int q = 0; q < dn; q++) _mm256_storeu_ps(out + (d + q) * W + g, r[q]);
-                }
+        }
+        return;
+    }
+    for (int64_t w = 0; w < nw; w += W, out += nd * W) {
+        const int64_t nv = nw - w < W ? nw - w : W;
+        /* Depth is contiguous: transpose 8 rows x 8 depths at a time. */
+        for (int g = 0; g < W; g += 8) {
+            int64_t cnt = nv - g;
+            if (cnt > 8) cnt = 8;
+            const char *rows = base + ((w0 + w + g) * op->sw + d0) * es;
+            for (int64_t d = 0; d < nd; d += 8) {
+                int dn = nd - d >= 8 ? 8 : (int)(nd - d);
+                __m256 r[8];
+                for (int q = 0; q < 8; q++)
+                    r[q] = q < cnt ? load8(rows + (q * op->sw + d) * es, t, dn)
+                                   : _mm256_setzero_ps();
+                mp_gemm_tr8(r);
+                for (int q = 0; q < dn; q++) _mm256_storeu_ps(out + (d + q) * W + g, r[q]);
             }
         }
     }

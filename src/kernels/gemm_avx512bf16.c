@@ -88,46 +88,50 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
     const int64_t kp = (nd + 1) / 2;
     const char *base = op->base;
     uint16_t *out = dst;
-    for (int64_t w = 0; w < nw; w += W, out += kp * 2 * W) {
-        const int64_t nv = nw - w < W ? nw - w : W;
-        if (op->sw == 1) {
-            /* Two depth rows of W contiguous values interleave into W pairs. */
-            for (int64_t p = 0; p < kp; p++) {
-                const char *r0 = base + ((w0 + w) + (d0 + 2 * p) * op->sd) * es;
-                const bool two = 2 * p + 1 < nd;
+    if (op->sw == 1) {
+        /* Two depth rows of contiguous values interleave into pairs; each
+         * source row is walked once, left to right, across all panels. */
+        const int64_t np = (nw + W - 1) / W;
+        for (int64_t p = 0; p < kp; p++) {
+            const char *r0 = base + (w0 + (d0 + 2 * p) * op->sd) * es;
+            const bool two = 2 * p + 1 < nd;
+            for (int64_t q = 0; q < np; q++) {
+                uint16_t *o = out + q * kp * 2 * W + p * W * 2;
                 for (int g = 0; g < W; g += 8) {
-                    int64_t cnt = nv - g;
+                    int64_t cnt = nw - q * W - g;
                     __m256i v = _mm256_setzero_si256();
                     if (cnt > 0) {
                         int c8 = cnt >= 8 ? 8 : (int)cnt;
-                        __m256i lo = _mm256_cvtepu16_epi32(
-                            _mm256_castsi256_si128(load16(r0 + g * es, t, c8)));
+                        const char *s0 = r0 + (q * W + g) * es;
+                        __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(load16(s0, t, c8)));
                         __m256i hi = _mm256_setzero_si256();
                         if (two)
-                            hi = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(
-                                load16(r0 + (op->sd + g) * es, t, c8)));
+                            hi = _mm256_cvtepu16_epi32(
+                                _mm256_castsi256_si128(load16(s0 + op->sd * es, t, c8)));
                         v = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16));
                     }
-                    _mm256_storeu_si256((__m256i *)(out + (p * W + g) * 2), v);
+                    _mm256_storeu_si256((__m256i *)(o + g * 2), v);
                 }
             }
-        } else {
-            /* Depth pairs are adjacent in memory: a 32-bit 8x8 transpose. */
-            for (int g = 0; g < W; g += 8) {
-                int64_t cnt = nv - g;
-                if (cnt > 8) cnt = 8;
-                const char *rows = base + ((w0 + w + g) * op->sw + d0) * es;
-                for (int64_t d = 0; d < nd; d += 16) {
-                    int dn = nd - d >= 16 ? 16 : (int)(nd - d);
-                    __m256 r[8];
-                    for (int q = 0; q < 8; q++)
-                        r[q] = q < cnt ? _mm256_castsi256_ps(
-                                             load16(rows + (q * op->sw + d) * es, t, dn))
-                                       : _mm256_setzero_ps();
-                    mp_gemm_tr8(r);
-                    for (int q = 0; q < (dn + 1) / 2; q++)
-                        _mm256_storeu_ps((float *)(out + ((d / 2 + q) * W + g) * 2), r[q]);
-                }
+        }
+        return;
+    }
+    for (int64_t w = 0; w < nw; w += W, out += kp * 2 * W) {
+        const int64_t nv = nw - w < W ? nw - w : W;
+        /* Depth pairs are adjacent in memory: a 32-bit 8x8 transpose. */
+        for (int g = 0; g < W; g += 8) {
+            int64_t cnt = nv - g;
+            if (cnt > 8) cnt = 8;
+            const char *rows = base + ((w0 + w + g) * op->sw + d0) * es;
+            for (int64_t d = 0; d < nd; d += 16) {
+                int dn = nd - d >= 16 ? 16 : (int)(nd - d);
+                __m256 r[8];
+                for (int q = 0; q < 8; q++)
+                    r[q] = q < cnt ? _mm256_castsi256_ps(load16(rows + (q * op->sw + d) * es, t, dn))
+                                   : _mm256_setzero_ps();
+                mp_gemm_tr8(r);
+                for (int q = 0; q < (dn + 1) / 2; q++)
+                    _mm256_storeu_ps((float *)(out + ((d / 2 + q) * W + g) * 2), r[q]);
             }
         }
     }

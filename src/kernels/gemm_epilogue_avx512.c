@@ -25,7 +25,7 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
     const __m512 alpha = _mm512_set1_ps(e->alpha), beta = _mm512_set1_ps(e->beta);
     const __m512 zero = _mm512_setzero_ps();
     _Alignas(64) float row[64];
-    if (nr > 64) {
+    if (nr > 64 || e->trans) {
         mp_gemm_epilogue_scalar(e, t, ldt, i0, j0, mr, nr);
         return;
     }

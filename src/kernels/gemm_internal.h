@@ -39,6 +39,9 @@ typedef struct {
     int64_t ldc;
     const float *bias;
     mp_activation act;
+    /* The driver computed C^T (a thin C is done as B^T A^T): tile (i, j) is
+     * C(j, i) and the bias follows i. */
+    bool trans;
 } gemm_epilogue;
 
 /* Writes rows [i0, i0+mr) x cols [j0, j0+nr) of C from the f32 tile t. */

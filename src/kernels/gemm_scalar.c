@@ -73,8 +73,8 @@ float mp_gemm_activate(mp_activation act, float x)
         const float c = 0.79788456080286536f; /* sqrt(2/pi) */
         return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
     }
+    default: return x; /* the driver only passes the four fused ones */
     }
-    return x;
 }
 
 /* The order alpha*acc, beta*c, sum, + bias is the one every epilogue uses
@@ -82,20 +82,21 @@ float mp_gemm_activate(mp_activation act, float x)
 void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                              int64_t j0, int64_t mr, int64_t nr)
 {
+    const int64_t rs = e->trans ? 1 : e->ldc, cs = e->trans ? e->ldc : 1;
     for (int64_t i = 0; i < mr; i++) {
-        int64_t ci = (i0 + i) * e->ldc + j0;
         for (int64_t j = 0; j < nr; j++) {
+            const int64_t ci = (i0 + i) * rs + (j0 + j) * cs;
             float v = e->alpha * t[i * ldt + j];
             if (e->beta != 0.0f) {
-                float cb = e->beta * mp_gemm_load_f32(e->c, e->c_type, ci + j);
+                float cb = e->beta * mp_gemm_load_f32(e->c, e->c_type, ci);
                 v = v + cb;
             }
-            if (e->bias) v = v + e->bias[j0 + j];
+            if (e->bias) v = v + e->bias[e->trans ? i0 + i : j0 + j];
             v = mp_gemm_activate(e->act, v);
             switch (e->c_type) {
-            case MP_BF16: ((uint16_t *)e->c)[ci + j] = mp_f32_to_bf16(v); break;
-            case MP_F16: ((uint16_t *)e->c)[ci + j] = mp_f32_to_f16(v); break;
-            default: ((float *)e->c)[ci + j] = v; break;
+            case MP_BF16: ((uint16_t *)e->c)[ci] = mp_f32_to_bf16(v); break;
+            case MP_F16: ((uint16_t *)e->c)[ci] = mp_f32_to_f16(v); break;
+            default: ((float *)e->c)[ci] = v; break;
             }
         }
     }
