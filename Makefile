@@ -43,7 +43,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -100,6 +100,16 @@ $(BUILD)/bench_gemm: $(BUILD)/obj/bench/bench_gemm.o $(STATIC)
 
 bench-gemm: $(BUILD)/bench_gemm
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BUILD)/bench_gemm
+
+# --------------------------------------------------------------- examples
+EXAMPLE_SRC := $(wildcard examples/*.c)
+EXAMPLES    := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
+
+$(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
+
+examples: $(EXAMPLES)
 
 # ------------------------------------------------------------------- demo
 demo: $(CLI)

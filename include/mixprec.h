@@ -226,11 +226,15 @@ void mp_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float 
              const void *a, mp_dtype a_type, int64_t lda, const void *b, mp_dtype b_type,
              int64_t ldb, float beta, void *c, mp_dtype c_type, int64_t ldc);
 
+/* Activations. The GEMM epilogue fuses NONE..GELU_TANH; layers take all. */
 typedef enum {
-    MP_ACT_NONE = 0,
+    MP_ACT_NONE = 0,      /* linear */
     MP_ACT_RELU = 1,
     MP_ACT_GELU = 2,      /* erf form */
     MP_ACT_GELU_TANH = 3, /* tanh approximation */
+    MP_ACT_SIGMOID = 4,
+    MP_ACT_TANH = 5,
+    MP_ACT_SOFTMAX = 6,   /* over the last axis, computed in float32 */
 } mp_activation;
 
 typedef struct {
@@ -263,6 +267,7 @@ void mp_set_num_threads(int n);
 }
 #endif
 
+#include "mixprec/nn.h"
 #include "mixprec/optim.h"
 
 #endif /* MIXPREC_H */

@@ -1,0 +1,166 @@
+/* mixprec/nn.h - precision policies, layers, functional models, losses and
+ * the precision plan (model summary). Included by mixprec.h. */
+#ifndef MIXPREC_NN_H
+#define MIXPREC_NN_H
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- policy */
+
+/* A Keras dtype policy: layers compute in `compute` and keep variables in
+ * `variable`. Names: float32, mixed_float16, mixed_bfloat16, float16,
+ * bfloat16. */
+typedef struct {
+    char name[24];
+    mp_dtype compute;
+    mp_dtype variable;
+} mp_policy;
+
+mp_status mp_policy_from_name(const char *name, mp_policy *out);
+/* The policy layers get when none is given (default float32). Layers read
+ * it when they are created, as in Keras. */
+mp_status mp_set_global_policy(const char *name);
+mp_policy mp_global_policy(void);
+/* Whether the policy keeps float32 master weights apart from the compute copy. */
+bool mp_policy_is_mixed(const mp_policy *p);
+
+/* ------------------------------------------------------------------ model */
+
+const char *mp_activation_name(mp_activation a);
+mp_status mp_activation_from_name(const char *name, mp_activation *out);
+
+typedef enum {
+    MP_LAYER_INPUT,
+    MP_LAYER_DENSE,
+    MP_LAYER_ACTIVATION,
+    MP_LAYER_DROPOUT,
+    MP_LAYER_FLATTEN,
+    MP_LAYER_ADD,
+    MP_LAYER_LAYER_NORM,
+} mp_layer_kind;
+
+typedef struct {
+    const char *name;   /* NULL: Keras-style default (dense, dense_1, ...) */
+    const char *policy; /* NULL: the global policy when the layer is added */
+    uint64_t seed;      /* initialisers / dropout; 0: derived from the model seed */
+} mp_layer_options;
+
+typedef struct mp_model mp_model;
+/* A layer's output inside its model: an index >= 0, or -1 after an error
+ * (which is sticky: later calls on the model fail with the first message). */
+typedef int32_t mp_node;
+
+mp_model *mp_model_new(uint64_t seed);
+void mp_model_free(mp_model *m);
+
+/* Shapes exclude the batch dimension. */
+mp_node mp_input(mp_model *m, int ndim, const int64_t *shape, const mp_layer_options *o);
+mp_node mp_dense(mp_model *m, mp_node x, int64_t units, mp_activation act, const mp_layer_options *o);
+mp_node mp_activation_layer(mp_model *m, mp_node x, mp_activation act, const mp_layer_options *o);
+mp_node mp_dropout(mp_model *m, mp_node x, float rate, const mp_layer_options *o);
+mp_node mp_flatten(mp_model *m, mp_node x, const mp_layer_options *o);
+mp_node mp_add(mp_model *m, mp_node a, mp_node b, const mp_layer_options *o);
+mp_node mp_layer_norm(mp_model *m, mp_node x, float epsilon, const mp_layer_options *o);
+
+/* Fix the model's output, allocate and initialise parameters (Glorot uniform
+ * kernels, zero biases, unit LayerNorm scales) and size the per-step arenas
+ * for batches of up to max_batch. */
+mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch);
+
+/* Forward pass. x: [batch, input shape...] in any float dtype; it must stay
+ * valid until backward. *out points into the model's arena (valid until the
+ * next forward). training enables dropout. */
+mp_status mp_model_forward(mp_model *m, const mp_tensor *x, bool training, const mp_tensor **out);
+
+/* Backward pass from dy (the gradient of the loss with respect to the model
+ * output, any float dtype, output shape). Parameter gradients are float32;
+ * accumulate adds to them instead of overwriting. */
+mp_status mp_model_backward(mp_model *m, const mp_tensor *dy, bool accumulate);
+
+/* ----------------------------------------------------------------- losses */
+
+typedef enum {
+    MP_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY,
+    MP_LOSS_CATEGORICAL_CROSSENTROPY,
+    MP_LOSS_BINARY_CROSSENTROPY,
+    MP_LOSS_MEAN_SQUARED_ERROR,
+} mp_loss_kind;
+
+typedef struct {
+    mp_loss_kind kind;
+    bool from_logits;
+    const int32_t *labels;  /* sparse: one class index per sample */
+    const mp_tensor *target; /* other losses: same shape as the prediction */
+} mp_loss_spec;
+
+const char *mp_loss_name(mp_loss_kind k);
+mp_status mp_loss_from_name(const char *name, mp_loss_kind *out);
+
+/* Mean loss over the batch, computed in float32 (float64 sums) whatever the
+ * prediction's dtype. If grad is non-NULL it receives d(loss * scale)/d(pred)
+ * in grad->dtype (same shape as pred). */
+mp_status mp_loss_compute(const mp_loss_spec *spec, const mp_tensor *pred, float scale, float *loss,
+                          mp_tensor *grad);
+
+/* Loss of the last forward's output and backward through the model, with the
+ * gradient scaled by `scale` (loss scaling). When the model ends in a softmax
+ * and the loss is a cross-entropy on probabilities, loss and gradient are
+ * computed from the softmax's logits in one stable pass (as Keras does). */
+mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float scale, bool accumulate,
+                                 float *loss);
+
+/* ------------------------------------------------------------- inspection */
+
+typedef struct {
+    const char *name;
+    mp_layer_kind kind;
+    mp_policy policy;
+    mp_dtype output_dtype;
+    int ndim; /* of the output, batch excluded */
+    int64_t shape[MP_MAX_DIMS];
+    int64_t params;           /* number of parameter elements */
+    size_t param_bytes;       /* masters + compute copies */
+    size_t saved_bytes;       /* activation arena bytes per forward at batch */
+} mp_layer_info;
+
+int mp_model_num_layers(const mp_model *m);
+/* Plan for batch size `batch` (<= max_batch). */
+mp_status mp_model_layer_info(const mp_model *m, int layer, int64_t batch, mp_layer_info *out);
+/* Keras-like summary with the precision plan and per-category memory totals. */
+mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out);
+
+/* Parameters, in creation order. */
+typedef struct {
+    const char *name;     /* "<layer>.kernel", "<layer>.bias", "<layer>.gamma", "<layer>.beta" */
+    int ndim;
+    int64_t shape[2];
+    int64_t n;
+    float *master;        /* float32 master (NULL under a pure low-precision policy) */
+    void *weight;         /* what the forward pass reads, in weight_dtype (== master for float32) */
+    mp_dtype weight_dtype;
+    float *grad;          /* float32 gradient */
+} mp_model_param;
+
+int mp_model_num_params(const mp_model *m);
+mp_model_param *mp_model_get_param(mp_model *m, int i);
+/* Tell the model that masters changed outside the optimizer: the compute
+ * copies are refreshed before the next forward. */
+void mp_model_mark_masters_changed(mp_model *m);
+/* How many times compute copies were refreshed from masters (for tests). */
+uint64_t mp_model_weight_refreshes(const mp_model *m);
+/* The arenas' figures of the last forward/backward. */
+size_t mp_model_activation_bytes(const mp_model *m);
+size_t mp_model_workspace_bytes(const mp_model *m);
+/* The tensor a node produced in the last forward (NULL if none). */
+const mp_tensor *mp_model_node_output(const mp_model *m, mp_node node);
+/* The gradient reaching a node in the last backward (NULL if none). */
+const mp_tensor *mp_model_node_grad(const mp_model *m, mp_node node);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,235 @@
+/* ops.c - elementwise, row-wise and reduction kernels for the layers. Each
+ * works on chunks: decode to float32 (exact), compute in float32, round the
+ * result once to the output dtype. Memory-bound next to the GEMMs, so the
+ * aim is one pass over the data, not peak arithmetic. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+
+#define CHUNK 2048
+
+static inline void load(float *dst, const void *src, mp_dtype t, size_t off, size_t n)
+{
+    mp_convert(dst, MP_F32, (const char *)src + off * mp_dtype_size(t), t, n);
+}
+static inline void store(void *dst, mp_dtype t, size_t off, const float *src, size_t n)
+{
+    mp_convert((char *)dst + off * mp_dtype_size(t), t, src, MP_F32, n);
+}
+
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+#define SQRT1_2 0.70710678118654752440f
+#define SQRT2_PI 0.79788456080286535588f  /* sqrt(2/pi) */
+#define INV_SQRT_2PI 0.39894228040143267794f
+
+static inline float act_f(mp_activation a, float x)
+{
+    switch (a) {
+    case MP_ACT_RELU: return x > 0.0f ? x : 0.0f;
+    case MP_ACT_GELU: return 0.5f * x * (1.0f + erff(x * SQRT1_2));
+    case MP_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(SQRT2_PI * (x + 0.044715f * x * x * x)));
+    case MP_ACT_SIGMOID: return sigmoidf(x);
+    case MP_ACT_TANH: return tanhf(x);
+    default: return x;
+    }
+}
+
+/* Derivative from x (gelu forms) or from y = act(x) (the others). */
+static inline float act_d(mp_activation a, float s)
+{
+    switch (a) {
+    case MP_ACT_RELU: return s > 0.0f ? 1.0f : 0.0f;
+    case MP_ACT_GELU: return 0.5f * (1.0f + erff(s * SQRT1_2)) + s * INV_SQRT_2PI * expf(-0.5f * s * s);
+    case MP_ACT_GELU_TANH: {
+        float u = SQRT2_PI * (s + 0.044715f * s * s * s);
+        float t = tanhf(u);
+        return 0.5f * (1.0f + t) + 0.5f * s * (1.0f - t * t) * SQRT2_PI * (1.0f + 3.0f * 0.044715f * s * s);
+    }
+    case MP_ACT_SIGMOID: return s * (1.0f - s);
+    case MP_ACT_TANH: return 1.0f - s * s;
+    default: return 1.0f;
+    }
+}
+
+bool mp_op_activation_grad_needs_input(mp_activation act)
+{
+    return act == MP_ACT_GELU || act == MP_ACT_GELU_TANH;
+}
+
+void mp_op_activation(mp_activation act, const void *x, mp_dtype xt, void *y, mp_dtype yt, size_t n)
+{
+    const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (chunks > 8)
+    for (long long c = 0; c < chunks; c++) {
+        float buf[CHUNK];
+        size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
+        load(buf, x, xt, off, len);
+        for (size_t i = 0; i < len; i++) buf[i] = act_f(act, buf[i]);
+        store(y, yt, off, buf, len);
+    }
+}
+
+void mp_op_activation_grad(mp_activation act, const void *saved, mp_dtype st, const void *dy,
+                           mp_dtype dyt, void *dx, mp_dtype dxt, size_t n)
+{
+    const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (chunks > 8)
+    for (long long c = 0; c < chunks; c++) {
+        float s[CHUNK], g[CHUNK];
+        size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
+        load(s, saved, st, off, len);
+        load(g, dy, dyt, off, len);
+        for (size_t i = 0; i < len; i++) g[i] *= act_d(act, s[i]);
+        store(dx, dxt, off, g, len);
+    }
+}
+
+void mp_op_softmax(const void *x, mp_dtype xt, void *y, mp_dtype yt, int64_t rows, int64_t cols)
+{
+#pragma omp parallel if (rows * cols > 65536)
+    {
+        float *buf = malloc((size_t)cols * sizeof *buf);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            load(buf, x, xt, (size_t)(r * cols), (size_t)cols);
+            float mx = -INFINITY;
+            for (int64_t c = 0; c < cols; c++) mx = buf[c] > mx ? buf[c] : mx;
+            double sum = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                buf[c] = expf(buf[c] - mx);
+                sum += buf[c];
+            }
+            float inv = (float)(1.0 / sum);
+            for (int64_t c = 0; c < cols; c++) buf[c] *= inv;
+            store(y, yt, (size_t)(r * cols), buf, (size_t)cols);
+        }
+        free(buf);
+    }
+}
+
+void mp_op_softmax_grad(const void *y, mp_dtype yt, const void *dy, mp_dtype dyt, void *dx,
+                        mp_dtype dxt, int64_t rows, int64_t cols)
+{
+#pragma omp parallel if (rows * cols > 65536)
+    {
+        float *p = malloc((size_t)cols * sizeof *p), *g = malloc((size_t)cols * sizeof *g);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            load(p, y, yt, (size_t)(r * cols), (size_t)cols);
+            load(g, dy, dyt, (size_t)(r * cols), (size_t)cols);
+            double dot = 0;
+            for (int64_t c = 0; c < cols; c++) dot += (double)p[c] * g[c];
+            float d = (float)dot;
+            for (int64_t c = 0; c < cols; c++) g[c] = p[c] * (g[c] - d);
+            store(dx, dxt, (size_t)(r * cols), g, (size_t)cols);
+        }
+        free(p);
+        free(g);
+    }
+}
+
+void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt, size_t n)
+{
+    const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (chunks > 8)
+    for (long long c = 0; c < chunks; c++) {
+        float u[CHUNK], v[CHUNK];
+        size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
+        load(u, a, at, off, len);
+        load(v, b, bt, off, len);
+        for (size_t i = 0; i < len; i++) u[i] += v[i];
+        store(y, yt, off, u, len);
+    }
+}
+
+void mp_op_accumulate(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n)
+{
+    mp_op_add(dst, dt, src, st, dst, dt, n);
+}
+
+void mp_op_mask_scale(const void *x, mp_dtype xt, const uint8_t *mask, float scale, void *y,
+                      mp_dtype yt, size_t n)
+{
+    const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (chunks > 8)
+    for (long long c = 0; c < chunks; c++) {
+        float u[CHUNK];
+        size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
+        load(u, x, xt, off, len);
+        for (size_t i = 0; i < len; i++) u[i] = mask[off + i] ? u[i] * scale : 0.0f;
+        store(y, yt, off, u, len);
+    }
+}
+
+void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, float *out,
+                      bool accumulate)
+{
+    double *acc = calloc((size_t)cols, sizeof *acc);
+    float *buf = malloc((size_t)cols * sizeof *buf);
+    for (int64_t r = 0; r < rows; r++) {
+        load(buf, x, xt, (size_t)(r * cols), (size_t)cols);
+        for (int64_t c = 0; c < cols; c++) acc[c] += buf[c];
+    }
+    for (int64_t c = 0; c < cols; c++) out[c] = (float)((accumulate ? (double)out[c] : 0.0) + acc[c]);
+    free(acc);
+    free(buf);
+}
+
+void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const float *beta, float eps,
+                      void *y, mp_dtype yt, float *mean, float *rstd, int64_t rows, int64_t cols)
+{
+#pragma omp parallel if (rows * cols > 65536)
+    {
+        float *buf = malloc((size_t)cols * sizeof *buf);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            load(buf, x, xt, (size_t)(r * cols), (size_t)cols);
+            double s = 0, s2 = 0;
+            for (int64_t c = 0; c < cols; c++) s += buf[c];
+            double mu = s / (double)cols;
+            for (int64_t c = 0; c < cols; c++) s2 += ((double)buf[c] - mu) * ((double)buf[c] - mu);
+            float m = (float)mu, rs = (float)(1.0 / sqrt(s2 / (double)cols + (double)eps));
+            mean[r] = m;
+            rstd[r] = rs;
+            for (int64_t c = 0; c < cols; c++) buf[c] = (buf[c] - m) * rs * gamma[c] + beta[c];
+            store(y, yt, (size_t)(r * cols), buf, (size_t)cols);
+        }
+        free(buf);
+    }
+}
+
+void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const float *mean,
+                           const float *rstd, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
+                           float *dgamma, float *dbeta, bool accumulate, int64_t rows, int64_t cols)
+{
+    double *dg = calloc((size_t)cols, sizeof *dg), *db = calloc((size_t)cols, sizeof *db);
+    float *xh = malloc((size_t)cols * sizeof *xh), *g = malloc((size_t)cols * sizeof *g);
+    for (int64_t r = 0; r < rows; r++) {
+        load(xh, x, xt, (size_t)(r * cols), (size_t)cols);
+        load(g, dy, dyt, (size_t)(r * cols), (size_t)cols);
+        double sum_d = 0, sum_dx = 0;
+        for (int64_t c = 0; c < cols; c++) {
+            xh[c] = (xh[c] - mean[r]) * rstd[r];
+            dg[c] += (double)g[c] * xh[c];
+            db[c] += g[c];
+            float d = g[c] * gamma[c]; /* gradient w.r.t. the normalised value */
+            g[c] = d;
+            sum_d += d;
+            sum_dx += (double)d * xh[c];
+        }
+        float md = (float)(sum_d / (double)cols), mdx = (float)(sum_dx / (double)cols);
+        for (int64_t c = 0; c < cols; c++) g[c] = rstd[r] * (g[c] - md - xh[c] * mdx);
+        store(dx, dxt, (size_t)(r * cols), g, (size_t)cols);
+    }
+    for (int64_t c = 0; c < cols; c++) {
+        dgamma[c] = (float)((accumulate ? (double)dgamma[c] : 0.0) + dg[c]);
+        dbeta[c] = (float)((accumulate ? (double)dbeta[c] : 0.0) + db[c]);
+    }
+    free(dg);
+    free(db);
+    free(xh);
+    free(g);
+}

@@ -1,0 +1,39 @@
+/* ops.h - elementwise, row-wise and reduction kernels used by the layers.
+ * Inputs and outputs may be in any float dtype; arithmetic is float32 (sums
+ * float64 where stated) and each output is rounded once. */
+#ifndef MP_OPS_H
+#define MP_OPS_H
+
+#include "core/internal.h"
+
+/* y = act(x) for elementwise activations (not softmax). */
+void mp_op_activation(mp_activation act, const void *x, mp_dtype xt, void *y, mp_dtype yt, size_t n);
+/* Which tensor the derivative needs: true = the input x, false = the output y. */
+bool mp_op_activation_grad_needs_input(mp_activation act);
+/* dx = dy * act'(.), `saved` being x or y as above. */
+void mp_op_activation_grad(mp_activation act, const void *saved, mp_dtype st, const void *dy,
+                           mp_dtype dyt, void *dx, mp_dtype dxt, size_t n);
+/* Row-wise softmax over `cols`, float32 inside with the row max subtracted. */
+void mp_op_softmax(const void *x, mp_dtype xt, void *y, mp_dtype yt, int64_t rows, int64_t cols);
+/* dx = y * (dy - sum(dy * y)) row-wise. */
+void mp_op_softmax_grad(const void *y, mp_dtype yt, const void *dy, mp_dtype dyt, void *dx,
+                        mp_dtype dxt, int64_t rows, int64_t cols);
+/* y = a + b. */
+void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt, size_t n);
+/* dst += src (one rounding to dst's dtype). */
+void mp_op_accumulate(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n);
+/* y = x * mask * scale where mask is 0/1 bytes. */
+void mp_op_mask_scale(const void *x, mp_dtype xt, const uint8_t *mask, float scale, void *y,
+                      mp_dtype yt, size_t n);
+/* out[c] (+)= sum over rows of x[r][c], summed in float64. */
+void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, float *out,
+                      bool accumulate);
+/* LayerNorm over the last axis: statistics in float32 from float64 sums;
+ * mean and rstd (rows each) are kept for the backward pass. */
+void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const float *beta, float eps,
+                      void *y, mp_dtype yt, float *mean, float *rstd, int64_t rows, int64_t cols);
+void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const float *mean,
+                           const float *rstd, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
+                           float *dgamma, float *dbeta, bool accumulate, int64_t rows, int64_t cols);
+
+#endif

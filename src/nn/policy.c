@@ -1,0 +1,45 @@
+/* policy.c - Keras dtype policies: the compute dtype layers run in and the
+ * dtype their variables are kept in, plus the global default. */
+#include <stdatomic.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+static const mp_policy policies[] = {
+    {"float32", MP_F32, MP_F32},
+    {"mixed_float16", MP_F16, MP_F32},
+    {"mixed_bfloat16", MP_BF16, MP_F32},
+    {"float16", MP_F16, MP_F16},
+    {"bfloat16", MP_BF16, MP_BF16},
+};
+#define NPOLICIES (int)(sizeof policies / sizeof policies[0])
+
+static atomic_int global_policy = 0;
+
+mp_status mp_policy_from_name(const char *name, mp_policy *out)
+{
+    for (int i = 0; name && i < NPOLICIES; i++)
+        if (strcmp(name, policies[i].name) == 0) {
+            *out = policies[i];
+            return MP_OK;
+        }
+    return mp_set_error(MP_ERR_INVALID,
+                        "unknown policy '%s' (expected float32, mixed_float16, mixed_bfloat16, "
+                        "float16 or bfloat16)",
+                        name ? name : "(null)");
+}
+
+mp_status mp_set_global_policy(const char *name)
+{
+    for (int i = 0; name && i < NPOLICIES; i++)
+        if (strcmp(name, policies[i].name) == 0) {
+            atomic_store(&global_policy, i);
+            return MP_OK;
+        }
+    mp_policy unused;
+    return mp_policy_from_name(name, &unused);
+}
+
+mp_policy mp_global_policy(void) { return policies[atomic_load(&global_policy)]; }
+
+bool mp_policy_is_mixed(const mp_policy *p) { return p->compute != p->variable; }
