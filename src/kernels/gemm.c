@@ -108,28 +108,37 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
 
     const int64_t kcb = pl->kcb;
     const int64_t kpad_max = im->fmt == GEMM_FMT_BF16 ? kcb + (kcb & 1) : kcb;
-    const int64_t mc = min64(envi("MP_GEMM_MC", im->mc), cdiv(m1 - m0, MR) * MR);
-    const int64_t nc = min64(envi("MP_GEMM_NC", im->nc), cdiv(n1 - n0, NR) * NR);
+    const int64_t nr_pad = cdiv(n1 - n0, NR) * NR;
+    const int64_t nc = min64(envi("MP_GEMM_NC", im->nc), nr_pad);
     const bool multi = kcb < pl->k;
     /* With nothing to apply on the way out, full tiles accumulate in C itself
      * and skip the round trip through a buffer. */
     const gemm_epilogue *e = &pl->e;
     const bool direct = e->c_type == MP_F32 && e->alpha == 1.0f && e->beta == 0.0f && !e->bias &&
                         e->act == MP_ACT_NONE && !e->trans;
+    /* The packed A block is reused across the whole n range, so every element
+     * is packed once; a partial-sum buffer spanning that range caps mc. */
+    int64_t mc = min64(envi("MP_GEMM_MC", im->mc), cdiv(m1 - m0, MR) * MR);
+    if (multi && !direct) {
+        int64_t cap = ((int64_t)1 << 20) / nr_pad / MR * MR; /* 4 MiB of floats */
+        if (cap < MR) cap = MR;
+        mc = min64(mc, cap);
+    }
     char *ap = tbuf_get(&buf_a, (size_t)mc * (size_t)kpad_max * esz);
     char *bp = tbuf_get(&buf_b, (size_t)nc * (size_t)kpad_max * esz);
-    float *cw = multi ? tbuf_get(&buf_c, (size_t)mc * (size_t)nc * sizeof(float)) : NULL;
+    float *cw = multi ? tbuf_get(&buf_c, (size_t)mc * (size_t)nr_pad * sizeof(float)) : NULL;
     if (!ap || !bp || (multi && !cw)) return false;
+    const int64_t ldw = nr_pad;
 
-    for (int64_t jc = n0; jc < n1; jc += nc) {
-        const int64_t nb = min64(nc, n1 - jc);
-        for (int64_t ic = m0; ic < m1; ic += mc) {
-            const int64_t mb = min64(mc, m1 - ic);
-            for (int64_t pc = 0; pc < pl->k; pc += kcb) {
-                const int64_t kb = min64(kcb, pl->k - pc);
-                const int64_t kpad = im->fmt == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
-                const bool first = pc == 0, last = pc + kb >= pl->k;
-                im->pack(&pl->a, ic, mb, pc, kb, MR, ap);
+    for (int64_t ic = m0; ic < m1; ic += mc) {
+        const int64_t mb = min64(mc, m1 - ic);
+        for (int64_t pc = 0; pc < pl->k; pc += kcb) {
+            const int64_t kb = min64(kcb, pl->k - pc);
+            const int64_t kpad = im->fmt == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
+            const bool first = pc == 0, last = pc + kb >= pl->k;
+            im->pack(&pl->a, ic, mb, pc, kb, MR, ap);
+            for (int64_t jc = n0; jc < n1; jc += nc) {
+                const int64_t nb = min64(nc, n1 - jc);
                 im->pack(&pl->b, jc, nb, pc, kb, NR, bp);
                 for (int64_t ir = 0; ir < mb; ir += MR) {
                     const char *apan = ap + (size_t)(ir / MR) * (size_t)(MR * kpad) * esz;
@@ -141,11 +150,11 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                             im->kernel(kpad, apan, bpan, cp, e->ldc, !first);
                         } else if (!multi) {
                             im->kernel(kpad, apan, bpan, tile, NR, 0);
-                            im->epilogue(&pl->e, tile, NR, ic + ir, jc + jr, mr, nr);
+                            im->epilogue(e, tile, NR, ic + ir, jc + jr, mr, nr);
                         } else {
-                            float *t = cw + ir * nc + jr;
-                            im->kernel(kpad, apan, bpan, t, nc, !first);
-                            if (last) im->epilogue(&pl->e, t, nc, ic + ir, jc + jr, mr, nr);
+                            float *t = cw + ir * ldw + (jc - n0) + jr;
+                            im->kernel(kpad, apan, bpan, t, ldw, !first);
+                            if (last) im->epilogue(e, t, ldw, ic + ir, jc + jr, mr, nr);
                         }
                     }
                 }
