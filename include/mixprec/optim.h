@@ -231,9 +231,11 @@ mp_status mp_loss_scaler_set_state(mp_loss_scaler *s, const mp_loss_scaler_state
 void mp_loss_scaler_get_config(const mp_loss_scaler *s, mp_loss_scaler_config *out);
 
 /* Unscale gradients in place: g *= (float)(1.0 / (double)scale), and report
- * whether any still-scaled value was inf or NaN (|=  into *found_inf). A
- * scale whose reciprocal is not a finite float32 also reports found_inf, so
- * that the step is skipped rather than applied with infinite gradients. */
+ * whether any still-scaled value was inf or NaN (ORed into *found_inf). A
+ * scale whose reciprocal is not a finite float32 (below 2^-128, reachable
+ * only after ~143 backoffs without min_scale) also reports found_inf and
+ * leaves the gradients untouched, so the step is skipped rather than applied
+ * with infinite gradients. */
 void mp_grads_unscale(const mp_param *params, int n_params, float scale, bool *found_inf);
 
 /* The custom training loop (Keras LossScaleOptimizer):

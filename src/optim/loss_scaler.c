@@ -151,9 +151,13 @@ void mp_loss_scaler_get_config(const mp_loss_scaler *s, mp_loss_scaler_config *o
 void mp_grads_unscale(const mp_param *params, int n_params, float scale, bool *found_inf)
 {
     float inv = (float)(1.0 / (double)scale);
-    /* Past ~2^-128 the reciprocal overflows: multiplying would turn finite
-     * gradients into inf/NaN behind a clean found_inf. */
-    bool bad = !isfinite(inv);
+    /* Below 2^-128 the reciprocal overflows: report found_inf so the step
+     * is skipped, and leave the gradients as they are. */
+    if (!isfinite(inv)) {
+        if (found_inf) *found_inf = true;
+        return;
+    }
+    bool bad = false;
     for (int i = 0; i < n_params && params; i++) {
         float *g = params[i].grad;
         if (!g) continue;
