@@ -258,6 +258,19 @@ static void large_body(test_rng *r)
         if (mp_isa_active() == MP_ISA_SCALAR) gc.k = 300;
         run_case(&gc, r);
     }
+    /* A thin C is computed as C^T; with several depth blocks and a full
+     * epilogue written through the transposed path. */
+    gemm_case thin = {.m = 700, .n = 10, .k = 600, .at = MP_BF16, .bt = MP_BF16,
+                      .ct = MP_BF16, .alpha = 0.5f, .beta = 0.5f, .pad = 3, .bias = true,
+                      .act = MP_ACT_GELU, .ta = true};
+    if (mp_isa_active() != MP_ISA_SCALAR) {
+        run_case(&thin, r);
+        thin.at = thin.bt = MP_F32;
+        thin.ct = MP_F32;
+        thin.ta = false;
+        thin.tb = true;
+        run_case(&thin, r);
+    }
     gemm_case gc = {.m = 1030, .n = 100, .k = 1100, .at = MP_BF16, .bt = MP_F8E4M3,
                     .ct = MP_BF16, .alpha = 1.0f, .beta = 0.0f, .tb = true};
     if (mp_isa_active() != MP_ISA_SCALAR) run_case(&gc, r);

@@ -80,12 +80,6 @@ typedef struct {
     gemm_epilogue e;
 } gemm_plan;
 
-#include <stdlib.h>
-static int64_t envi(const char *n, int64_t d)
-{
-    const char *s = getenv(n);
-    return s ? atoll(s) : d;
-}
 static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
@@ -109,7 +103,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     const int64_t kcb = pl->kcb;
     const int64_t kpad_max = im->fmt == GEMM_FMT_BF16 ? kcb + (kcb & 1) : kcb;
     const int64_t nr_pad = cdiv(n1 - n0, NR) * NR;
-    const int64_t nc = min64(envi("MP_GEMM_NC", im->nc), nr_pad);
+    const int64_t nc = min64(im->nc, nr_pad);
     const bool multi = kcb < pl->k;
     /* With nothing to apply on the way out, full tiles accumulate in C itself
      * and skip the round trip through a buffer. */
@@ -118,7 +112,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                         e->act == MP_ACT_NONE && !e->trans;
     /* The packed A block is reused across the whole n range, so every element
      * is packed once; a partial-sum buffer spanning that range caps mc. */
-    int64_t mc = min64(envi("MP_GEMM_MC", im->mc), cdiv(m1 - m0, MR) * MR);
+    int64_t mc = min64(im->mc, cdiv(m1 - m0, MR) * MR);
     if (multi && !direct) {
         int64_t cap = ((int64_t)1 << 20) / nr_pad / MR * MR; /* 4 MiB of floats */
         if (cap < MR) cap = MR;
@@ -258,7 +252,7 @@ mp_status mp_gemm_ex(const mp_gemm_args *g)
         pl.e.trans = true;
     }
     /* Equal depth blocks rather than kc, kc, ..., remainder. */
-    const int64_t nkb = k > 0 ? cdiv(k, envi("MP_GEMM_KC", pl.im->kc)) : 1;
+    const int64_t nkb = k > 0 ? cdiv(k, pl.im->kc) : 1;
     pl.kcb = k > 0 ? cdiv(k, nkb) : 0;
     if (pl.im->fmt == GEMM_FMT_BF16 && (pl.kcb & 1) && pl.kcb < k) pl.kcb++;
 

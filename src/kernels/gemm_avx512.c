@@ -100,6 +100,10 @@ MP_TARGET_AVX512 static void pack_f32(const gemm_operand *op, int64_t w0, int64_
             for (int64_t d = 0; d < nd; d += 8) {
                 int dn = nd - d >= 8 ? 8 : (int)(nd - d);
                 __m256 r[8];
+                /* Eight far-apart rows are more streams than the hardware
+                 * prefetcher follows well. */
+                for (int q = 0; q < cnt; q++)
+                    _mm_prefetch(rows + (q * op->sw + d + 64) * es, _MM_HINT_T0);
                 for (int q = 0; q < 8; q++)
                     r[q] = q < cnt ? load8(rows + (q * op->sw + d) * es, t, dn)
                                    : _mm256_setzero_ps();

@@ -126,6 +126,8 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
             for (int64_t d = 0; d < nd; d += 16) {
                 int dn = nd - d >= 16 ? 16 : (int)(nd - d);
                 __m256 r[8];
+                for (int q = 0; q < cnt; q++)
+                    _mm_prefetch(rows + (q * op->sw + d + 128) * es, _MM_HINT_T0);
                 for (int q = 0; q < 8; q++)
                     r[q] = q < cnt ? _mm256_castsi256_ps(load16(rows + (q * op->sw + d) * es, t, dn))
                                    : _mm256_setzero_ps();
