@@ -605,6 +605,82 @@ static void test_state_restore(void **state)
     mp_optimizer_free(o);
 }
 
+/* The AVX-512 kernels and the threaded chunk loop give the scalar
+ * single-thread bits: every rule (clip by value incl. NaN, L2, decoupled
+ * decay, nesterov), tails that are not a multiple of 16, a tensor large
+ * enough to be split across threads, pure bf16 with stochastic rounding. */
+enum { BIG = 70001, SMALL = 45 };
+typedef struct {
+    float m[BIG], g[BIG];
+    uint16_t c[BIG], lp[SMALL];
+    float gs[SMALL];
+} paths_data;
+
+static void run_paths(paths_data *d, const mp_optimizer_config *c)
+{
+    test_rng r = {17};
+    for (int j = 0; j < BIG; j++) d->m[j] = (float)test_rng_uniform(&r, -2, 2);
+    for (int j = 0; j < SMALL; j++) d->lp[j] = mp_f32_to_bf16((float)test_rng_uniform(&r, -2, 2));
+    mp_convert(d->c, MP_BF16, d->m, MP_F32, BIG);
+    mp_param p[2] = {{"big", d->m, d->c, MP_BF16, d->g, BIG}, {"lp", NULL, d->lp, MP_BF16, d->gs, SMALL}};
+    mp_optimizer *o = mp_optimizer_new(c, p, 2);
+    assert_non_null(o);
+    for (int s = 0; s < 3; s++) {
+        for (int j = 0; j < BIG; j++) d->g[j] = (float)test_rng_uniform(&r, -3, 3);
+        for (int j = 0; j < SMALL; j++) d->gs[j] = (float)test_rng_uniform(&r, -3, 3);
+        d->g[12345] = s == 1 ? NAN : d->g[12345]; /* NaN passes through clipping */
+        assert_int_equal(mp_optimizer_step(o), MP_OK);
+    }
+    mp_optimizer_free(o);
+}
+
+static void test_paths_bit_identical(void **state)
+{
+    (void)state;
+    mp_optimizer_config cs[4];
+    cs[0] = mp_optimizer_config_default(MP_OPTIMIZER_SGD);
+    cs[0].momentum = 0.9f;
+    cs[0].nesterov = true;
+    cs[0].weight_decay = 0.01f;
+    cs[0].clip_value = 1.0f;
+    cs[1] = mp_optimizer_config_default(MP_OPTIMIZER_ADAM);
+    cs[1].weight_decay = 0.1f;
+    cs[1].clip_value = 2.0f;
+    cs[2] = mp_optimizer_config_default(MP_OPTIMIZER_ADAMW);
+    cs[2].clip_norm = 10.0f;
+    cs[3] = mp_optimizer_config_default(MP_OPTIMIZER_SGD);
+    for (int i = 0; i < 4; i++) {
+        cs[i].rounding = MP_ROUND_STOCHASTIC;
+        cs[i].seed = 99;
+    }
+    paths_data *ref = calloc(1, sizeof *ref), *d = calloc(1, sizeof *d);
+    mp_isa isas[MP_ISA_COUNT];
+    int nisa = test_isas(isas);
+    mp_isa saved = mp_isa_active();
+    int saved_threads = mp_num_threads();
+    for (int i = 0; i < 4; i++) {
+        mp_isa_set(MP_ISA_SCALAR);
+        mp_set_num_threads(1);
+        run_paths(ref, &cs[i]);
+        for (int a = 0; a < nisa; a++)
+            for (int nt = 1; nt <= 3; nt += 2) {
+                mp_isa_set(isas[a]);
+                mp_set_num_threads(nt);
+                run_paths(d, &cs[i]);
+                for (int j = 0; j < BIG; j++)
+                    if (f32_bits(ref->m[j]) != f32_bits(d->m[j]) || ref->c[j] != d->c[j])
+                        fail_msg("config %d: %s with %d threads: master[%d] %a (%08x), scalar "
+                                 "%a (%08x)", i, mp_isa_name(isas[a]), nt, j, (double)d->m[j],
+                                 f32_bits(d->m[j]), (double)ref->m[j], f32_bits(ref->m[j]));
+                assert_memory_equal(ref->lp, d->lp, sizeof d->lp);
+            }
+    }
+    mp_isa_set(saved);
+    mp_set_num_threads(saved_threads);
+    free(ref);
+    free(d);
+}
+
 static void test_invalid_configs(void **state)
 {
     (void)state;
@@ -658,6 +734,7 @@ int main(void)
         cmocka_unit_test(test_clipping),
         cmocka_unit_test(test_accumulation_equals_mean_step),
         cmocka_unit_test(test_state_restore),
+        cmocka_unit_test(test_paths_bit_identical),
         cmocka_unit_test(test_invalid_configs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

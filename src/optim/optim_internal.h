@@ -8,6 +8,28 @@
  * within max_norm or not finite); the norm goes to *norm_out. */
 float mp_clip_norm_factor(const mp_param *params, int n_params, float max_norm, float *norm_out);
 
+/* Coefficients of one optimizer step, the same for every element. */
+typedef struct {
+    float lr, gfactor, clip_value;
+    float weight_decay, momentum;
+    bool nesterov;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+    float step_size, sqrt_bc2, decoupled_decay;
+} mp_step_coefs;
+
+/* Per-element update rules on n float32 values (w updated in place). The
+ * SIMD versions perform the same IEEE operations in the same order, so they
+ * give the same bits as the scalar ones. buf / m, v: optimizer state. */
+typedef void (*mp_sgd_kernel)(const mp_step_coefs *c, float *w, const float *g, float *buf,
+                              int64_t n);
+typedef void (*mp_adam_kernel)(const mp_step_coefs *c, bool decoupled, float *w, const float *g,
+                               float *m, float *v, int64_t n);
+#if MP_X86
+void mp_update_sgd_avx512(const mp_step_coefs *c, float *w, const float *g, float *buf, int64_t n);
+void mp_update_adam_avx512(const mp_step_coefs *c, bool decoupled, float *w, const float *g,
+                           float *m, float *v, int64_t n);
+#endif
+
 /* Checks shared by the optimizer and the accumulator; sets the error. */
 mp_status mp_params_validate(const char *who, const mp_param *params, int n_params);
 

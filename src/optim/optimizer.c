@@ -25,15 +25,6 @@ struct mp_optimizer {
     int64_t step;
 };
 
-/* Coefficients of one step, the same for every element. */
-typedef struct {
-    float lr, gfactor, clip_value;
-    float weight_decay, momentum;
-    bool nesterov;
-    float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-    float step_size, sqrt_bc2, decoupled_decay;
-} step_coefs;
-
 mp_optimizer_config mp_optimizer_config_default(mp_optimizer_kind kind)
 {
     mp_optimizer_config c = {
@@ -194,7 +185,7 @@ void mp_optimizer_free(mp_optimizer *o)
 }
 
 /* The per-element rules of the header, on one chunk of float32 values. */
-static void update_sgd(const step_coefs *c, float *w, const float *g, float *buf, int64_t n)
+static void update_sgd(const mp_step_coefs *c, float *w, const float *g, float *buf, int64_t n)
 {
     for (int64_t j = 0; j < n; j++) {
         float gj = g[j] * c->gfactor;
@@ -214,7 +205,7 @@ static void update_sgd(const step_coefs *c, float *w, const float *g, float *buf
     }
 }
 
-static void update_adam(const step_coefs *c, bool decoupled, float *w, const float *g, float *m,
+static void update_adam(const mp_step_coefs *c, bool decoupled, float *w, const float *g, float *m,
                         float *v, int64_t n)
 {
     for (int64_t j = 0; j < n; j++) {
@@ -253,7 +244,27 @@ static uint64_t rounding_seed(uint64_t seed, int64_t step, int index)
     return mix64(seed ^ mix64((uint64_t)step * 0x9E3779B97F4A7C15ull + (uint64_t)index + 1));
 }
 
-static void update_param(const mp_optimizer *o, int index, const step_coefs *c)
+typedef struct {
+    mp_sgd_kernel sgd;
+    mp_adam_kernel adam;
+} kernels;
+
+static kernels kernels_for(mp_isa isa)
+{
+    kernels k = {update_sgd, update_adam};
+#if MP_X86
+    if (isa != MP_ISA_SCALAR) k = (kernels){mp_update_sgd_avx512, mp_update_adam_avx512};
+#else
+    (void)isa;
+#endif
+    return k;
+}
+
+/* Tensors below this many elements are updated by one thread: a parallel
+ * region costs more than the work. */
+#define PARALLEL_MIN (1 << 16)
+
+static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *c, kernels k)
 {
     const mp_param *p = &o->params[index];
     if (!p->grad || p->n == 0) return;
@@ -262,10 +273,18 @@ static void update_param(const mp_optimizer *o, int index, const step_coefs *c)
     float *s1 = o->n_slots > 1 ? o->slots[(size_t)index * (size_t)o->n_slots + 1] : NULL;
     const bool pure_lp = !p->master && p->weight_dtype != MP_F32;
     const bool write_copy = p->master && p->weight && p->weight != (void *)p->master;
+    const bool adamw = o->cfg.kind == MP_OPTIMIZER_ADAMW, sgd = o->cfg.kind == MP_OPTIMIZER_SGD;
+    const bool stochastic = o->cfg.rounding == MP_ROUND_STOCHASTIC;
     const uint64_t rseed = rounding_seed(o->cfg.seed, o->step, index);
-    float tmp[CHUNK];
+    const int64_t nchunks = (p->n + CHUNK - 1) / CHUNK;
+    const int nt = p->n >= PARALLEL_MIN ? mp_num_threads() : 1;
 
-    for (int64_t off = 0; off < p->n; off += CHUNK) {
+    /* Chunks are independent element ranges, and stochastic rounding is
+     * keyed by element index: the result does not depend on the threads. */
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t ci = 0; ci < nchunks; ci++) {
+        float tmp[CHUNK];
+        int64_t off = ci * CHUNK;
         int64_t len = p->n - off < CHUNK ? p->n - off : CHUNK;
         char *wcopy = p->weight ? (char *)p->weight + (size_t)off * ws : NULL;
         float *w;
@@ -277,15 +296,14 @@ static void update_param(const mp_optimizer *o, int index, const step_coefs *c)
             mp_convert(tmp, MP_F32, wcopy, p->weight_dtype, (size_t)len);
             w = tmp;
         }
-        if (o->cfg.kind == MP_OPTIMIZER_SGD)
-            update_sgd(c, w, p->grad + off, s0 ? s0 + off : NULL, len);
+        if (sgd)
+            k.sgd(c, w, p->grad + off, s0 ? s0 + off : NULL, len);
         else
-            update_adam(c, o->cfg.kind == MP_OPTIMIZER_ADAMW, w, p->grad + off, s0 + off,
-                        s1 + off, len);
+            k.adam(c, adamw, w, p->grad + off, s0 + off, s1 + off, len);
         if (write_copy)
             mp_convert(wcopy, p->weight_dtype, w, MP_F32, (size_t)len);
         else if (pure_lp) {
-            if (o->cfg.rounding == MP_ROUND_STOCHASTIC)
+            if (stochastic)
                 mp_convert_stochastic_at(wcopy, p->weight_dtype, w, (size_t)len, rseed,
                                          (uint64_t)off);
             else
@@ -298,7 +316,7 @@ mp_status mp_optimizer_step(mp_optimizer *o)
 {
     if (!o) return mp_set_error(MP_ERR_INVALID, "mp_optimizer_step: optimizer is NULL");
     const mp_optimizer_config *cfg = &o->cfg;
-    step_coefs c = {0};
+    mp_step_coefs c = {0};
     c.lr = mp_lr_schedule_at(&cfg->schedule, cfg->learning_rate, o->step);
     c.gfactor = 1.0f;
     if (cfg->clip_norm > 0.0f)
@@ -320,7 +338,8 @@ mp_status mp_optimizer_step(mp_optimizer *o)
         c.sqrt_bc2 = (float)sqrt(bc2);
         c.decoupled_decay = 1.0f - c.lr * cfg->weight_decay;
     }
-    for (int i = 0; i < o->n_params; i++) update_param(o, i, &c);
+    const kernels k = kernels_for(mp_isa_active());
+    for (int i = 0; i < o->n_params; i++) update_param(o, i, &c, k);
     o->step++;
     return MP_OK;
 }
