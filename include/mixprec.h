@@ -269,5 +269,6 @@ void mp_set_num_threads(int n);
 
 #include "mixprec/nn.h"
 #include "mixprec/optim.h"
+#include "mixprec/train.h"
 
 #endif /* MIXPREC_H */

@@ -160,6 +160,17 @@ const mp_tensor *mp_model_node_output(const mp_model *m, mp_node node);
 /* The gradient reaching a node in the last backward (NULL if none). */
 const mp_tensor *mp_model_node_grad(const mp_model *m, mp_node node);
 
+/* Shapes without the batch dimension; return the number of dimensions. */
+int mp_model_input_shape(const mp_model *m, int64_t *shape);
+int mp_model_output_shape(const mp_model *m, int64_t *shape);
+bool mp_model_is_built(const mp_model *m);
+int64_t mp_model_max_batch(const mp_model *m);
+/* The compute dtype of the model's first weight layer. */
+mp_dtype mp_model_compute_dtype(const mp_model *m);
+/* Opaque training state (compile/fit) attached to the model and freed with it. */
+void *mp_model_training_state(const mp_model *m);
+void mp_model_set_training_state(mp_model *m, void *state, void (*free_fn)(void *));
+
 #ifdef __cplusplus
 }
 #endif

@@ -49,6 +49,7 @@ mp_model *mp_model_new(uint64_t seed)
 void mp_model_free(mp_model *m)
 {
     if (!m) return;
+    if (m->training_free) m->training_free(m->training);
     for (int i = 0; i < m->nparams; i++) {
         mp_model_param *p = &m->params[i].p;
         if (p->weight != p->master) mp_free(p->weight);
@@ -655,4 +656,44 @@ mp_status mp_activation_from_name(const char *name, mp_activation *out)
                         "unknown activation '%s' (expected linear, relu, gelu, gelu_tanh, sigmoid, "
                         "tanh or softmax)",
                         name ? name : "(null)");
+}
+
+/* ------------------------------------------------- hooks for train/ */
+
+void *mp_model_training_state(const mp_model *m) { return m->training; }
+
+void mp_model_set_training_state(mp_model *m, void *state, void (*free_fn)(void *))
+{
+    if (m->training_free) m->training_free(m->training);
+    m->training = state;
+    m->training_free = free_fn;
+}
+
+bool mp_model_is_built(const mp_model *m) { return m->built; }
+int64_t mp_model_max_batch(const mp_model *m) { return m->max_batch; }
+
+mp_dtype mp_model_compute_dtype(const mp_model *m)
+{
+    /* the dtype most of the work runs in: that of the first weight layer */
+    for (int i = 0; i < m->nlayers; i++)
+        if (m->layers[i].nparams) return m->layers[i].policy.compute;
+    return MP_F32;
+}
+
+int mp_model_input_shape(const mp_model *m, int64_t *shape)
+{
+    for (int i = 0; i < m->nlayers; i++)
+        if (m->layers[i].reachable && m->layers[i].kind == MP_LAYER_INPUT) {
+            memcpy(shape, m->layers[i].shape, (size_t)m->layers[i].ndim * sizeof(int64_t));
+            return m->layers[i].ndim;
+        }
+    return 0;
+}
+
+int mp_model_output_shape(const mp_model *m, int64_t *shape)
+{
+    if (m->output < 0) return 0;
+    const mp_layer *l = &m->layers[m->output];
+    memcpy(shape, l->shape, (size_t)l->ndim * sizeof(int64_t));
+    return l->ndim;
 }

@@ -51,6 +51,9 @@ struct mp_model {
     mp_arena *act, *ws;
     uint64_t refreshes;
     int name_counts[8];
+    /* compile/fit state owned by train/ (the model only frees it) */
+    void *training;
+    void (*training_free)(void *);
 };
 
 /* Rows and columns of a [batch, shape...] tensor seen as a matrix over the

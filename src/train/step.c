@@ -1,0 +1,165 @@
+/* step.c - compile and the training step: forward, loss, backward seeded
+ * with the loss scale, unscale and inf/NaN check, optimizer step or skip,
+ * scaler update. Everything above (fit, the CLI) is built on this. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+typedef struct {
+    mp_compile_options opts;
+    mp_optimizer *opt;
+    mp_loss_scaler *scaler; /* NULL: no loss scaling */
+    mp_param *params;
+    int nparams;
+    int64_t applied, skipped;
+} training;
+
+static void training_free(void *p)
+{
+    training *t = p;
+    if (!t) return;
+    mp_optimizer_free(t->opt);
+    mp_loss_scaler_free(t->scaler);
+    free(t->params);
+    free(t);
+}
+
+mp_compile_options mp_compile_options_default(void)
+{
+    mp_compile_options o;
+    memset(&o, 0, sizeof o);
+    o.optimizer = mp_optimizer_config_default(MP_OPTIMIZER_ADAM);
+    o.loss = MP_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY;
+    o.loss_scaling = MP_LOSS_SCALING_AUTO;
+    o.scaler = mp_loss_scaler_config_keras();
+    return o;
+}
+
+int mp_model_optim_params(mp_model *m, mp_param *out, int n)
+{
+    int np = mp_model_num_params(m);
+    for (int i = 0; i < np && i < n; i++) {
+        const mp_model_param *p = mp_model_get_param(m, i);
+        out[i] = (mp_param){p->name, p->master, p->weight, p->weight_dtype, p->grad, p->n};
+    }
+    return np;
+}
+
+mp_status mp_model_compile(mp_model *m, const mp_compile_options *o)
+{
+    if (!mp_model_is_built(m)) return mp_set_error(MP_ERR_INVALID, "compile: build the model first");
+    mp_compile_options d = o ? *o : mp_compile_options_default();
+    training *t = calloc(1, sizeof *t);
+    if (!t) return mp_set_error(MP_ERR_NOMEM, "compile: out of memory");
+    t->opts = d;
+    t->nparams = mp_model_num_params(m);
+    t->params = calloc((size_t)(t->nparams ? t->nparams : 1), sizeof *t->params);
+    if (!t->params) {
+        free(t);
+        return mp_set_error(MP_ERR_NOMEM, "compile: out of memory");
+    }
+    mp_model_optim_params(m, t->params, t->nparams);
+    t->opt = mp_optimizer_new(&d.optimizer, t->params, t->nparams);
+    if (!t->opt) {
+        training_free(t);
+        return MP_ERR_INVALID; /* the optimizer left its message */
+    }
+    bool scaling = d.loss_scaling == MP_LOSS_SCALING_DYNAMIC || d.loss_scaling == MP_LOSS_SCALING_STATIC ||
+                   (d.loss_scaling == MP_LOSS_SCALING_AUTO && mp_loss_scaling_default_for(mp_model_compute_dtype(m)));
+    if (scaling) {
+        mp_loss_scaler_config sc = d.scaler;
+        if (sc.initial_scale == 0.0f) sc = mp_loss_scaler_config_keras();
+        sc.mode = d.loss_scaling == MP_LOSS_SCALING_STATIC ? MP_LOSS_SCALE_STATIC : sc.mode;
+        if (d.loss_scaling == MP_LOSS_SCALING_DYNAMIC) sc.mode = MP_LOSS_SCALE_DYNAMIC;
+        t->scaler = mp_loss_scaler_new(&sc);
+        if (!t->scaler) {
+            training_free(t);
+            return MP_ERR_INVALID;
+        }
+    }
+    mp_model_set_training_state(m, t, training_free);
+    return MP_OK;
+}
+
+static training *get(const mp_model *m) { return mp_model_training_state(m); }
+
+mp_optimizer *mp_model_optimizer(mp_model *m) { return get(m) ? get(m)->opt : NULL; }
+mp_loss_scaler *mp_model_loss_scaler(mp_model *m) { return get(m) ? get(m)->scaler : NULL; }
+int64_t mp_model_steps_applied(const mp_model *m) { return get(m) ? get(m)->applied : 0; }
+int64_t mp_model_steps_skipped(const mp_model *m) { return get(m) ? get(m)->skipped : 0; }
+
+static int64_t count_correct(const mp_tensor *y, const int32_t *labels)
+{
+    if (!labels) return 0;
+    int64_t cols = y->shape[y->ndim - 1], rows = mp_tensor_numel(y) / cols, correct = 0;
+    float *row = malloc((size_t)cols * sizeof *row);
+    if (!row) return 0;
+    size_t es = mp_dtype_size(y->dtype);
+    for (int64_t r = 0; r < rows; r++) {
+        mp_convert(row, MP_F32, (const char *)y->data + (size_t)(r * cols) * es, y->dtype, (size_t)cols);
+        int64_t best = 0;
+        for (int64_t c = 1; c < cols; c++)
+            if (row[c] > row[best]) best = c; /* first maximum, as argmax */
+        correct += best == labels[r];
+    }
+    free(row);
+    return correct;
+}
+
+static mp_status check_ready(mp_model *m, const char *what)
+{
+    if (!get(m)) return mp_set_error(MP_ERR_INVALID, "%s: compile the model first", what);
+    return MP_OK;
+}
+
+mp_status mp_model_train_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
+                              const mp_tensor *target, mp_step_result *r)
+{
+    mp_status s = check_ready(m, "train_step");
+    if (s) return s;
+    training *t = get(m);
+    mp_step_result res = {0, 0, false, 1.0f};
+    const mp_tensor *y;
+    if ((s = mp_model_forward(m, x, true, &y))) return s;
+    res.correct = count_correct(y, labels);
+    mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target};
+    float scale = t->scaler ? mp_loss_scaler_scale(t->scaler) : 1.0f;
+    res.loss_scale = scale;
+    if ((s = mp_model_loss_backward(m, &spec, scale, false, &res.loss))) return s;
+    if (t->scaler) {
+        bool found_inf = false;
+        if ((s = mp_loss_scaler_get_unscaled_gradients(t->scaler, t->opt, &found_inf))) return s;
+        if ((s = mp_loss_scaler_apply_gradients(t->scaler, t->opt, &res.applied))) return s;
+    } else {
+        /* without scaling a non-finite gradient still must not reach the
+         * weights: check (read-only, the norm is inf/NaN iff one is) and skip
+         * the step as the scaler would */
+        if (isfinite(mp_grad_global_norm(t->params, t->nparams))) {
+            if ((s = mp_optimizer_step(t->opt))) return s;
+            res.applied = true;
+        }
+    }
+    if (res.applied)
+        t->applied++;
+    else
+        t->skipped++;
+    if (r) *r = res;
+    return MP_OK;
+}
+
+mp_status mp_model_test_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
+                             const mp_tensor *target, mp_step_result *r)
+{
+    mp_status s = check_ready(m, "test_step");
+    if (s) return s;
+    training *t = get(m);
+    const mp_tensor *y;
+    if ((s = mp_model_forward(m, x, false, &y))) return s;
+    mp_step_result res = {0, count_correct(y, labels), false, 1.0f};
+    mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target};
+    if ((s = mp_loss_compute(&spec, y, 1.0f, &res.loss, NULL))) return s;
+    if (r) *r = res;
+    return MP_OK;
+}
