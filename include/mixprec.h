@@ -270,5 +270,6 @@ void mp_set_num_threads(int n);
 #include "mixprec/nn.h"
 #include "mixprec/optim.h"
 #include "mixprec/train.h"
+#include "mixprec/data.h"
 
 #endif /* MIXPREC_H */

@@ -1,0 +1,245 @@
+/* dataset.c - the in-memory dataset: shared immutable storage with views for
+ * the Keras validation split, reproducible per-epoch orders and batch
+ * gathering. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/io_internal.h"
+
+/* Storage is reference counted so that split views can outlive the dataset
+ * they came from (fit frees its input before its views, callers may not). */
+typedef struct {
+    atomic_long refs;
+    float *x;
+    int32_t *y;
+} storage;
+
+struct mp_dataset {
+    storage *st;
+    const float *x;
+    const int32_t *y;
+    int64_t n, dim;
+    int32_t classes;
+};
+
+static void storage_unref(storage *st)
+{
+    if (!st) return;
+    if (atomic_fetch_sub(&st->refs, 1) == 1) {
+        mp_free(st->x);
+        mp_free(st->y);
+        free(st);
+    }
+}
+
+static mp_status make_view(storage *st, int64_t first, int64_t n, int64_t dim, int32_t classes,
+                           mp_dataset **out)
+{
+    mp_dataset *d = malloc(sizeof *d);
+    if (!d) return mp_set_error(MP_ERR_NOMEM, "dataset: out of memory");
+    atomic_fetch_add(&st->refs, 1);
+    d->st = st;
+    d->x = st->x + first * dim;
+    d->y = st->y + first;
+    d->n = n;
+    d->dim = dim;
+    d->classes = classes;
+    *out = d;
+    return MP_OK;
+}
+
+mp_status mp_dataset_adopt(float *x, int32_t *y, int64_t n, int64_t dim, int32_t classes,
+                           mp_dataset **out)
+{
+    *out = NULL;
+    storage *st = malloc(sizeof *st);
+    if (!st) {
+        mp_free(x);
+        mp_free(y);
+        return mp_set_error(MP_ERR_NOMEM, "dataset: out of memory");
+    }
+    atomic_init(&st->refs, 0);
+    st->x = x;
+    st->y = y;
+    mp_status s = make_view(st, 0, n, dim, classes, out);
+    if (s) {
+        mp_free(x);
+        mp_free(y);
+        free(st);
+    }
+    return s;
+}
+
+mp_status mp_dataset_from_arrays(const float *x, const int32_t *y, int64_t n, int64_t dim,
+                                 int32_t classes, mp_dataset **out)
+{
+    if (!out) return mp_set_error(MP_ERR_INVALID, "mp_dataset_from_arrays: out is NULL");
+    *out = NULL;
+    if (!x || !y) return mp_set_error(MP_ERR_INVALID, "mp_dataset_from_arrays: x or y is NULL");
+    if (n < 1 || dim < 1)
+        return mp_set_error(MP_ERR_INVALID,
+                            "mp_dataset_from_arrays: need n >= 1 and dim >= 1 (got n=%lld, "
+                            "dim=%lld)",
+                            (long long)n, (long long)dim);
+    if (classes < 0 || classes > MP_DATASET_MAX_CLASSES)
+        return mp_set_error(MP_ERR_INVALID, "mp_dataset_from_arrays: classes %d out of range",
+                            (int)classes);
+    if ((uint64_t)n > SIZE_MAX / sizeof(float) / (uint64_t)dim)
+        return mp_set_error(MP_ERR_INVALID, "mp_dataset_from_arrays: %lld x %lld is too large",
+                            (long long)n, (long long)dim);
+    int32_t maxl = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if (y[i] < 0 || y[i] >= (classes ? classes : MP_DATASET_MAX_CLASSES))
+            return mp_set_error(MP_ERR_INVALID,
+                                "mp_dataset_from_arrays: label %d of sample %lld is outside "
+                                "[0, %d)",
+                                (int)y[i], (long long)i,
+                                (int)(classes ? classes : MP_DATASET_MAX_CLASSES));
+        if (y[i] > maxl) maxl = y[i];
+    }
+    size_t nx = (size_t)n * (size_t)dim;
+    for (size_t i = 0; i < nx; i++) {
+        if (!isfinite(x[i]))
+            return mp_set_error(MP_ERR_INVALID,
+                                "mp_dataset_from_arrays: feature %lld of sample %lld is %s; "
+                                "NaN or infinite data cannot be trained on",
+                                (long long)(i % (size_t)dim), (long long)(i / (size_t)dim),
+                                isnan(x[i]) ? "NaN" : "infinite");
+    }
+    float *cx = mp_alloc(nx * sizeof(float), MP_MEM_OTHER);
+    int32_t *cy = mp_alloc((size_t)n * sizeof(int32_t), MP_MEM_OTHER);
+    if (!cx || !cy) {
+        mp_free(cx);
+        mp_free(cy);
+        return mp_set_error(MP_ERR_NOMEM, "mp_dataset_from_arrays: out of memory for %lld samples",
+                            (long long)n);
+    }
+    memcpy(cx, x, nx * sizeof(float));
+    memcpy(cy, y, (size_t)n * sizeof(int32_t));
+    return mp_dataset_adopt(cx, cy, n, dim, classes ? classes : maxl + 1, out);
+}
+
+void mp_dataset_free(mp_dataset *ds)
+{
+    if (!ds) return;
+    storage_unref(ds->st);
+    free(ds);
+}
+
+int64_t mp_dataset_count(const mp_dataset *ds) { return ds ? ds->n : 0; }
+int64_t mp_dataset_dim(const mp_dataset *ds) { return ds ? ds->dim : 0; }
+int32_t mp_dataset_classes(const mp_dataset *ds) { return ds ? ds->classes : 0; }
+const float *mp_dataset_features(const mp_dataset *ds) { return ds ? ds->x : NULL; }
+const int32_t *mp_dataset_labels(const mp_dataset *ds) { return ds ? ds->y : NULL; }
+
+mp_status mp_dataset_split(const mp_dataset *ds, double fraction, mp_dataset **train,
+                           mp_dataset **val)
+{
+    if (train) *train = NULL;
+    if (val) *val = NULL;
+    if (!ds || !train || !val)
+        return mp_set_error(MP_ERR_INVALID, "mp_dataset_split: NULL argument");
+    if (!(fraction >= 0.0 && fraction < 1.0))
+        return mp_set_error(MP_ERR_INVALID,
+                            "validation_split must be in [0, 1), got %g", fraction);
+    int64_t first = ds->y - ds->st->y; /* where this view starts in storage */
+    if (fraction == 0.0) return make_view(ds->st, first, ds->n, ds->dim, ds->classes, train);
+    /* Two statements, as Keras evaluates floor(n * (1.0 - split)) in double:
+     * no contraction into an fma may change the rounding. */
+    double keep = 1.0 - fraction;
+    double at = floor((double)ds->n * keep);
+    int64_t split_at = (int64_t)at;
+    if (split_at <= 0 || split_at >= ds->n)
+        return mp_set_error(MP_ERR_INVALID,
+                            "the data has %lld samples, which is not enough to split into a "
+                            "training and a validation set with validation_split=%g",
+                            (long long)ds->n, fraction);
+    mp_status s = make_view(ds->st, first, split_at, ds->dim, ds->classes, train);
+    if (s) return s;
+    s = make_view(ds->st, first + split_at, ds->n - split_at, ds->dim, ds->classes, val);
+    if (s) {
+        mp_dataset_free(*train);
+        *train = NULL;
+    }
+    return s;
+}
+
+int64_t mp_dataset_batch_count(const mp_dataset *ds, int64_t batch_size)
+{
+    if (!ds || batch_size < 1) return 0;
+    return ds->n / batch_size + (ds->n % batch_size != 0);
+}
+
+/* splitmix64's finaliser: a bijective mixer, so distinct counters never
+ * collide. */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    uint64_t key, ctr;
+} order_rng;
+
+static uint64_t rng_next(order_rng *r)
+{
+    r->ctr += 0x9E3779B97F4A7C15ull;
+    return mix64(r->key + r->ctr);
+}
+
+/* Uniform in [0, bound) without modulo bias: reject the few draws below
+ * 2^64 mod bound. */
+static uint64_t rng_below(order_rng *r, uint64_t bound)
+{
+    uint64_t threshold = (0 - bound) % bound;
+    for (;;) {
+        uint64_t v = rng_next(r);
+        if (v >= threshold) return v % bound;
+    }
+}
+
+mp_status mp_dataset_order(const mp_dataset *ds, uint64_t epoch, uint64_t seed, bool shuffle,
+                           int64_t *order)
+{
+    if (!ds || !order) return mp_set_error(MP_ERR_INVALID, "mp_dataset_order: NULL argument");
+    int64_t n = ds->n;
+    for (int64_t i = 0; i < n; i++) order[i] = i;
+    if (!shuffle) return MP_OK;
+    /* The key mixes seed and epoch through separate mixers so that nearby
+     * (seed, epoch) pairs give unrelated streams. */
+    order_rng r = {.key = mix64(seed ^ 0x6D69787072656331ull) ^ mix64(~epoch * 0xD1B54A32D192ED03ull),
+                   .ctr = 0};
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)rng_below(&r, (uint64_t)i + 1);
+        int64_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    return MP_OK;
+}
+
+mp_status mp_dataset_gather(const mp_dataset *ds, const int64_t *idx, int64_t count, float *x,
+                            int32_t *y)
+{
+    if (!ds || (count > 0 && (!idx || !x)))
+        return mp_set_error(MP_ERR_INVALID, "mp_dataset_gather: NULL argument");
+    if (count < 0)
+        return mp_set_error(MP_ERR_INVALID, "mp_dataset_gather: negative count %lld",
+                            (long long)count);
+    size_t row = (size_t)ds->dim * sizeof(float);
+    for (int64_t i = 0; i < count; i++) {
+        int64_t k = idx[i];
+        if (k < 0 || k >= ds->n)
+            return mp_set_error(MP_ERR_INVALID,
+                                "mp_dataset_gather: index %lld (position %lld) is outside a "
+                                "dataset of %lld samples",
+                                (long long)k, (long long)i, (long long)ds->n);
+        memcpy(x + i * ds->dim, ds->x + k * ds->dim, row);
+        if (y) y[i] = ds->y[k];
+    }
+    return MP_OK;
+}

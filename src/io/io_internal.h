@@ -1,0 +1,27 @@
+/* io_internal.h - helpers shared by the dataset loaders, not part of the API. */
+#ifndef MP_IO_INTERNAL_H
+#define MP_IO_INTERNAL_H
+
+#include <zlib.h>
+
+#include "core/internal.h"
+
+/* Wrap buffers allocated with mp_alloc(..., MP_MEM_OTHER) in a dataset. The
+ * dataset takes ownership of x and y whether or not this succeeds. */
+mp_status mp_dataset_adopt(float *x, int32_t *y, int64_t n, int64_t dim, int32_t classes,
+                           mp_dataset **out);
+
+/* Open a plain or gzip file for reading; a missing file, a directory or an
+ * unreadable file is MP_ERR_IO with a message naming path. */
+mp_status mp_gz_open(const char *path, gzFile *out);
+
+/* Read up to len bytes; *got receives how many arrived (less than len only
+ * at the end of the data). A gzip stream error - corrupt data, bad CRC or
+ * length check, stream cut short - is MP_ERR_FORMAT naming path. */
+mp_status mp_gz_read(gzFile f, const char *path, void *buf, size_t len, size_t *got);
+
+/* Read a whole file into a malloc'd buffer with a terminating NUL (not
+ * counted in *len). max_bytes bounds what is accepted. */
+mp_status mp_gz_read_all(const char *path, size_t max_bytes, char **data, size_t *len);
+
+#endif
