@@ -1,0 +1,329 @@
+/* fit.c - Keras-style fit / evaluate / predict over datasets: batches in a
+ * seeded per-epoch order, validation, history, early stopping, and the
+ * progress line (redrawn in place on a terminal, plain lines otherwise). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void mp_history_free(mp_history *h)
+{
+    if (!h) return;
+    free(h->epochs);
+    h->epochs = NULL;
+    h->count = 0;
+}
+
+mp_fit_options mp_fit_options_default(void)
+{
+    mp_fit_options o;
+    memset(&o, 0, sizeof o);
+    o.batch_size = 32;
+    o.epochs = 1;
+    o.shuffle = true;
+    o.verbose = 1;
+    return o;
+}
+
+/* Batch buffers shared by fit, evaluate and predict. */
+typedef struct {
+    int64_t cap, dim;
+    float *x;
+    int32_t *y;
+    int64_t *order;
+    int in_ndim;
+    int64_t in_shape[MP_MAX_DIMS];
+} batcher;
+
+static mp_status batcher_init(batcher *b, mp_model *m, int64_t dim, int64_t batch, int64_t n)
+{
+    memset(b, 0, sizeof *b);
+    b->in_ndim = mp_model_input_shape(m, b->in_shape);
+    int64_t want = 1;
+    for (int i = 0; i < b->in_ndim; i++) want *= b->in_shape[i];
+    if (want != dim)
+        return mp_set_error(MP_ERR_INVALID, "data has %lld features per sample, the model's input takes %lld",
+                            (long long)dim, (long long)want);
+    if (batch < 1 || batch > mp_model_max_batch(m))
+        return mp_set_error(MP_ERR_INVALID, "batch size %lld outside 1..%lld (the model's max_batch)",
+                            (long long)batch, (long long)mp_model_max_batch(m));
+    b->cap = batch;
+    b->dim = dim;
+    b->x = malloc((size_t)(batch * dim) * sizeof *b->x);
+    b->y = malloc((size_t)batch * sizeof *b->y);
+    b->order = malloc((size_t)(n > 0 ? n : 1) * sizeof *b->order);
+    if (!b->x || !b->y || !b->order) return mp_set_error(MP_ERR_NOMEM, "fit: out of memory for batches");
+    return MP_OK;
+}
+
+static void batcher_free(batcher *b)
+{
+    free(b->x);
+    free(b->y);
+    free(b->order);
+}
+
+static void batch_tensor(const batcher *b, int64_t count, mp_tensor *t)
+{
+    int64_t shape[MP_MAX_DIMS];
+    shape[0] = count;
+    memcpy(shape + 1, b->in_shape, (size_t)b->in_ndim * sizeof(int64_t));
+    mp_tensor_wrap(t, MP_F32, b->in_ndim + 1, shape, b->x);
+}
+
+/* ------------------------------------------------------------- progress */
+
+typedef struct {
+    FILE *out;
+    bool tty, on;
+    int64_t total;
+    double start, last_draw;
+} progress;
+
+static void fmt_metrics(char *buf, size_t len, double loss, double acc, const mp_epoch_log *log)
+{
+    int n = snprintf(buf, len, " - loss: %.4f - accuracy: %.4f", loss, acc);
+    if (log && log->has_validation && n > 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n, " - val_loss: %.4f - val_accuracy: %.4f", log->val_loss,
+                 log->val_accuracy);
+}
+
+static void draw(progress *p, int64_t done, double loss, double acc, const mp_epoch_log *final)
+{
+    if (!p->on) return;
+    double t = now();
+    if (!final && (!p->tty || t - p->last_draw < 0.1)) return;
+    p->last_draw = t;
+    char bar[31];
+    int fill = p->total ? (int)(30 * done / p->total) : 30;
+    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '=' : '.';
+    if (fill > 0 && fill < 30) bar[fill - 1] = '>';
+    bar[30] = '\0';
+    char metrics[160];
+    fmt_metrics(metrics, sizeof metrics, loss, acc, final);
+    double el = t - p->start;
+    double per = done ? el / (double)done : 0;
+    char timing[64];
+    if (final)
+        snprintf(timing, sizeof timing, "%.0fs %.0fms/step", el, per * 1e3);
+    else
+        snprintf(timing, sizeof timing, "ETA: %.0fs", per * (double)(p->total - done));
+    fprintf(p->out, "%s%lld/%lld [%s] - %s%s%s", p->tty ? "\r" : "", (long long)done, (long long)p->total,
+            bar, timing, metrics, final ? "\n" : "");
+    if (p->tty) fprintf(p->out, "\033[K");
+    fflush(p->out);
+}
+
+/* ---------------------------------------------------------- evaluation */
+
+static mp_status run_eval(mp_model *m, const mp_dataset *ds, batcher *b, double *loss, double *acc)
+{
+    int64_t n = mp_dataset_count(ds);
+    double lsum = 0;
+    int64_t correct = 0;
+    for (int64_t i = 0; i < n; i += b->cap) {
+        int64_t c = n - i < b->cap ? n - i : b->cap;
+        for (int64_t j = 0; j < c; j++) b->order[j] = i + j;
+        mp_status s = mp_dataset_gather(ds, b->order, c, b->x, b->y);
+        if (s) return s;
+        mp_tensor x;
+        batch_tensor(b, c, &x);
+        mp_step_result r;
+        if ((s = mp_model_test_step(m, &x, b->y, NULL, &r))) return s;
+        lsum += (double)r.loss * (double)c;
+        correct += r.correct;
+    }
+    *loss = n ? lsum / (double)n : NAN;
+    *acc = n ? (double)correct / (double)n : NAN;
+    return MP_OK;
+}
+
+mp_status mp_model_evaluate(mp_model *m, const mp_dataset *data, int64_t batch_size, double *loss,
+                            double *accuracy)
+{
+    if (!data) return mp_set_error(MP_ERR_INVALID, "evaluate: no data");
+    batcher b;
+    mp_status s = batcher_init(&b, m, mp_dataset_dim(data), batch_size, batch_size);
+    double l = NAN, a = NAN;
+    if (!s) s = run_eval(m, data, &b, &l, &a);
+    batcher_free(&b);
+    if (loss) *loss = l;
+    if (accuracy) *accuracy = a;
+    return s;
+}
+
+mp_status mp_model_predict(mp_model *m, const float *x, int64_t n, int64_t batch_size, float *out)
+{
+    int64_t in_shape[MP_MAX_DIMS], out_shape[MP_MAX_DIMS];
+    int in_ndim = mp_model_input_shape(m, in_shape), out_ndim = mp_model_output_shape(m, out_shape);
+    int64_t dim = 1, odim = 1;
+    for (int i = 0; i < in_ndim; i++) dim *= in_shape[i];
+    for (int i = 0; i < out_ndim; i++) odim *= out_shape[i];
+    if (batch_size < 1 || batch_size > mp_model_max_batch(m))
+        return mp_set_error(MP_ERR_INVALID, "predict: batch size %lld outside 1..%lld",
+                            (long long)batch_size, (long long)mp_model_max_batch(m));
+    for (int64_t i = 0; i < n; i += batch_size) {
+        int64_t c = n - i < batch_size ? n - i : batch_size, shape[MP_MAX_DIMS];
+        shape[0] = c;
+        memcpy(shape + 1, in_shape, (size_t)in_ndim * sizeof(int64_t));
+        mp_tensor t;
+        mp_tensor_wrap(&t, MP_F32, in_ndim + 1, shape, (void *)(x + i * dim));
+        const mp_tensor *y;
+        mp_status s = mp_model_forward(m, &t, false, &y);
+        if (s) return s;
+        mp_convert(out + i * odim, MP_F32, y->data, y->dtype, (size_t)(c * odim));
+    }
+    return MP_OK;
+}
+
+/* ------------------------------------------------------------------ fit */
+
+static mp_status write_csv(const char *path, const mp_history *h)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return mp_set_error(MP_ERR_IO, "cannot write history to '%s'", path);
+    fprintf(f, "epoch,loss,accuracy,val_loss,val_accuracy,seconds,ms_per_step,loss_scale,skipped_steps\n");
+    for (int i = 0; i < h->count; i++) {
+        const mp_epoch_log *e = &h->epochs[i];
+        fprintf(f, "%d,%.6f,%.6f,", e->epoch, e->loss, e->accuracy);
+        if (e->has_validation)
+            fprintf(f, "%.6f,%.6f,", e->val_loss, e->val_accuracy);
+        else
+            fprintf(f, ",,");
+        fprintf(f, "%.3f,%.3f,%g,%lld\n", e->seconds, e->ms_per_step, (double)e->loss_scale,
+                (long long)e->skipped);
+    }
+    if (fclose(f) != 0) return mp_set_error(MP_ERR_IO, "cannot write history to '%s'", path);
+    return MP_OK;
+}
+
+mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options *opt, mp_history *hist)
+{
+    mp_fit_options o = opt ? *opt : mp_fit_options_default();
+    if (!data) return mp_set_error(MP_ERR_INVALID, "fit: no data");
+    if (!mp_model_training_state(m)) return mp_set_error(MP_ERR_INVALID, "fit: compile the model first");
+    if (o.epochs < 1) return mp_set_error(MP_ERR_INVALID, "fit: epochs = %d", o.epochs);
+    if (!(o.validation_split >= 0 && o.validation_split < 1))
+        return mp_set_error(MP_ERR_INVALID, "fit: validation_split %g outside [0, 1)", o.validation_split);
+    if (o.monitor && strcmp(o.monitor, "loss") && strcmp(o.monitor, "val_loss"))
+        return mp_set_error(MP_ERR_INVALID, "fit: unknown monitor '%s' (loss or val_loss)", o.monitor);
+    if (!o.out) o.out = stdout;
+
+    mp_dataset *train = NULL, *val = NULL;
+    const mp_dataset *tr = data, *va = o.validation_data;
+    mp_status s = MP_OK;
+    if (o.validation_split > 0 && !va) {
+        if ((s = mp_dataset_split(data, o.validation_split, &train, &val))) return s;
+        tr = train;
+        va = val;
+    }
+    int64_t n = mp_dataset_count(tr);
+    batcher b;
+    if ((s = batcher_init(&b, m, mp_dataset_dim(tr), o.batch_size, n))) goto done;
+    if (va && mp_dataset_dim(va) != mp_dataset_dim(tr)) {
+        s = mp_set_error(MP_ERR_INVALID, "fit: validation data has %lld features, training data %lld",
+                         (long long)mp_dataset_dim(va), (long long)mp_dataset_dim(tr));
+        goto done;
+    }
+    mp_history h = {0, calloc((size_t)o.epochs, sizeof(mp_epoch_log))};
+    if (!h.epochs) {
+        s = mp_set_error(MP_ERR_NOMEM, "fit: out of memory");
+        goto done;
+    }
+    bool watch_val = o.monitor ? !strcmp(o.monitor, "val_loss") : va != NULL;
+    if (watch_val && !va) {
+        s = mp_set_error(MP_ERR_INVALID, "fit: monitor val_loss needs validation data");
+        free(h.epochs);
+        goto done;
+    }
+    double best = INFINITY;
+    int bad_epochs = 0;
+    int64_t steps_total = 0;
+    int64_t nb = mp_dataset_batch_count(tr, o.batch_size);
+    progress p = {o.out, isatty(fileno(o.out)) != 0, o.verbose > 0, nb, 0, 0};
+    bool stop = false;
+    for (int ep = 0; ep < o.epochs && !stop; ep++) {
+        mp_epoch_log *log = &h.epochs[ep];
+        memset(log, 0, sizeof *log);
+        log->epoch = ep + 1;
+        if (p.on) fprintf(o.out, "Epoch %d/%d\n", ep + 1, o.epochs);
+        p.start = now();
+        p.last_draw = 0;
+        if ((s = mp_dataset_order(tr, (uint64_t)ep, o.seed, o.shuffle, b.order))) break;
+        double lsum = 0;
+        int64_t seen = 0, samples = 0, correct = 0, skipped0 = mp_model_steps_skipped(m), done_b = 0;
+        float scale = 1.0f;
+        for (int64_t i = 0; i < n; i += o.batch_size) {
+            if (o.max_steps && steps_total >= o.max_steps) {
+                stop = true;
+                break;
+            }
+            int64_t c = n - i < o.batch_size ? n - i : o.batch_size;
+            if ((s = mp_dataset_gather(tr, b.order + i, c, b.x, b.y))) break;
+            mp_tensor x;
+            batch_tensor(&b, c, &x);
+            mp_step_result r;
+            if ((s = mp_model_train_step(m, &x, b.y, NULL, &r))) break;
+            steps_total++;
+            done_b++;
+            if (isfinite(r.loss)) { /* a skipped step's NaN loss would poison the mean */
+                lsum += (double)r.loss * (double)c;
+                seen += c;
+            }
+            correct += r.correct;
+            samples += c;
+            mp_loss_scaler *ls = mp_model_loss_scaler(m);
+            scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
+            draw(&p, done_b, seen ? lsum / (double)seen : NAN, (double)correct / (double)samples, NULL);
+        }
+        if (s) break;
+        log->steps = done_b;
+        log->seconds = now() - p.start;
+        log->ms_per_step = done_b ? 1e3 * log->seconds / (double)done_b : 0;
+        log->loss = seen ? lsum / (double)seen : NAN;
+        log->accuracy = samples ? (double)correct / (double)samples : NAN;
+        log->loss_scale = scale;
+        log->skipped = mp_model_steps_skipped(m) - skipped0;
+        if (va) {
+            batcher vb;
+            if ((s = batcher_init(&vb, m, mp_dataset_dim(va), o.batch_size, o.batch_size))) break;
+            s = run_eval(m, va, &vb, &log->val_loss, &log->val_accuracy);
+            batcher_free(&vb);
+            if (s) break;
+            log->has_validation = true;
+        }
+        h.count = ep + 1;
+        draw(&p, done_b, log->loss, log->accuracy, log);
+        if (o.on_epoch_end && !o.on_epoch_end(log, o.user)) stop = true;
+        double monitored = watch_val ? log->val_loss : log->loss;
+        if (monitored < best - o.min_delta) {
+            best = monitored;
+            bad_epochs = 0;
+        } else if (o.patience > 0 && ++bad_epochs >= o.patience) {
+            if (p.on) fprintf(o.out, "Early stopping: %s did not improve for %d epochs\n",
+                              watch_val ? "val_loss" : "loss", o.patience);
+            stop = true;
+        }
+    }
+    if (!s && o.log_csv) s = write_csv(o.log_csv, &h);
+    if (hist)
+        *hist = h;
+    else
+        free(h.epochs);
+done:
+    batcher_free(&b);
+    mp_dataset_free(train);
+    mp_dataset_free(val);
+    return s;
+}
