@@ -88,11 +88,14 @@ static num_result parse_number(span s, double *v)
     return NUM_OK;
 }
 
+/* An empty field says nothing either way (pandas leaves the index column's
+ * name empty), so only text that is not a number marks a header. */
 static bool line_is_numeric(const parser *ps)
 {
     for (int i = 0; i < ps->nf; i++) {
         double v;
-        if (parse_number(ps->f[i], &v) != NUM_OK) return false;
+        num_result r = parse_number(ps->f[i], &v);
+        if (r != NUM_OK && r != NUM_EMPTY) return false;
     }
     return true;
 }
