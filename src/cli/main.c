@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cli.h"
 #include "mixprec.h"
 
 static void usage(FILE *out)
@@ -13,6 +14,8 @@ static void usage(FILE *out)
             "Mixed-precision neural-network training.\n"
             "\n"
             "commands:\n"
+            "  train      train an MLP (Fashion-MNIST or CSV); mixprec train --help\n"
+            "  demo       the seed model under float32, mixed_bfloat16 and mixed_float16\n"
             "  info       CPU features, the kernel path in use, threads\n"
             "  formats    the number formats and their facts\n"
             "\n"
@@ -75,6 +78,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(cmd, "info")) return cmd_info();
     if (!strcmp(cmd, "formats")) return cmd_formats();
+    if (!strcmp(cmd, "train")) return mp_cli_train(argc - 2, argv + 2);
+    if (!strcmp(cmd, "demo")) return mp_cli_demo(argc - 2, argv + 2);
     fprintf(stderr, "mixprec: unknown command '%s' (try mixprec --help)\n", cmd);
     return 2;
 }

@@ -1,0 +1,395 @@
+/* train_cmd.c - `mixprec train` and `mixprec demo`: build an MLP from flags,
+ * load data, compile, fit, evaluate on the test set, report time and memory.
+ * All the work is library calls; this file parses flags and prints. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "mixprec.h"
+
+typedef struct {
+    const char *data;       /* "fashion-mnist" or a CSV path */
+    const char *data_dir;
+    const char *test_data;  /* CSV for evaluation (fashion-mnist uses its test split) */
+    int64_t hidden[16];
+    int nhidden;
+    mp_activation act;
+    const char *policy;
+    mp_optimizer_kind optimizer;
+    float lr;
+    int64_t batch;
+    int epochs;
+    double validation_split;
+    uint64_t seed;
+    int threads;
+    int64_t max_steps;
+    bool shuffle, quiet;
+    mp_loss_scaling loss_scaling;
+    float static_scale;
+    const char *log;
+    int patience;
+} train_args;
+
+static void train_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mixprec train [options]\n"
+            "  --data fashion-mnist|PATH.csv   training data (default fashion-mnist)\n"
+            "  --data-dir DIR                  Fashion-MNIST files (default $" MP_FASHION_MNIST_ENV
+            " or /usr/share/datasets/fashion-mnist)\n"
+            "  --test-data PATH.csv            evaluate on this CSV after training\n"
+            "  --hidden N,N,...                hidden layer sizes (default 4096,4096)\n"
+            "  --activation NAME               relu, gelu, gelu_tanh, sigmoid, tanh (default relu)\n"
+            "  --policy NAME                   float32, mixed_float16, mixed_bfloat16, float16, bfloat16\n"
+            "  --optimizer sgd|adam|adamw      (default adam)\n"
+            "  --lr X                          learning rate (default 1e-3, sgd 1e-2)\n"
+            "  --batch-size N                  (default 256)\n"
+            "  --epochs N                      (default 5)\n"
+            "  --validation-split X            last fraction held out for validation (default 0)\n"
+            "  --seed N                        initialisation, shuffling, dropout (default 1)\n"
+            "  --threads N                     kernel threads (default: all cores)\n"
+            "  --max-steps N                   stop after N training steps\n"
+            "  --no-shuffle                    keep the data order\n"
+            "  --loss-scale dynamic|static:X|none   (default: dynamic for float16 compute)\n"
+            "  --patience N                    early stopping on val_loss (or loss)\n"
+            "  --log FILE                      write the history as CSV\n"
+            "  --quiet                         no progress output\n");
+}
+
+static int bad(const char *flag, const char *value, const char *why)
+{
+    fprintf(stderr, "mixprec train: %s %s: %s\n", flag, value ? value : "", why);
+    return 2;
+}
+
+static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*end || errno || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_f(const char *s, double lo, double hi, double *out)
+{
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end || errno || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+static int parse_train_args(int argc, char **argv, train_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->data = "fashion-mnist";
+    a->hidden[0] = a->hidden[1] = 4096;
+    a->nhidden = 2;
+    a->act = MP_ACT_RELU;
+    a->policy = "float32";
+    a->optimizer = MP_OPTIMIZER_ADAM;
+    a->lr = -1;
+    a->batch = 256;
+    a->epochs = 5;
+    a->seed = 1;
+    a->shuffle = true;
+    a->loss_scaling = MP_LOSS_SCALING_AUTO;
+    for (int i = 0; i < argc; i++) {
+        const char *f = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t iv;
+        double dv;
+#define NEED_VALUE                                                                                 \
+    do {                                                                                           \
+        if (!v) return bad(f, NULL, "needs a value");                                              \
+        i++;                                                                                       \
+    } while (0)
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            train_usage(stdout);
+            return 1;
+        } else if (!strcmp(f, "--data")) {
+            NEED_VALUE;
+            a->data = v;
+        } else if (!strcmp(f, "--data-dir")) {
+            NEED_VALUE;
+            a->data_dir = v;
+        } else if (!strcmp(f, "--test-data")) {
+            NEED_VALUE;
+            a->test_data = v;
+        } else if (!strcmp(f, "--hidden")) {
+            NEED_VALUE;
+            a->nhidden = 0;
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                if (a->nhidden == 16) return bad(f, v, "at most 16 hidden layers");
+                if (!parse_i64(tok, 1, 1 << 20, &iv)) return bad(f, v, "expected sizes like 4096,4096");
+                a->hidden[a->nhidden++] = iv;
+            }
+            if (strcmp(v, "none") == 0) a->nhidden = 0;
+        } else if (!strcmp(f, "--activation")) {
+            NEED_VALUE;
+            if (mp_activation_from_name(v, &a->act) || a->act == MP_ACT_SOFTMAX)
+                return bad(f, v, "expected relu, gelu, gelu_tanh, sigmoid, tanh or linear");
+        } else if (!strcmp(f, "--policy")) {
+            NEED_VALUE;
+            mp_policy p;
+            if (mp_policy_from_name(v, &p)) return bad(f, v, "expected float32, mixed_float16, mixed_bfloat16, float16 or bfloat16");
+            a->policy = v;
+        } else if (!strcmp(f, "--optimizer")) {
+            NEED_VALUE;
+            if (!strcmp(v, "sgd")) a->optimizer = MP_OPTIMIZER_SGD;
+            else if (!strcmp(v, "adam")) a->optimizer = MP_OPTIMIZER_ADAM;
+            else if (!strcmp(v, "adamw")) a->optimizer = MP_OPTIMIZER_ADAMW;
+            else return bad(f, v, "expected sgd, adam or adamw");
+        } else if (!strcmp(f, "--lr")) {
+            NEED_VALUE;
+            if (!parse_f(v, 1e-12, 1e3, &dv)) return bad(f, v, "expected a positive number");
+            a->lr = (float)dv;
+        } else if (!strcmp(f, "--batch-size")) {
+            NEED_VALUE;
+            if (!parse_i64(v, 1, 1 << 20, &a->batch)) return bad(f, v, "expected a positive integer");
+        } else if (!strcmp(f, "--epochs")) {
+            NEED_VALUE;
+            if (!parse_i64(v, 1, 1000000, &iv)) return bad(f, v, "expected a positive integer");
+            a->epochs = (int)iv;
+        } else if (!strcmp(f, "--validation-split")) {
+            NEED_VALUE;
+            if (!parse_f(v, 0, 0.999, &a->validation_split)) return bad(f, v, "expected a fraction in [0, 1)");
+        } else if (!strcmp(f, "--seed")) {
+            NEED_VALUE;
+            if (!parse_i64(v, 0, INT64_MAX, &iv)) return bad(f, v, "expected a non-negative integer");
+            a->seed = (uint64_t)iv;
+        } else if (!strcmp(f, "--threads")) {
+            NEED_VALUE;
+            if (!parse_i64(v, 1, 4096, &iv)) return bad(f, v, "expected a positive integer");
+            a->threads = (int)iv;
+        } else if (!strcmp(f, "--max-steps")) {
+            NEED_VALUE;
+            if (!parse_i64(v, 1, INT64_MAX, &a->max_steps)) return bad(f, v, "expected a positive integer");
+        } else if (!strcmp(f, "--patience")) {
+            NEED_VALUE;
+            if (!parse_i64(v, 1, 1000000, &iv)) return bad(f, v, "expected a positive integer");
+            a->patience = (int)iv;
+        } else if (!strcmp(f, "--no-shuffle")) {
+            a->shuffle = false;
+        } else if (!strcmp(f, "--quiet")) {
+            a->quiet = true;
+        } else if (!strcmp(f, "--log")) {
+            NEED_VALUE;
+            a->log = v;
+        } else if (!strcmp(f, "--loss-scale")) {
+            NEED_VALUE;
+            if (!strcmp(v, "dynamic")) a->loss_scaling = MP_LOSS_SCALING_DYNAMIC;
+            else if (!strcmp(v, "none")) a->loss_scaling = MP_LOSS_SCALING_NONE;
+            else if (!strncmp(v, "static:", 7) && parse_f(v + 7, 1e-30, 1e30, &dv)) {
+                a->loss_scaling = MP_LOSS_SCALING_STATIC;
+                a->static_scale = (float)dv;
+            } else
+                return bad(f, v, "expected dynamic, none or static:VALUE");
+        } else {
+            fprintf(stderr, "mixprec train: unknown option '%s' (see mixprec train --help)\n", f);
+            return 2;
+        }
+#undef NEED_VALUE
+    }
+    if (a->lr < 0) a->lr = a->optimizer == MP_OPTIMIZER_SGD ? 1e-2f : 1e-3f;
+    return 0;
+}
+
+/* Library bytes of everything but MP_MEM_OTHER (the dataset), at their peaks. */
+static size_t model_peak_bytes(void)
+{
+    mp_mem_stats st;
+    mp_mem_get_stats(&st);
+    size_t s = 0;
+    for (int c = 0; c < MP_MEM_CATEGORY_COUNT; c++)
+        if (c != MP_MEM_OTHER) s += st.peak[c];
+    return s;
+}
+
+typedef struct {
+    double test_loss, test_acc, ms_per_step;
+    size_t peak;
+    int64_t skipped;
+    float scale;
+    bool scaled;
+} run_result;
+
+static int load_data(const train_args *a, bool train, mp_dataset **out)
+{
+    mp_status s;
+    if (!strcmp(a->data, "fashion-mnist")) {
+        s = mp_dataset_load_fashion_mnist(a->data_dir, train, out);
+    } else {
+        const char *path = train ? a->data : a->test_data;
+        if (!path) {
+            *out = NULL;
+            return 0;
+        }
+        mp_csv_options co = mp_csv_options_default();
+        s = mp_dataset_load_csv(path, &co, out);
+    }
+    if (s) {
+        fprintf(stderr, "mixprec: %s\n", mp_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+static int run_training(const train_args *a, const mp_dataset *train, const mp_dataset *test,
+                        bool summary, run_result *res)
+{
+    if (a->threads) mp_set_num_threads(a->threads);
+    mp_mem_reset_peaks();
+    size_t base = model_peak_bytes();
+    mp_set_global_policy(a->policy);
+    mp_model *m = mp_model_new(a->seed);
+    mp_node x = mp_input(m, 1, (int64_t[]){mp_dataset_dim(train)}, NULL);
+    for (int i = 0; i < a->nhidden; i++) x = mp_dense(m, x, a->hidden[i], a->act, NULL);
+    x = mp_dense(m, x, mp_dataset_classes(train), MP_ACT_NONE, NULL);
+    /* the final softmax in float32 under every mixed policy (Keras' advice) */
+    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+    mp_set_global_policy("float32");
+    int rc = 1;
+    if (mp_model_build(m, x, a->batch)) goto out;
+    if (summary) mp_model_summary(m, a->batch, stdout);
+    mp_compile_options co = mp_compile_options_default();
+    co.optimizer = mp_optimizer_config_default(a->optimizer);
+    co.optimizer.learning_rate = a->lr;
+    co.optimizer.seed = a->seed;
+    co.loss_scaling = a->loss_scaling;
+    if (a->loss_scaling == MP_LOSS_SCALING_STATIC) co.scaler = mp_loss_scaler_config_static(a->static_scale);
+    if (mp_model_compile(m, &co)) goto out;
+    mp_fit_options fo = mp_fit_options_default();
+    fo.batch_size = a->batch;
+    fo.epochs = a->epochs;
+    fo.validation_split = a->validation_split;
+    fo.shuffle = a->shuffle;
+    fo.seed = a->seed;
+    fo.max_steps = a->max_steps;
+    fo.verbose = a->quiet ? 0 : 1;
+    fo.log_csv = a->log;
+    fo.patience = a->patience;
+    mp_history h;
+    if (mp_model_fit(m, train, &fo, &h)) goto out;
+    double ms = 0;
+    int64_t steps = 0;
+    for (int e = 0; e < h.count; e++) {
+        ms += h.epochs[e].ms_per_step * (double)h.epochs[e].steps;
+        steps += h.epochs[e].steps;
+    }
+    res->ms_per_step = steps ? ms / (double)steps : 0;
+    res->skipped = mp_model_steps_skipped(m);
+    mp_loss_scaler *ls = mp_model_loss_scaler(m);
+    res->scaled = ls != NULL;
+    res->scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
+    mp_history_free(&h);
+    res->test_loss = res->test_acc = NAN;
+    if (test && mp_model_evaluate(m, test, a->batch, &res->test_loss, &res->test_acc)) goto out;
+    res->peak = model_peak_bytes() - base;
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "mixprec: %s\n", mp_last_error());
+    mp_model_free(m);
+    return rc;
+}
+
+int mp_cli_train(int argc, char **argv)
+{
+    train_args a;
+    int rc = parse_train_args(argc, argv, &a);
+    if (rc) return rc == 1 ? 0 : rc;
+    mp_dataset *train = NULL, *test = NULL;
+    if (load_data(&a, true, &train) || load_data(&a, false, &test)) {
+        mp_dataset_free(train);
+        return 1;
+    }
+    if (!a.quiet)
+        printf("data: %lld training samples of %lld features, %d classes%s\n", (long long)mp_dataset_count(train),
+               (long long)mp_dataset_dim(train), (int)mp_dataset_classes(train),
+               test ? "" : " (no test set)");
+    run_result r;
+    rc = run_training(&a, train, test, !a.quiet, &r);
+    if (!rc) {
+        if (test) printf("test: loss %.4f - accuracy %.4f\n", r.test_loss, r.test_acc);
+        printf("policy %s: %.1f ms/step, peak memory %.1f MiB, %lld skipped steps, final loss scale %s",
+               a.policy, r.ms_per_step, (double)r.peak / (1 << 20), (long long)r.skipped, r.scaled ? "" : "none\n");
+        if (r.scaled) printf("%g\n", (double)r.scale);
+    }
+    mp_dataset_free(train);
+    mp_dataset_free(test);
+    return rc;
+}
+
+/* `mixprec demo`: the seed model on Fashion-MNIST under float32,
+ * mixed_bfloat16 and mixed_float16, and one comparison table. */
+int mp_cli_demo(int argc, char **argv)
+{
+    train_args a;
+    /* defaults sized to finish in a few minutes on two cores */
+    char *defaults[] = {"--epochs", "2", "--batch-size", "256", "--quiet"};
+    int rc = parse_train_args(5, defaults, &a);
+    train_args user;
+    if ((rc = parse_train_args(argc, argv, &user))) return rc == 1 ? 0 : rc;
+    for (int i = 0; i < argc; i++) /* user flags override the demo's defaults */
+        if (!strcmp(argv[i], "--epochs")) a.epochs = user.epochs;
+        else if (!strcmp(argv[i], "--batch-size")) a.batch = user.batch;
+        else if (!strcmp(argv[i], "--data-dir")) a.data_dir = user.data_dir;
+        else if (!strcmp(argv[i], "--max-steps")) a.max_steps = user.max_steps;
+        else if (!strcmp(argv[i], "--threads")) a.threads = user.threads;
+        else if (!strcmp(argv[i], "--hidden")) {
+            a.nhidden = user.nhidden;
+            memcpy(a.hidden, user.hidden, sizeof a.hidden);
+        }
+    mp_dataset *train = NULL, *test = NULL;
+    if (load_data(&a, true, &train) || load_data(&a, false, &test)) {
+        mp_dataset_free(train);
+        return 1;
+    }
+    const char *policies[3] = {"float32", "mixed_bfloat16", "mixed_float16"};
+    run_result r[3];
+    printf("mixprec demo: MLP 784 -> ");
+    for (int i = 0; i < a.nhidden; i++) printf("%lld -> ", (long long)a.hidden[i]);
+    printf("10 (relu, float32 softmax), Adam lr %g, batch %lld, %d epoch%s on Fashion-MNIST (%lld train / %lld test)\n",
+           (double)a.lr, (long long)a.batch, a.epochs, a.epochs > 1 ? "s" : "",
+           (long long)mp_dataset_count(train), (long long)mp_dataset_count(test));
+    printf("kernel path %s, %d threads\n\n", mp_isa_name(mp_isa_active()), mp_num_threads());
+    for (int p = 0; p < 3; p++) {
+        a.policy = policies[p];
+        printf("training under %-15s ...", policies[p]);
+        fflush(stdout);
+        double t0 = (double)clock();
+        (void)t0;
+        if ((rc = run_training(&a, train, test, false, &r[p]))) break;
+        printf(" test accuracy %.4f, %.1f ms/step\n", r[p].test_acc, r[p].ms_per_step);
+    }
+    if (!rc) {
+        printf("\n%-16s %9s %10s %9s %12s %8s %8s %11s\n", "policy", "test acc", "ms/step", "speed-up",
+               "peak memory", "saving", "skipped", "loss scale");
+        for (int p = 0; p < 3; p++) {
+            char scale[32];
+            if (r[p].scaled)
+                snprintf(scale, sizeof scale, "%g", (double)r[p].scale);
+            else
+                snprintf(scale, sizeof scale, "none");
+            printf("%-16s %9.4f %10.1f %8.2fx %8.1f MiB %7.1f%% %8lld %11s\n", policies[p], r[p].test_acc,
+                   r[p].ms_per_step, r[0].ms_per_step / r[p].ms_per_step, (double)r[p].peak / (1 << 20),
+                   100.0 * (1.0 - (double)r[p].peak / (double)r[0].peak), (long long)r[p].skipped, scale);
+        }
+        printf("\npeak memory: the library's own bytes (weights, masters, gradients, optimizer state,\n"
+               "activations, workspace) at batch %lld; the dataset is not counted.\n", (long long)a.batch);
+    }
+    mp_dataset_free(train);
+    mp_dataset_free(test);
+    return rc;
+}
