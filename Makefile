@@ -72,7 +72,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_COMMON) $(STATIC)
 	$(CC) -o $@ $< $(TEST_COMMON) $(STATIC) -lcmocka $(LDLIBS_ALL)
 
 test: deps-test
-	@$(MAKE) --no-print-directory $(TEST_BIN) $(CLI)
+	@$(MAKE) --no-print-directory $(TEST_BIN) $(CLI) $(EXAMPLES)
 	@sh tests/run.sh $(BUILD) $(TEST_BIN)
 
 $(BUILD)/exhaustive: $(BUILD)/obj/tests/exhaustive.o $(STATIC)
@@ -114,8 +114,10 @@ examples: $(EXAMPLES)
 # ------------------------------------------------------------------- demo
 # The main job: the seed MLP on Fashion-MNIST under float32, mixed_bfloat16
 # and mixed_float16, one comparison table (a few minutes on two cores).
-demo: $(CLI)
+demo:
+	@sh scripts/deps.sh build
 	@sh scripts/deps.sh data
+	@$(MAKE) --no-print-directory $(CLI)
 	$(CLI) demo $(DEMO_ARGS)
 
 # ---------------------------------------------------------------- install
