@@ -33,6 +33,16 @@ static inline float mp_bits_f32(uint32_t u)
     return v.f;
 }
 
+/* splitmix64's finaliser: the mixing step of every counter-based random
+ * stream in the library (stochastic rounding, initialisers, dropout,
+ * shuffling), so each draw depends only on (key, index). */
+static inline uint64_t mp_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 /* Bulk conversion kernels of one ISA. A NULL entry falls back to scalar. */
 typedef struct {
     void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);

@@ -11,16 +11,9 @@
 
 #include "internal.h"
 
-static inline uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static inline uint64_t random_bits(uint64_t key, uint64_t index)
 {
-    return mix64(key + (index + 1) * 0x9E3779B97F4A7C15ull);
+    return mp_mix64(key + (index + 1) * 0x9E3779B97F4A7C15ull);
 }
 
 /* As encode_magnitude() in dtype.c with the round-to-nearest step replaced by
@@ -60,7 +53,7 @@ void mp_convert_stochastic_at(void *dst, mp_dtype dst_type, const float *src, si
     mbits = info.mantissa_bits;
     bias = info.exponent_bias;
     const float maxv = info.max;
-    const uint64_t key = mix64(seed ^ 0x6D69787072656331ull);
+    const uint64_t key = mp_mix64(seed ^ 0x6D69787072656331ull);
     const long long nn = (long long)n;
 
 #pragma omp parallel for schedule(static) if (nn > (1 << 16))

@@ -174,13 +174,6 @@ int64_t mp_dataset_batch_count(const mp_dataset *ds, int64_t batch_size)
 
 /* splitmix64's finaliser: a bijective mixer, so distinct counters never
  * collide. */
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 typedef struct {
     uint64_t key, ctr;
 } order_rng;
@@ -188,7 +181,7 @@ typedef struct {
 static uint64_t rng_next(order_rng *r)
 {
     r->ctr += 0x9E3779B97F4A7C15ull;
-    return mix64(r->key + r->ctr);
+    return mp_mix64(r->key + r->ctr);
 }
 
 /* Uniform in [0, bound) without modulo bias: reject the few draws below
@@ -211,7 +204,7 @@ mp_status mp_dataset_order(const mp_dataset *ds, uint64_t epoch, uint64_t seed, 
     if (!shuffle) return MP_OK;
     /* The key mixes seed and epoch through separate mixers so that nearby
      * (seed, epoch) pairs give unrelated streams. */
-    order_rng r = {.key = mix64(seed ^ 0x6D69787072656331ull) ^ mix64(~epoch * 0xD1B54A32D192ED03ull),
+    order_rng r = {.key = mp_mix64(seed ^ 0x6D69787072656331ull) ^ mp_mix64(~epoch * 0xD1B54A32D192ED03ull),
                    .ctr = 0};
     for (int64_t i = n - 1; i > 0; i--) {
         int64_t j = (int64_t)rng_below(&r, (uint64_t)i + 1);

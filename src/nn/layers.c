@@ -129,13 +129,6 @@ static mp_model_param *param(mp_model *m, const mp_layer *l, int j)
     return &((param_slot *)m->params)[l->param_first + j].p;
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* ------------------------------------------------------------ forward */
 
 static mp_status dense_forward(mp_model *m, mp_layer *l)
@@ -212,10 +205,10 @@ static mp_status dropout_forward(mp_model *m, mp_layer *l, bool training)
     if (!l->mask) return nomem(m, l, "its mask");
     /* keep with probability 1 - rate: 24 random bits per element from a
      * counter-based hash of (layer seed, step, index) */
-    uint64_t key = mix64(l->seed ^ mix64(m->step + 1));
+    uint64_t key = mp_mix64(l->seed ^ mp_mix64(m->step + 1));
     uint32_t threshold = (uint32_t)((double)l->rate * 16777216.0);
     for (size_t i = 0; i < n; i++)
-        l->mask[i] = (uint32_t)(mix64(key + 0x9E3779B97F4A7C15ull * (i + 1)) >> 40) >= threshold;
+        l->mask[i] = (uint32_t)(mp_mix64(key + 0x9E3779B97F4A7C15ull * (i + 1)) >> 40) >= threshold;
     /* the input is cast to c before scaling, as Keras's autocast does */
     mp_tensor xc;
     if (input_as_compute(m, l, 0, m->ws, false, &xc)) return MP_ERR_NOMEM;

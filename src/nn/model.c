@@ -68,13 +68,6 @@ static const char *const kind_names[] = {"input", "dense", "activation", "dropou
 static const char *const kind_types[] = {"InputLayer", "Dense", "Activation", "Dropout",
                                          "Flatten", "Add", "LayerNormalization"};
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* A new layer record with its name and policy resolved, or NULL. */
 static mp_layer *add_layer(mp_model *m, mp_layer_kind kind, const mp_layer_options *o,
                            const mp_node *inputs, int ninputs)
@@ -135,7 +128,7 @@ static mp_layer *add_layer(mp_model *m, mp_layer_kind kind, const mp_layer_optio
     l->out_dtype = pol.compute;
     l->ninputs = ninputs;
     for (int i = 0; i < ninputs; i++) l->inputs[i] = inputs[i];
-    l->seed = (o && o->seed) ? o->seed : mix64(m->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(m->nlayers + 1));
+    l->seed = (o && o->seed) ? o->seed : mp_mix64(m->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(m->nlayers + 1));
     if (ninputs) {
         const mp_layer *src = &m->layers[inputs[0]];
         l->ndim = src->ndim;
@@ -285,7 +278,7 @@ static void *zalloc(size_t bytes, mp_mem_category cat)
 static void uniform_init(float *w, int64_t n, float limit, uint64_t seed)
 {
     for (int64_t i = 0; i < n; i++) {
-        uint64_t r = mix64(seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1));
+        uint64_t r = mp_mix64(seed + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1));
         double u = (double)(r >> 11) * 0x1p-53; /* [0, 1) */
         w[i] = (float)((2.0 * u - 1.0) * limit);
     }

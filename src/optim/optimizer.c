@@ -230,18 +230,11 @@ static void update_adam(const mp_step_coefs *c, bool decoupled, float *w, const 
     }
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* A fresh stochastic-rounding key per (seed, step, parameter): a repeated
  * key would round every step the same way and reintroduce the bias. */
 static uint64_t rounding_seed(uint64_t seed, int64_t step, int index)
 {
-    return mix64(seed ^ mix64((uint64_t)step * 0x9E3779B97F4A7C15ull + (uint64_t)index + 1));
+    return mp_mix64(seed ^ mp_mix64((uint64_t)step * 0x9E3779B97F4A7C15ull + (uint64_t)index + 1));
 }
 
 typedef struct {
