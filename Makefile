@@ -43,7 +43,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: bench-step examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -82,7 +82,7 @@ test-exhaustive: $(BUILD)/exhaustive
 	$(BUILD)/exhaustive
 
 # -------------------------------------------------------------- benchmarks
-bench: bench-convert bench-gemm
+bench: bench-convert bench-gemm bench-step
 
 $(BUILD)/bench_convert: $(BUILD)/obj/bench/bench_convert.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
@@ -110,6 +110,13 @@ $(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(STATIC)
 	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
 
 examples: $(EXAMPLES)
+
+$(BUILD)/bench_step: $(BUILD)/obj/bench/bench_step.o $(STATIC)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+# PyTorch's step is measured in the same run when python3-torch is installed.
+bench-step: $(BUILD)/bench_step
+	$(BUILD)/bench_step
 
 # ------------------------------------------------------------------- demo
 # The main job: the seed MLP on Fashion-MNIST under float32, mixed_bfloat16

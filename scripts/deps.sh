@@ -6,7 +6,7 @@ set -e
 case "$1" in
     build) pkgs="gcc make libc6-dev zlib1g-dev" ;;
     test) pkgs="gcc make libc6-dev zlib1g-dev libcmocka-dev" ;;
-    bench) pkgs="gcc make libc6-dev libopenblas-dev libdnnl-dev" ;;
+    bench) pkgs="gcc make libc6-dev libopenblas-dev libdnnl-dev python3-torch" ;;
     data) pkgs="dataset-fashion-mnist" ;;
     pkgconfig) pkgs="pkg-config" ;;
     *) echo "deps.sh: unknown group '$1'" >&2; exit 2 ;;

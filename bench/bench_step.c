@@ -1,0 +1,141 @@
+/* bench_step.c - one training step (forward, loss, backward, Adam update) of
+ * the seed MLP 784 -> 4096 -> 4096 -> 10 at batch 1024 per policy: median ms
+ * after warm-up, peak memory per category at batch 1024 and 8192, and in the
+ * same run PyTorch's step (bench/step_torch.py) when python3-torch is there. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mixprec.h"
+
+#define REPS 10
+#define WARMUP 3
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static mp_model *seed_model(const char *policy, int64_t batch)
+{
+    mp_set_global_policy(policy);
+    mp_model *m = mp_model_new(1);
+    mp_node x = mp_input(m, 1, (int64_t[]){784}, NULL);
+    x = mp_dense(m, x, 4096, MP_ACT_RELU, NULL);
+    x = mp_dense(m, x, 4096, MP_ACT_RELU, NULL);
+    x = mp_dense(m, x, 10, MP_ACT_NONE, NULL);
+    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+    mp_set_global_policy("float32");
+    if (mp_model_build(m, x, batch) || mp_model_compile(m, NULL)) {
+        fprintf(stderr, "bench_step: %s\n", mp_last_error());
+        exit(1);
+    }
+    return m;
+}
+
+typedef struct {
+    double ms;
+    size_t peak[MP_MEM_CATEGORY_COUNT];
+    size_t total;
+} result;
+
+/* Steps at `batch`; the per-category peaks cover build, compile and steps. */
+static result run(const char *policy, int64_t batch, int reps, int warmup)
+{
+    result r;
+    memset(&r, 0, sizeof r);
+    mp_mem_reset_peaks();
+    mp_mem_stats before;
+    mp_mem_get_stats(&before);
+    mp_model *m = seed_model(policy, batch);
+    mp_tensor x;
+    mp_tensor_init(&x, MP_F32, 2, (int64_t[]){batch, 784}, MP_MEM_OTHER);
+    int32_t *y = malloc((size_t)batch * sizeof *y);
+    srand(3);
+    for (int64_t i = 0; i < batch * 784; i++) ((float *)x.data)[i] = (float)rand() / (float)RAND_MAX;
+    for (int64_t i = 0; i < batch; i++) y[i] = rand() % 10;
+    double t[64];
+    for (int i = 0; i < warmup + reps; i++) {
+        double t0 = now();
+        mp_step_result sr;
+        if (mp_model_train_step(m, &x, y, NULL, &sr)) {
+            fprintf(stderr, "bench_step: %s\n", mp_last_error());
+            exit(1);
+        }
+        if (i >= warmup) t[i - warmup] = 1e3 * (now() - t0);
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp);
+    r.ms = t[reps / 2];
+    mp_mem_stats st;
+    mp_mem_get_stats(&st);
+    for (int c = 0; c < MP_MEM_CATEGORY_COUNT; c++) {
+        if (c == MP_MEM_OTHER) continue; /* the benchmark's own input batch */
+        r.peak[c] = st.peak[c] - before.current[c];
+        r.total += r.peak[c];
+    }
+    mp_tensor_release(&x);
+    free(y);
+    mp_model_free(m);
+    return r;
+}
+
+static void print_memory(const char *policy, int64_t batch, const result *r)
+{
+    printf("  %-15s batch %5lld:", policy, (long long)batch);
+    for (int c = 0; c < MP_MEM_CATEGORY_COUNT; c++)
+        if (c != MP_MEM_OTHER)
+            printf(" %s %.0f", mp_mem_category_name((mp_mem_category)c), (double)r->peak[c] / (1 << 20));
+    printf("  total %.0f MiB\n", (double)r->total / (1 << 20));
+}
+
+int main(void)
+{
+    const char *policies[3] = {"float32", "mixed_bfloat16", "mixed_float16"};
+    result r1[3], r8[3];
+    printf("training step of the seed MLP 784-4096-4096-10 (Adam), %d threads, path %s\n",
+           mp_num_threads(), mp_isa_name(mp_isa_active()));
+    printf("median of %d steps after %d warm-up steps at batch 1024\n\n", REPS, WARMUP);
+    for (int p = 0; p < 3; p++) {
+        r1[p] = run(policies[p], 1024, REPS, WARMUP);
+        printf("  %-15s %8.1f ms/step  (%.2fx float32)\n", policies[p], r1[p].ms, r1[0].ms / r1[p].ms);
+    }
+    for (int p = 0; p < 3; p++) r8[p] = run(policies[p], 8192, 1, 0);
+    printf("\npeak memory per category (MiB), library allocations only:\n");
+    for (int p = 0; p < 3; p++) print_memory(policies[p], 1024, &r1[p]);
+    for (int p = 0; p < 3; p++) print_memory(policies[p], 8192, &r8[p]);
+    double act_ws[3];
+    for (int p = 0; p < 3; p++)
+        act_ws[p] = (double)(r8[p].peak[MP_MEM_ACTIVATIONS] + r8[p].peak[MP_MEM_WORKSPACE]);
+    printf("  mixed_bfloat16 / float32 at batch 8192: total %.2f, activations + workspace %.2f\n",
+           (double)r8[1].total / (double)r8[0].total, act_ws[1] / act_ws[0]);
+
+    /* the peer, in the same run */
+    double tf32 = 0, tbf16 = 0;
+    FILE *py = popen("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+                     "/usr/bin/python3 bench/step_torch.py 2 2>/dev/null", "r");
+    if (py) {
+        char line[256] = "";
+        if (fgets(line, sizeof line, py) && sscanf(line, "torch_f32_ms=%lf torch_bf16_ms=%lf", &tf32, &tbf16) == 2)
+            printf("\nPyTorch (python3-torch, 2 threads): float32 %.1f ms/step, bf16 autocast %.1f ms/step\n", tf32, tbf16);
+        else
+            printf("\nPyTorch: not available (apt-get install python3-torch to compare)\n");
+        pclose(py);
+    }
+    printf("\nsummary: bf16_step_ms=%.1f f32_step_ms=%.1f bf16_speedup_vs_f32=%.2f ", r1[1].ms, r1[0].ms,
+           r1[0].ms / r1[1].ms);
+    if (tbf16 > 0)
+        printf("bf16_vs_torch_bf16=%.2f f32_vs_torch_f32=%.2f ", tbf16 / r1[1].ms, tf32 / r1[0].ms);
+    else
+        printf("bf16_vs_torch_bf16=n/a f32_vs_torch_f32=n/a ");
+    printf("mem_bf16_vs_f32_b8192=%.2f\n", (double)r8[1].total / (double)r8[0].total);
+    return 0;
+}

@@ -1,0 +1,39 @@
+"""step_torch.py - the peer for bench_step: one training step (forward, loss,
+backward, Adam update) of the seed MLP 784 -> 4096 -> 4096 -> 10 at batch
+1024 in PyTorch, float32 and with bfloat16 autocast, 2 threads. Prints
+`torch_f32_ms=X torch_bf16_ms=Y` (medians after warm-up)."""
+import statistics
+import sys
+import time
+
+import torch
+
+torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
+torch.manual_seed(0)
+B = 1024
+x = torch.rand(B, 784)
+y = torch.randint(0, 10, (B,))
+
+
+def median_step_ms(autocast, reps=10, warmup=3):
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 4096), torch.nn.ReLU(),
+        torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+        torch.nn.Linear(4096, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    times = []
+    for i in range(warmup + reps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(x)
+        loss = loss_fn(out.float(), y)
+        loss.backward()
+        opt.step()
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+print(f"torch_f32_ms={median_step_ms(False):.2f} torch_bf16_ms={median_step_ms(True):.2f}")
