@@ -178,6 +178,8 @@ static void test_idx_bad_headers(void **state)
     p = write_idx("product", 0x08, 3, (uint32_t[]){0x7FFFFFFF, 0x7FFFFFFF, 0x7FFFFFFF}, d, 0,
                   false);
     expect_error(mp_idx_read(p, &a), MP_ERR_FORMAT, "more than 2^34 bytes");
+    p = write_idx("product2", 0x08, 3, (uint32_t[]){0x7FFFFFFF, 8, 0x7FFFFFFF}, d, 0, false);
+    expect_error(mp_idx_read(p, &a), MP_ERR_FORMAT, "more than 2^34 bytes");
     p = write_file("short", "\0\0\x08", 3, false);
     expect_error(mp_idx_read(p, &a), MP_ERR_FORMAT, "truncated IDX header");
     p = write_file("shortdims", "\0\0\x08\x03\0\0\0\x01", 8, true);

@@ -95,11 +95,10 @@ static mp_status read_header(gzFile f, const char *path, mp_idx *out)
         if (d > MAX_DIM_SIZE)
             return mp_set_error(MP_ERR_FORMAT, "%s: IDX dimension %d is %lld, beyond 2^31-1",
                                 path, i, (long long)d);
-        /* count <= 2^34 and d < 2^31, so the product fits before the check. */
-        count *= d;
-        if (count > MAX_BYTES)
+        if (d > MAX_BYTES / count) /* divide first: the product may not fit */
             return mp_set_error(MP_ERR_FORMAT,
                                 "%s: IDX dimensions describe more than 2^34 bytes of data", path);
+        count *= d;
         out->dims[i] = d;
     }
     out->ndim = ndim;
