@@ -172,8 +172,8 @@ int64_t mp_dataset_batch_count(const mp_dataset *ds, int64_t batch_size)
     return ds->n / batch_size + (ds->n % batch_size != 0);
 }
 
-/* splitmix64's finaliser: a bijective mixer, so distinct counters never
- * collide. */
+/* A counter through splitmix64's bijective finaliser: distinct counters
+ * never collide, and any draw can be recomputed from (key, counter). */
 typedef struct {
     uint64_t key, ctr;
 } order_rng;
