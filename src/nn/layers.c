@@ -277,12 +277,26 @@ mp_status mp_layer_forward(mp_model *m, mp_layer *l, const mp_tensor *x, bool tr
 
 /* ----------------------------------------------------------- backward */
 
-/* A gradient tensor shaped like input j of l, in l's compute dtype. */
-static mp_status input_grad(mp_model *m, mp_layer *l, int j, mp_tensor *dx)
+/* Where l writes the gradient for input j, in l's compute dtype: straight
+ * into the producer's gradient when this is its first contribution and the
+ * dtypes agree (no temporary, no copy; *direct = true), else a temporary that
+ * finish_input_grad folds in. */
+static mp_status input_grad(mp_model *m, mp_layer *l, int j, mp_tensor *dx, bool *direct)
 {
-    if (alloc_like(m, &m->layers[l->inputs[j]], m->ws, l->policy.compute, dx))
-        return nomem(m, l, "an input gradient");
+    mp_layer *src = &m->layers[l->inputs[j]];
+    *direct = !src->has_grad && src->out_dtype == l->policy.compute;
+    mp_tensor *t = *direct ? &src->grad : dx;
+    if (alloc_like(m, src, m->ws, l->policy.compute, t)) return nomem(m, l, "an input gradient");
+    if (*direct) {
+        src->has_grad = true;
+        *dx = *t;
+    }
     return MP_OK;
+}
+
+static mp_status finish_input_grad(mp_model *m, mp_layer *l, int j, const mp_tensor *dx, bool direct)
+{
+    return direct ? MP_OK : mp_model_add_grad(m, l->inputs[j], dx->data, dx->dtype);
 }
 
 static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
@@ -304,10 +318,11 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
     mp_op_column_sum(dz.data, dz.dtype, rows, units, b->grad, accumulate);
     if (from_input_layer(m, l, 0)) return MP_OK;
     mp_tensor dx;
-    if (input_grad(m, l, 0, &dx)) return MP_ERR_NOMEM;
+    bool direct;
+    if (input_grad(m, l, 0, &dx, &direct)) return MP_ERR_NOMEM;
     mp_gemm(false, true, rows, in, units, 1.0f, dz.data, dz.dtype, units, w->weight, w->weight_dtype,
             units, 0.0f, dx.data, c, in);
-    return mp_model_add_grad(m, l->inputs[0], dx.data, c);
+    return finish_input_grad(m, l, 0, &dx, direct);
 }
 
 static mp_status activation_backward(mp_model *m, mp_layer *l)
@@ -317,7 +332,8 @@ static mp_status activation_backward(mp_model *m, mp_layer *l)
     if (from_input_layer(m, l, 0)) return MP_OK;
     if (l->act == MP_ACT_NONE) return mp_model_add_grad(m, l->inputs[0], g->data, g->dtype);
     mp_tensor dx;
-    if (input_grad(m, l, 0, &dx)) return MP_ERR_NOMEM;
+    bool direct;
+    if (input_grad(m, l, 0, &dx, &direct)) return MP_ERR_NOMEM;
     int64_t cols = layer_cols(l), n = mp_tensor_numel(&l->out);
     if (l->act == MP_ACT_SOFTMAX)
         mp_op_softmax_grad(l->out.data, c, g->data, g->dtype, dx.data, c, n / cols, cols);
@@ -325,7 +341,7 @@ static mp_status activation_backward(mp_model *m, mp_layer *l)
         const mp_tensor *saved = mp_op_activation_grad_needs_input(l->act) ? &l->in_saved : &l->out;
         mp_op_activation_grad(l->act, saved->data, c, g->data, g->dtype, dx.data, c, (size_t)n);
     }
-    return mp_model_add_grad(m, l->inputs[0], dx.data, c);
+    return finish_input_grad(m, l, 0, &dx, direct);
 }
 
 static mp_status dropout_backward(mp_model *m, mp_layer *l)
@@ -334,10 +350,11 @@ static mp_status dropout_backward(mp_model *m, mp_layer *l)
     if (from_input_layer(m, l, 0)) return MP_OK;
     if (!l->mask) return mp_model_add_grad(m, l->inputs[0], g->data, g->dtype);
     mp_tensor dx;
-    if (input_grad(m, l, 0, &dx)) return MP_ERR_NOMEM;
+    bool direct;
+    if (input_grad(m, l, 0, &dx, &direct)) return MP_ERR_NOMEM;
     mp_op_mask_scale(g->data, g->dtype, l->mask, 1.0f / (1.0f - l->rate), dx.data, dx.dtype,
                      (size_t)mp_tensor_numel(&dx));
-    return mp_model_add_grad(m, l->inputs[0], dx.data, dx.dtype);
+    return finish_input_grad(m, l, 0, &dx, direct);
 }
 
 static mp_status layer_norm_backward(mp_model *m, mp_layer *l, bool accumulate)
@@ -346,11 +363,16 @@ static mp_status layer_norm_backward(mp_model *m, mp_layer *l, bool accumulate)
     mp_model_param *gm = param(m, l, 0), *bt = param(m, l, 1);
     int64_t cols = layer_cols(l), rows = mp_tensor_numel(&l->out) / cols;
     mp_tensor dx;
-    if (input_grad(m, l, 0, &dx)) return MP_ERR_NOMEM;
+    bool direct = false;
+    if (from_input_layer(m, l, 0)) { /* dgamma/dbeta still need the pass; dx is dropped */
+        if (alloc_like(m, &m->layers[l->inputs[0]], m->ws, c, &dx)) return nomem(m, l, "a gradient");
+    } else if (input_grad(m, l, 0, &dx, &direct)) {
+        return MP_ERR_NOMEM;
+    }
     mp_op_layer_norm_grad(l->in_saved.data, c, gm->master, l->mean, l->rstd, l->grad.data,
                           l->grad.dtype, dx.data, c, gm->grad, bt->grad, accumulate, rows, cols);
     if (from_input_layer(m, l, 0)) return MP_OK;
-    return mp_model_add_grad(m, l->inputs[0], dx.data, c);
+    return finish_input_grad(m, l, 0, &dx, direct);
 }
 
 mp_status mp_layer_backward(mp_model *m, mp_layer *l, bool accumulate)
