@@ -29,7 +29,7 @@ WARN     += -Werror
 endif
 # No -ffast-math, ever: loss scaling depends on inf/NaN checks surviving.
 CFLAGS_ALL := -std=c11 -D_DEFAULT_SOURCE $(OPT) $(WARN) -fopenmp -fPIC -Iinclude -Isrc $(CFLAGS)
-LDLIBS_ALL := -fopenmp -lz -lm $(LDSAN) $(LDFLAGS)
+LDLIBS_ALL := -fopenmp -ljansson -lz -lm $(LDSAN) $(LDFLAGS)
 
 LIB_SRC  := $(wildcard src/core/*.c src/kernels/*.c src/nn/*.c src/optim/*.c src/io/*.c src/train/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)

@@ -271,5 +271,6 @@ void mp_set_num_threads(int n);
 #include "mixprec/optim.h"
 #include "mixprec/train.h"
 #include "mixprec/data.h"
+#include "mixprec/io.h"
 
 #endif /* MIXPREC_H */

@@ -4,8 +4,8 @@
 # exact apt-get line to run.
 set -e
 case "$1" in
-    build) pkgs="gcc make libc6-dev zlib1g-dev" ;;
-    test) pkgs="gcc make libc6-dev zlib1g-dev libcmocka-dev" ;;
+    build) pkgs="gcc make libc6-dev zlib1g-dev libjansson-dev" ;;
+    test) pkgs="gcc make libc6-dev zlib1g-dev libjansson-dev libcmocka-dev" ;;
     bench) pkgs="gcc make libc6-dev libopenblas-dev libdnnl-dev python3-torch" ;;
     data) pkgs="dataset-fashion-mnist" ;;
     pkgconfig) pkgs="pkg-config" ;;

@@ -1,0 +1,53 @@
+/* mixprec/io.h - safetensors files: named tensors with a JSON header
+ * (8-byte little-endian header length, the header, raw little-endian data),
+ * and model weights saved and loaded through them. Included by mixprec.h. */
+#ifndef MIXPREC_IO_H
+#define MIXPREC_IO_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *name;
+    mp_dtype dtype;
+    int ndim;
+    int64_t shape[MP_MAX_DIMS];
+    const void *data; /* little-endian, numel * dtype size bytes */
+} mp_named_tensor;
+
+/* Write tensors (and optional string metadata pairs key[i] -> value[i]) to
+ * `path` atomically: a temporary file in the same directory, fsync'd,
+ * renamed over `path`, the directory fsync'd. On failure the old file, if
+ * any, is untouched and no temporary is left behind. */
+mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors, int n,
+                               const char *const *meta_keys, const char *const *meta_values,
+                               int n_meta);
+
+/* A loaded, validated file. */
+typedef struct mp_safetensors mp_safetensors;
+/* Reads and validates everything before returning: header length bounds,
+ * JSON shape, dtypes, shapes against byte ranges, offsets in bounds,
+ * contiguous and non-overlapping, total size, duplicate names. */
+mp_status mp_safetensors_read(const char *path, mp_safetensors **out);
+void mp_safetensors_free(mp_safetensors *f);
+int mp_safetensors_count(const mp_safetensors *f);
+/* Tensor i (names sorted as in the file's header); NULL if out of range. */
+const mp_named_tensor *mp_safetensors_tensor(const mp_safetensors *f, int i);
+const mp_named_tensor *mp_safetensors_find(const mp_safetensors *f, const char *name);
+/* A __metadata__ value, or NULL. */
+const char *mp_safetensors_metadata(const mp_safetensors *f, const char *key);
+
+/* Model weights as `<layer>.kernel` ([in, out]), `<layer>.bias`,
+ * `<layer>.gamma`, `<layer>.beta`: float32 masters (or the weights
+ * themselves under a pure low-precision policy). */
+mp_status mp_model_save_weights(mp_model *m, const char *path);
+/* Load every parameter of the model from the file (any float dtype, shapes
+ * must match), check for NaN/inf, then refresh the compute copies. On any
+ * error nothing in the model is changed. */
+mp_status mp_model_load_weights(mp_model *m, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
