@@ -2,6 +2,7 @@
 # run.sh BUILD TEST... - runs every cmocka test program, then prints one
 # closing line with the totals over all of them.
 build="$1"; shift
+export MP_CLI="$build/mixprec"
 passed=0; failed=0; skipped=0; broken=""
 for t in "$@"; do
     out=$("$t" 2>&1); rc=$?

@@ -42,6 +42,9 @@ const char *mp_safetensors_metadata(const mp_safetensors *f, const char *key);
  * `<layer>.gamma`, `<layer>.beta`: float32 masters (or the weights
  * themselves under a pure low-precision policy). */
 mp_status mp_model_save_weights(mp_model *m, const char *path);
+/* The same with extra __metadata__ entries (e.g. the model's configuration). */
+mp_status mp_model_save_weights_ex(mp_model *m, const char *path, const char *const *meta_keys,
+                                   const char *const *meta_values, int n_meta);
 /* Load every parameter of the model from the file (any float dtype, shapes
  * must match), check for NaN/inf, then refresh the compute copies. On any
  * error nothing in the model is changed. */

@@ -4,5 +4,7 @@
 
 int mp_cli_train(int argc, char **argv);
 int mp_cli_demo(int argc, char **argv);
+int mp_cli_evaluate(int argc, char **argv);
+int mp_cli_predict(int argc, char **argv);
 
 #endif

@@ -32,6 +32,7 @@ typedef struct {
     float static_scale;
     const char *log;
     int patience;
+    const char *save, *init_from;
 } train_args;
 
 static void train_usage(FILE *f)
@@ -57,6 +58,8 @@ static void train_usage(FILE *f)
             "  --loss-scale dynamic|static:X|none   (default: dynamic for float16 compute)\n"
             "  --patience N                    early stopping on val_loss (or loss)\n"
             "  --log FILE                      write the history as CSV\n"
+            "  --init-from FILE.safetensors    start from these weights (<layer>.kernel / .bias)\n"
+            "  --save FILE.safetensors         save the trained weights and the model's configuration\n"
             "  --quiet                         no progress output\n");
 }
 
@@ -187,6 +190,12 @@ static int parse_train_args(int argc, char **argv, train_args *a)
         } else if (!strcmp(f, "--log")) {
             NEED_VALUE;
             a->log = v;
+        } else if (!strcmp(f, "--save")) {
+            NEED_VALUE;
+            a->save = v;
+        } else if (!strcmp(f, "--init-from")) {
+            NEED_VALUE;
+            a->init_from = v;
         } else if (!strcmp(f, "--loss-scale")) {
             NEED_VALUE;
             if (!strcmp(v, "dynamic")) a->loss_scaling = MP_LOSS_SCALING_DYNAMIC;
@@ -233,25 +242,53 @@ typedef struct {
     bool scaled;
 } run_result;
 
-static int load_data(const train_args *a, bool train, mp_dataset **out)
+/* "fashion-mnist[:train|:test]" or a CSV path. */
+static int load_spec(const char *spec, const char *dir, bool default_train, mp_dataset **out)
 {
     mp_status s;
-    if (!strcmp(a->data, "fashion-mnist")) {
-        s = mp_dataset_load_fashion_mnist(a->data_dir, train, out);
-    } else {
-        const char *path = train ? a->data : a->test_data;
-        if (!path) {
-            *out = NULL;
-            return 0;
+    if (!strncmp(spec, "fashion-mnist", 13) && (spec[13] == '\0' || spec[13] == ':')) {
+        const char *part = spec[13] ? spec + 14 : (default_train ? "train" : "test");
+        if (strcmp(part, "train") && strcmp(part, "test")) {
+            fprintf(stderr, "mixprec: --data %s: expected fashion-mnist, fashion-mnist:train or fashion-mnist:test\n", spec);
+            return 2;
         }
+        s = mp_dataset_load_fashion_mnist(dir, !strcmp(part, "train"), out);
+    } else {
         mp_csv_options co = mp_csv_options_default();
-        s = mp_dataset_load_csv(path, &co, out);
+        s = mp_dataset_load_csv(spec, &co, out);
     }
     if (s) {
         fprintf(stderr, "mixprec: %s\n", mp_last_error());
         return 1;
     }
     return 0;
+}
+
+static int load_data(const train_args *a, bool train, mp_dataset **out)
+{
+    *out = NULL;
+    if (train) return load_spec(a->data, a->data_dir, true, out);
+    if (!strcmp(a->data, "fashion-mnist")) return load_spec("fashion-mnist:test", a->data_dir, false, out);
+    return a->test_data ? load_spec(a->test_data, a->data_dir, false, out) : 0;
+}
+
+static const char *activation_flag_name(mp_activation a) { return mp_activation_name(a); }
+
+/* The model's configuration in the file's metadata, so evaluate/predict can
+ * rebuild it from the file alone. */
+static mp_status save_model(mp_model *m, const train_args *a, int64_t inputs, int32_t classes)
+{
+    char hidden[256] = "", in[32], cl[32];
+    size_t off = 0;
+    for (int i = 0; i < a->nhidden && off < sizeof hidden; i++)
+        off += (size_t)snprintf(hidden + off, sizeof hidden - off, i ? ",%lld" : "%lld", (long long)a->hidden[i]);
+    if (!a->nhidden) snprintf(hidden, sizeof hidden, "none");
+    snprintf(in, sizeof in, "%lld", (long long)inputs);
+    snprintf(cl, sizeof cl, "%d", (int)classes);
+    const char *k[] = {"mixprec.model", "mixprec.inputs", "mixprec.hidden", "mixprec.activation", "mixprec.classes",
+                       "mixprec.policy"};
+    const char *v[] = {"mlp", in, hidden, activation_flag_name(a->act), cl, a->policy};
+    return mp_model_save_weights_ex(m, a->save, k, v, 6);
 }
 
 static int run_training(const train_args *a, const mp_dataset *train, const mp_dataset *test,
@@ -270,6 +307,7 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     mp_set_global_policy("float32");
     int rc = 1;
     if (mp_model_build(m, x, a->batch)) goto out;
+    if (a->init_from && mp_model_load_weights(m, a->init_from)) goto out;
     if (summary) mp_model_summary(m, a->batch, stdout);
     mp_compile_options co = mp_compile_options_default();
     co.optimizer = mp_optimizer_config_default(a->optimizer);
@@ -306,6 +344,10 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     if (test && mp_model_evaluate(m, test, a->batch, &res->test_loss, &res->test_acc)) goto out;
     res->peak = model_peak_bytes() - base;
     res->step_peak = step_peak_bytes() - step_base;
+    if (a->save) {
+        if (save_model(m, a, mp_dataset_dim(train), mp_dataset_classes(train))) goto out;
+        if (!a->quiet) printf("saved weights to %s\n", a->save);
+    }
     rc = 0;
 out:
     if (rc) fprintf(stderr, "mixprec: %s\n", mp_last_error());
@@ -407,4 +449,164 @@ int mp_cli_demo(int argc, char **argv)
     mp_dataset_free(train);
     mp_dataset_free(test);
     return rc;
+}
+
+/* ------------------------------------------------- evaluate and predict */
+
+/* Rebuild the MLP a file describes and load its weights. */
+static mp_model *model_from_file(const char *path, const char *policy_flag, int64_t batch)
+{
+    mp_safetensors *f;
+    if (mp_safetensors_read(path, &f)) {
+        fprintf(stderr, "mixprec: %s\n", mp_last_error());
+        return NULL;
+    }
+    const char *kind = mp_safetensors_metadata(f, "mixprec.model");
+    const char *in = mp_safetensors_metadata(f, "mixprec.inputs"), *hid = mp_safetensors_metadata(f, "mixprec.hidden");
+    const char *act = mp_safetensors_metadata(f, "mixprec.activation"), *cl = mp_safetensors_metadata(f, "mixprec.classes");
+    const char *pol = policy_flag ? policy_flag : mp_safetensors_metadata(f, "mixprec.policy");
+    int64_t inputs, classes, hidden[16];
+    int nh = 0;
+    mp_activation a;
+    mp_policy p;
+    bool ok = kind && !strcmp(kind, "mlp") && in && hid && act && cl && pol && parse_i64(in, 1, 1 << 30, &inputs) &&
+              parse_i64(cl, 1, 1 << 20, &classes) && !mp_activation_from_name(act, &a) && !mp_policy_from_name(pol, &p);
+    if (ok && strcmp(hid, "none")) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", hid);
+        for (char *tok = strtok(buf, ","); tok && ok; tok = strtok(NULL, ","))
+            ok = nh < 16 && parse_i64(tok, 1, 1 << 20, &hidden[nh++]);
+    }
+    char policy[32] = "";
+    if (ok) snprintf(policy, sizeof policy, "%s", pol); /* the metadata is freed next */
+    mp_safetensors_free(f);
+    if (!ok) {
+        fprintf(stderr, "mixprec: '%s' does not describe a model mixprec train saved (missing or bad mixprec.* metadata)\n", path);
+        return NULL;
+    }
+    mp_set_global_policy(policy);
+    mp_model *m = mp_model_new(1);
+    mp_node x = mp_input(m, 1, (int64_t[]){inputs}, NULL);
+    for (int i = 0; i < nh; i++) x = mp_dense(m, x, hidden[i], a, NULL);
+    x = mp_dense(m, x, classes, MP_ACT_NONE, NULL);
+    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+    mp_set_global_policy("float32");
+    if (mp_model_build(m, x, batch) || mp_model_load_weights(m, path) || mp_model_compile(m, NULL)) {
+        fprintf(stderr, "mixprec: %s\n", mp_last_error());
+        mp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+typedef struct {
+    const char *file, *data, *data_dir, *policy, *output;
+    int64_t batch;
+} infer_args;
+
+static int parse_infer(const char *cmd, int argc, char **argv, infer_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->data = "fashion-mnist:test";
+    a->batch = 256;
+    for (int i = 0; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("usage: mixprec %s FILE.safetensors [--data fashion-mnist[:train|:test]|PATH.csv] [--data-dir DIR]\n"
+                   "       [--batch-size N] [--policy NAME]%s\n", cmd, strcmp(cmd, "predict") ? "" : " [--output FILE.csv]");
+            return 1;
+        }
+        if (f[0] != '-') {
+            if (a->file) {
+                fprintf(stderr, "mixprec %s: unexpected argument '%s'\n", cmd, f);
+                return 2;
+            }
+            a->file = f;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "mixprec %s: %s needs a value\n", cmd, f);
+            return 2;
+        }
+        i++;
+        if (!strcmp(f, "--data")) a->data = v;
+        else if (!strcmp(f, "--data-dir")) a->data_dir = v;
+        else if (!strcmp(f, "--policy")) a->policy = v;
+        else if (!strcmp(f, "--output") && !strcmp(cmd, "predict")) a->output = v;
+        else if (!strcmp(f, "--batch-size")) {
+            if (!parse_i64(v, 1, 1 << 20, &a->batch)) {
+                fprintf(stderr, "mixprec %s: --batch-size %s: expected a positive integer\n", cmd, v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "mixprec %s: unknown option '%s'\n", cmd, f);
+            return 2;
+        }
+    }
+    if (!a->file) {
+        fprintf(stderr, "mixprec %s: which model file? (mixprec %s FILE.safetensors)\n", cmd, cmd);
+        return 2;
+    }
+    mp_policy p;
+    if (a->policy && mp_policy_from_name(a->policy, &p)) {
+        fprintf(stderr, "mixprec %s: %s\n", cmd, mp_last_error());
+        return 2;
+    }
+    return 0;
+}
+
+int mp_cli_evaluate(int argc, char **argv)
+{
+    infer_args a;
+    int rc = parse_infer("evaluate", argc, argv, &a);
+    if (rc) return rc == 1 ? 0 : rc;
+    mp_dataset *ds;
+    if ((rc = load_spec(a.data, a.data_dir, false, &ds))) return rc;
+    mp_model *m = model_from_file(a.file, a.policy, a.batch);
+    double loss, acc;
+    if (!m || mp_model_evaluate(m, ds, a.batch, &loss, &acc)) {
+        if (m) fprintf(stderr, "mixprec: %s\n", mp_last_error());
+        mp_model_free(m);
+        mp_dataset_free(ds);
+        return 1;
+    }
+    printf("%lld samples: loss %.4f - accuracy %.4f\n", (long long)mp_dataset_count(ds), loss, acc);
+    mp_model_free(m);
+    mp_dataset_free(ds);
+    return 0;
+}
+
+int mp_cli_predict(int argc, char **argv)
+{
+    infer_args a;
+    int rc = parse_infer("predict", argc, argv, &a);
+    if (rc) return rc == 1 ? 0 : rc;
+    mp_dataset *ds;
+    if ((rc = load_spec(a.data, a.data_dir, false, &ds))) return rc;
+    mp_model *m = model_from_file(a.file, a.policy, a.batch);
+    int64_t n = mp_dataset_count(ds), shape[MP_MAX_DIMS];
+    int64_t classes = m ? (mp_model_output_shape(m, shape), shape[0]) : 1;
+    float *out = malloc((size_t)(n * classes) * sizeof *out);
+    FILE *o = a.output ? fopen(a.output, "w") : stdout;
+    if (!m || !out || !o || mp_model_predict(m, mp_dataset_features(ds), n, a.batch, out)) {
+        if (m) fprintf(stderr, "mixprec: %s\n", !o ? "cannot open the output file" : mp_last_error());
+        if (o && o != stdout) fclose(o);
+        free(out);
+        mp_model_free(m);
+        mp_dataset_free(ds);
+        return 1;
+    }
+    fprintf(o, "index,predicted,probability,label\n");
+    for (int64_t i = 0; i < n; i++) {
+        int64_t best = 0;
+        for (int64_t c = 1; c < classes; c++)
+            if (out[i * classes + c] > out[i * classes + best]) best = c;
+        fprintf(o, "%lld,%lld,%.6f,%d\n", (long long)i, (long long)best, (double)out[i * classes + best],
+                (int)mp_dataset_labels(ds)[i]);
+    }
+    if (o != stdout) fclose(o);
+    free(out);
+    mp_model_free(m);
+    mp_dataset_free(ds);
+    return 0;
 }

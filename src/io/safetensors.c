@@ -339,6 +339,13 @@ fail:
 
 mp_status mp_model_save_weights(mp_model *m, const char *path)
 {
+    return mp_model_save_weights_ex(m, path, NULL, NULL, 0);
+}
+
+mp_status mp_model_save_weights_ex(mp_model *m, const char *path, const char *const *meta_keys,
+                                   const char *const *meta_values, int n_meta)
+{
+    if (n_meta < 0 || n_meta > 62) return mp_set_error(MP_ERR_INVALID, "save: %d metadata entries", n_meta);
     int np = mp_model_num_params(m);
     mp_named_tensor *t = calloc((size_t)(np ? np : 1), sizeof *t);
     if (!t) return mp_set_error(MP_ERR_NOMEM, "save: out of memory");
@@ -351,9 +358,13 @@ mp_status mp_model_save_weights(mp_model *m, const char *path)
         t[i].dtype = p->master ? MP_F32 : p->weight_dtype;
         t[i].data = p->master ? (const void *)p->master : p->weight;
     }
-    const char *keys[] = {"format", "mixprec_version"};
-    const char *vals[] = {"pt", MP_VERSION_STRING};
-    mp_status s = mp_safetensors_write(path, t, np, keys, vals, 2);
+    const char *keys[64] = {"format", "mixprec_version"};
+    const char *vals[64] = {"pt", MP_VERSION_STRING};
+    for (int i = 0; i < n_meta; i++) {
+        keys[2 + i] = meta_keys[i];
+        vals[2 + i] = meta_values[i];
+    }
+    mp_status s = mp_safetensors_write(path, t, np, keys, vals, 2 + n_meta);
     free(t);
     return s;
 }
