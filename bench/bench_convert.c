@@ -8,22 +8,10 @@
 #include <time.h>
 
 #include "core/internal.h"
+#include "bench_util.h"
 
 #define N ((size_t)16 << 20) /* 16 Mi float32 = 64 MiB */
 #define REPS 9
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static void *buffer(size_t bytes)
 {
@@ -58,8 +46,7 @@ static double median_seconds(mp_isa isa, const conversion *c, int is_memcpy, siz
             mp_convert_isa(isa, dst32, MP_F32, lowp, c->from, N, MP_OVERFLOW_SATURATE);
         t[r] = now() - t0;
     }
-    qsort(t, REPS, sizeof t[0], cmp_double);
-    return t[REPS / 2];
+    return median(t, REPS);
 }
 
 int main(void)

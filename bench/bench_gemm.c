@@ -15,6 +15,7 @@
 #endif
 
 #include "core/internal.h"
+#include "bench_util.h"
 
 #if __has_include(<dnnl.h>)
 #include <dnnl.h> /* types only: the functions come from dlsym */
@@ -22,19 +23,6 @@
 #else
 #define HAVE_DNNL_H 0
 #endif
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* ------------------------------------------------------------------ peaks */
 

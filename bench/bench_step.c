@@ -8,22 +8,10 @@
 #include <time.h>
 
 #include "mixprec.h"
+#include "bench_util.h"
 
 #define REPS 10
 #define WARMUP 3
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static mp_model *seed_model(const char *policy, int64_t batch)
 {
@@ -73,8 +61,7 @@ static result run(const char *policy, int64_t batch, int reps, int warmup)
         }
         if (i >= warmup) t[i - warmup] = 1e3 * (now() - t0);
     }
-    qsort(t, (size_t)reps, sizeof t[0], cmp);
-    r.ms = t[reps / 2];
+    r.ms = median(t, (size_t)reps);
     mp_mem_stats st;
     mp_mem_get_stats(&st);
     for (int c = 0; c < MP_MEM_CATEGORY_COUNT; c++) {

@@ -114,6 +114,15 @@ static void test_validation_split(void **state)
     mp_history_free(&h);
     mp_dataset_free(last);
     mp_dataset_free(all);
+    /* more validation than training samples, fewer training samples than a
+     * batch: validation batches must still fit the shared index buffer */
+    all = blobs(30, 6);
+    fo.validation_split = 0.6;
+    assert_int_equal(mp_model_fit(m, all, &fo, &h), MP_OK);
+    assert_int_equal(h.epochs[0].steps, 1); /* 12 training samples, one partial batch */
+    assert_true(h.epochs[0].has_validation && isfinite(h.epochs[0].val_loss));
+    mp_history_free(&h);
+    mp_dataset_free(all);
     mp_model_free(m);
 }
 

@@ -272,8 +272,6 @@ static int load_data(const train_args *a, bool train, mp_dataset **out)
     return a->test_data ? load_spec(a->test_data, a->data_dir, false, out) : 0;
 }
 
-static const char *activation_flag_name(mp_activation a) { return mp_activation_name(a); }
-
 /* The model's configuration in the file's metadata, so evaluate/predict can
  * rebuild it from the file alone. */
 static mp_status save_model(mp_model *m, const train_args *a, int64_t inputs, int32_t classes)
@@ -287,7 +285,7 @@ static mp_status save_model(mp_model *m, const train_args *a, int64_t inputs, in
     snprintf(cl, sizeof cl, "%d", (int)classes);
     const char *k[] = {"mixprec.model", "mixprec.inputs", "mixprec.hidden", "mixprec.activation", "mixprec.classes",
                        "mixprec.policy"};
-    const char *v[] = {"mlp", in, hidden, activation_flag_name(a->act), cl, a->policy};
+    const char *v[] = {"mlp", in, hidden, mp_activation_name(a->act), cl, a->policy};
     return mp_model_save_weights_ex(m, a->save, k, v, 6);
 }
 
@@ -419,8 +417,6 @@ int mp_cli_demo(int argc, char **argv)
         a.policy = policies[p];
         printf("training under %-15s ...", policies[p]);
         fflush(stdout);
-        double t0 = (double)clock();
-        (void)t0;
         if ((rc = run_training(&a, train, test, false, &r[p]))) break;
         printf(" test accuracy %.4f, %.1f ms/step\n", r[p].test_acc, r[p].ms_per_step);
     }

@@ -22,7 +22,7 @@ static bool from_input_layer(const mp_model *m, const mp_layer *l, int j)
     return m->layers[l->inputs[j]].kind == MP_LAYER_INPUT;
 }
 
-bool mp_layer_keeps_input(const mp_model *m, const mp_layer *l)
+static bool keeps_input(const mp_model *m, const mp_layer *l)
 {
     switch (l->kind) {
     case MP_LAYER_DENSE:
@@ -51,7 +51,7 @@ size_t mp_layer_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
     mp_dtype c = l->policy.compute;
     size_t cs = mp_dtype_size(c), out = arena_bytes((size_t)layer_numel(l, batch) * cs);
     size_t bytes = 0;
-    if (mp_layer_keeps_input(m, l) && kept_input_copied(m, l))
+    if (keeps_input(m, l) && kept_input_copied(m, l))
         bytes += arena_bytes((size_t)in_numel(m, l, 0, batch) * cs);
     int64_t rows = layer_numel(l, batch) / layer_cols(l);
     switch (l->kind) {
@@ -126,7 +126,7 @@ static mp_status input_as_compute(mp_model *m, mp_layer *l, int j, mp_arena *a, 
 
 static mp_model_param *param(mp_model *m, const mp_layer *l, int j)
 {
-    return &((param_slot *)m->params)[l->param_first + j].p;
+    return &m->params[l->param_first + j].p;
 }
 
 /* ------------------------------------------------------------ forward */
@@ -177,7 +177,7 @@ static mp_status activation_forward(mp_model *m, mp_layer *l)
 {
     mp_dtype c = l->policy.compute;
     mp_tensor x;
-    bool keep = mp_layer_keeps_input(m, l);
+    bool keep = keeps_input(m, l);
     if (input_as_compute(m, l, 0, keep ? m->act : m->ws, keep && from_input_layer(m, l, 0), &x))
         return MP_ERR_NOMEM;
     if (keep) l->in_saved = x;

@@ -491,7 +491,6 @@ mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float sc
         s = mp_loss_compute(&logit_spec, z, scale, loss, &g);
         if (s) return s;
         s = mp_model_add_grad(m, o->inputs[0], g.data, MP_F32);
-        o->has_grad = false;
     } else {
         const mp_tensor *out = &o->out;
         if (mp_tensor_from_arena(&g, m->ws, out->dtype, out->ndim, out->shape))

@@ -78,7 +78,5 @@ size_t mp_layer_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 size_t mp_layer_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
 /* Add g (any dtype) to the gradient of node `node`. */
 mp_status mp_model_add_grad(mp_model *m, int node, const void *g, mp_dtype gt);
-/* Whether layer l keeps its input in the activation arena. */
-bool mp_layer_keeps_input(const mp_model *m, const mp_layer *l);
 
 #endif

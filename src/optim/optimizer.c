@@ -184,17 +184,24 @@ void mp_optimizer_free(mp_optimizer *o)
     free(o);
 }
 
+/* The gradient as the step reads it: times gfactor, clamped by clip_value. */
+static inline float step_grad(const mp_step_coefs *c, float g)
+{
+    float gj = g * c->gfactor;
+    if (c->clip_value > 0.0f) {
+        if (gj > c->clip_value)
+            gj = c->clip_value;
+        else if (gj < -c->clip_value)
+            gj = -c->clip_value;
+    }
+    return gj;
+}
+
 /* The per-element rules of the header, on one chunk of float32 values. */
 static void update_sgd(const mp_step_coefs *c, float *w, const float *g, float *buf, int64_t n)
 {
     for (int64_t j = 0; j < n; j++) {
-        float gj = g[j] * c->gfactor;
-        if (c->clip_value > 0.0f) {
-            if (gj > c->clip_value)
-                gj = c->clip_value;
-            else if (gj < -c->clip_value)
-                gj = -c->clip_value;
-        }
+        float gj = step_grad(c, g[j]);
         if (c->weight_decay != 0.0f) gj = gj + c->weight_decay * w[j];
         if (buf) {
             float b = c->momentum * buf[j] + gj;
@@ -209,13 +216,7 @@ static void update_adam(const mp_step_coefs *c, bool decoupled, float *w, const 
                         float *v, int64_t n)
 {
     for (int64_t j = 0; j < n; j++) {
-        float gj = g[j] * c->gfactor;
-        if (c->clip_value > 0.0f) {
-            if (gj > c->clip_value)
-                gj = c->clip_value;
-            else if (gj < -c->clip_value)
-                gj = -c->clip_value;
-        }
+        float gj = step_grad(c, g[j]);
         float wj = w[j];
         if (decoupled)
             wj = wj * c->decoupled_decay;

@@ -62,7 +62,8 @@ static mp_status batcher_init(batcher *b, mp_model *m, int64_t dim, int64_t batc
     b->dim = dim;
     b->x = malloc((size_t)(batch * dim) * sizeof *b->x);
     b->y = malloc((size_t)batch * sizeof *b->y);
-    b->order = malloc((size_t)(n > 0 ? n : 1) * sizeof *b->order);
+    /* the epoch's order (n) and, reused, a batch of indices (batch) */
+    b->order = malloc((size_t)(n > batch ? n : batch) * sizeof *b->order);
     if (!b->x || !b->y || !b->order) return mp_set_error(MP_ERR_NOMEM, "fit: out of memory for batches");
     return MP_OK;
 }
@@ -295,12 +296,8 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         log->accuracy = samples ? (double)correct / (double)samples : NAN;
         log->loss_scale = scale;
         log->skipped = mp_model_steps_skipped(m) - skipped0;
-        if (va) {
-            batcher vb;
-            if ((s = batcher_init(&vb, m, mp_dataset_dim(va), o.batch_size, o.batch_size))) break;
-            s = run_eval(m, va, &vb, &log->val_loss, &log->val_accuracy);
-            batcher_free(&vb);
-            if (s) break;
+        if (va) { /* the epoch's order is spent: its buffers serve validation */
+            if ((s = run_eval(m, va, &b, &log->val_loss, &log->val_accuracy))) break;
             log->has_validation = true;
         }
         h.count = ep + 1;

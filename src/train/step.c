@@ -14,6 +14,8 @@ typedef struct {
     mp_param *params;
     int nparams;
     int64_t applied, skipped;
+    float *row; /* one output row in float32, for the accuracy count */
+    int64_t row_cap;
 } training;
 
 static void training_free(void *p)
@@ -23,6 +25,7 @@ static void training_free(void *p)
     mp_optimizer_free(t->opt);
     mp_loss_scaler_free(t->scaler);
     free(t->params);
+    free(t->row);
     free(t);
 }
 
@@ -69,10 +72,9 @@ mp_status mp_model_compile(mp_model *m, const mp_compile_options *o)
     bool scaling = d.loss_scaling == MP_LOSS_SCALING_DYNAMIC || d.loss_scaling == MP_LOSS_SCALING_STATIC ||
                    (d.loss_scaling == MP_LOSS_SCALING_AUTO && mp_loss_scaling_default_for(mp_model_compute_dtype(m)));
     if (scaling) {
-        mp_loss_scaler_config sc = d.scaler;
-        if (sc.initial_scale == 0.0f) sc = mp_loss_scaler_config_keras();
-        sc.mode = d.loss_scaling == MP_LOSS_SCALING_STATIC ? MP_LOSS_SCALE_STATIC : sc.mode;
-        if (d.loss_scaling == MP_LOSS_SCALING_DYNAMIC) sc.mode = MP_LOSS_SCALE_DYNAMIC;
+        mp_loss_scaler_config sc = d.scaler.initial_scale != 0.0f ? d.scaler : mp_loss_scaler_config_keras();
+        if (d.loss_scaling != MP_LOSS_SCALING_AUTO)
+            sc.mode = d.loss_scaling == MP_LOSS_SCALING_STATIC ? MP_LOSS_SCALE_STATIC : MP_LOSS_SCALE_DYNAMIC;
         t->scaler = mp_loss_scaler_new(&sc);
         if (!t->scaler) {
             training_free(t);
@@ -90,12 +92,17 @@ mp_loss_scaler *mp_model_loss_scaler(mp_model *m) { return get(m) ? get(m)->scal
 int64_t mp_model_steps_applied(const mp_model *m) { return get(m) ? get(m)->applied : 0; }
 int64_t mp_model_steps_skipped(const mp_model *m) { return get(m) ? get(m)->skipped : 0; }
 
-static int64_t count_correct(const mp_tensor *y, const int32_t *labels)
+static int64_t count_correct(training *t, const mp_tensor *y, const int32_t *labels)
 {
     if (!labels) return 0;
     int64_t cols = y->shape[y->ndim - 1], rows = mp_tensor_numel(y) / cols, correct = 0;
-    float *row = malloc((size_t)cols * sizeof *row);
-    if (!row) return 0;
+    if (cols > t->row_cap) {
+        float *r = realloc(t->row, (size_t)cols * sizeof *r);
+        if (!r) return 0;
+        t->row = r;
+        t->row_cap = cols;
+    }
+    float *row = t->row;
     size_t es = mp_dtype_size(y->dtype);
     for (int64_t r = 0; r < rows; r++) {
         mp_convert(row, MP_F32, (const char *)y->data + (size_t)(r * cols) * es, y->dtype, (size_t)cols);
@@ -104,7 +111,6 @@ static int64_t count_correct(const mp_tensor *y, const int32_t *labels)
             if (row[c] > row[best]) best = c; /* first maximum, as argmax */
         correct += best == labels[r];
     }
-    free(row);
     return correct;
 }
 
@@ -123,7 +129,7 @@ mp_status mp_model_train_step(mp_model *m, const mp_tensor *x, const int32_t *la
     mp_step_result res = {0, 0, false, 1.0f};
     const mp_tensor *y;
     if ((s = mp_model_forward(m, x, true, &y))) return s;
-    res.correct = count_correct(y, labels);
+    res.correct = count_correct(t, y, labels);
     mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target};
     float scale = t->scaler ? mp_loss_scaler_scale(t->scaler) : 1.0f;
     res.loss_scale = scale;
@@ -157,7 +163,7 @@ mp_status mp_model_test_step(mp_model *m, const mp_tensor *x, const int32_t *lab
     training *t = get(m);
     const mp_tensor *y;
     if ((s = mp_model_forward(m, x, false, &y))) return s;
-    mp_step_result res = {0, count_correct(y, labels), false, 1.0f};
+    mp_step_result res = {0, count_correct(t, y, labels), false, 1.0f};
     mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target};
     if ((s = mp_loss_compute(&spec, y, 1.0f, &res.loss, NULL))) return s;
     if (r) *r = res;
