@@ -80,4 +80,11 @@ void mp_mem_uncharge(mp_mem_category cat, size_t bytes);
 void *mp_region_alloc(size_t bytes);
 void mp_region_free(void *p, size_t bytes);
 
+/* Per-thread scratch that lives as long as the thread and only grows, so hot
+ * paths never allocate after warm-up (page faults cost more than the work).
+ * The contents are undefined; a slot is the caller's until its next call.
+ * Slots: 0-2 GEMM packing, 3-6 row-wise ops and losses. NULL if out of memory. */
+#define MP_SCRATCH_SLOTS 7
+void *mp_scratch(int slot, size_t bytes);
+
 #endif

@@ -86,6 +86,24 @@ void mp_region_free(void *p, size_t bytes)
         free(p);
 }
 
+typedef struct {
+    void *p;
+    size_t bytes;
+} scratch;
+static _Thread_local scratch scratch_slots[MP_SCRATCH_SLOTS];
+
+void *mp_scratch(int slot, size_t bytes)
+{
+    scratch *s = &scratch_slots[slot];
+    bytes = (bytes + 4095) & ~(size_t)4095;
+    if (s->bytes < bytes) {
+        mp_region_free(s->p, s->bytes);
+        s->p = mp_region_alloc(bytes);
+        s->bytes = s->p ? bytes : 0;
+    }
+    return s->p;
+}
+
 /* mp_alloc keeps a 64-byte header in front of the block. */
 typedef struct {
     size_t bytes;

@@ -49,27 +49,6 @@ static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
     return &mp_gemm_scalar_impl;
 }
 
-/* ------------------------------------------------------ per-thread buffers */
-
-/* Packing buffers live as long as the thread and only grow: page faults cost
- * far more than the packing itself, so nothing is freed per call. */
-typedef struct {
-    void *p;
-    size_t bytes;
-} tbuf;
-static _Thread_local tbuf buf_a, buf_b, buf_c;
-
-static void *tbuf_get(tbuf *b, size_t bytes)
-{
-    bytes = (bytes + 4095) & ~(size_t)4095;
-    if (b->bytes < bytes) {
-        mp_region_free(b->p, b->bytes);
-        b->p = mp_region_alloc(bytes);
-        b->bytes = b->p ? bytes : 0;
-    }
-    return b->p;
-}
-
 /* ------------------------------------------------------------ the driver */
 
 typedef struct {
@@ -118,9 +97,9 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
         if (cap < MR) cap = MR;
         mc = min64(mc, cap);
     }
-    char *ap = tbuf_get(&buf_a, (size_t)mc * (size_t)kpad_max * esz);
-    char *bp = tbuf_get(&buf_b, (size_t)nc * (size_t)kpad_max * esz);
-    float *cw = multi ? tbuf_get(&buf_c, (size_t)mc * (size_t)nr_pad * sizeof(float)) : NULL;
+    char *ap = mp_scratch(0, (size_t)mc * (size_t)kpad_max * esz);
+    char *bp = mp_scratch(1, (size_t)nc * (size_t)kpad_max * esz);
+    float *cw = multi ? mp_scratch(2, (size_t)mc * (size_t)nr_pad * sizeof(float)) : NULL;
     if (!ap || !bp || (multi && !cw)) return false;
     const int64_t ldw = nr_pad;
 

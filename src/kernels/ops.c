@@ -91,7 +91,7 @@ void mp_op_softmax(const void *x, mp_dtype xt, void *y, mp_dtype yt, int64_t row
 {
 #pragma omp parallel if (rows * cols > 65536)
     {
-        float *buf = malloc((size_t)cols * sizeof *buf);
+        float *buf = mp_scratch(3, (size_t)cols * sizeof *buf);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             load(buf, x, xt, (size_t)(r * cols), (size_t)cols);
@@ -106,7 +106,6 @@ void mp_op_softmax(const void *x, mp_dtype xt, void *y, mp_dtype yt, int64_t row
             for (int64_t c = 0; c < cols; c++) buf[c] *= inv;
             store(y, yt, (size_t)(r * cols), buf, (size_t)cols);
         }
-        free(buf);
     }
 }
 
@@ -115,7 +114,7 @@ void mp_op_softmax_grad(const void *y, mp_dtype yt, const void *dy, mp_dtype dyt
 {
 #pragma omp parallel if (rows * cols > 65536)
     {
-        float *p = malloc((size_t)cols * sizeof *p), *g = malloc((size_t)cols * sizeof *g);
+        float *p = mp_scratch(3, (size_t)cols * sizeof *p), *g = mp_scratch(4, (size_t)cols * sizeof *g);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             load(p, y, yt, (size_t)(r * cols), (size_t)cols);
@@ -126,8 +125,6 @@ void mp_op_softmax_grad(const void *y, mp_dtype yt, const void *dy, mp_dtype dyt
             for (int64_t c = 0; c < cols; c++) g[c] = p[c] * (g[c] - d);
             store(dx, dxt, (size_t)(r * cols), g, (size_t)cols);
         }
-        free(p);
-        free(g);
     }
 }
 
@@ -167,15 +164,14 @@ void mp_op_mask_scale(const void *x, mp_dtype xt, const uint8_t *mask, float sca
 void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, float *out,
                       bool accumulate)
 {
-    double *acc = calloc((size_t)cols, sizeof *acc);
-    float *buf = malloc((size_t)cols * sizeof *buf);
+    double *acc = mp_scratch(3, (size_t)cols * sizeof *acc);
+    float *buf = mp_scratch(4, (size_t)cols * sizeof *buf);
+    memset(acc, 0, (size_t)cols * sizeof *acc);
     for (int64_t r = 0; r < rows; r++) {
         load(buf, x, xt, (size_t)(r * cols), (size_t)cols);
         for (int64_t c = 0; c < cols; c++) acc[c] += buf[c];
     }
     for (int64_t c = 0; c < cols; c++) out[c] = (float)((accumulate ? (double)out[c] : 0.0) + acc[c]);
-    free(acc);
-    free(buf);
 }
 
 void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const float *beta, float eps,
@@ -183,7 +179,7 @@ void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const floa
 {
 #pragma omp parallel if (rows * cols > 65536)
     {
-        float *buf = malloc((size_t)cols * sizeof *buf);
+        float *buf = mp_scratch(3, (size_t)cols * sizeof *buf);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             load(buf, x, xt, (size_t)(r * cols), (size_t)cols);
@@ -197,7 +193,6 @@ void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const floa
             for (int64_t c = 0; c < cols; c++) buf[c] = (buf[c] - m) * rs * gamma[c] + beta[c];
             store(y, yt, (size_t)(r * cols), buf, (size_t)cols);
         }
-        free(buf);
     }
 }
 
@@ -205,8 +200,10 @@ void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const
                            const float *rstd, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
                            float *dgamma, float *dbeta, bool accumulate, int64_t rows, int64_t cols)
 {
-    double *dg = calloc((size_t)cols, sizeof *dg), *db = calloc((size_t)cols, sizeof *db);
-    float *xh = malloc((size_t)cols * sizeof *xh), *g = malloc((size_t)cols * sizeof *g);
+    double *dg = mp_scratch(3, (size_t)cols * sizeof *dg), *db = mp_scratch(4, (size_t)cols * sizeof *db);
+    float *xh = mp_scratch(5, (size_t)cols * sizeof *xh), *g = mp_scratch(6, (size_t)cols * sizeof *g);
+    memset(dg, 0, (size_t)cols * sizeof *dg);
+    memset(db, 0, (size_t)cols * sizeof *db);
     for (int64_t r = 0; r < rows; r++) {
         load(xh, x, xt, (size_t)(r * cols), (size_t)cols);
         load(g, dy, dyt, (size_t)(r * cols), (size_t)cols);
@@ -228,8 +225,4 @@ void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const
         dgamma[c] = (float)((accumulate ? (double)dgamma[c] : 0.0) + dg[c]);
         dbeta[c] = (float)((accumulate ? (double)dbeta[c] : 0.0) + db[c]);
     }
-    free(dg);
-    free(db);
-    free(xh);
-    free(g);
 }

@@ -104,12 +104,9 @@ mp_status mp_loss_compute(const mp_loss_spec *spec, const mp_tensor *pred, float
                             spec->target ? mp_tensor_describe(spec->target, a, sizeof a) : "(none)",
                             mp_tensor_describe(pred, b, sizeof b));
     }
-    float *p = malloc((size_t)cols * sizeof *p), *t = malloc((size_t)cols * sizeof *t);
-    float *g = malloc((size_t)cols * sizeof *g);
-    if (!p || !t || !g) {
-        free(p), free(t), free(g);
-        return mp_set_error(MP_ERR_NOMEM, "loss: out of memory");
-    }
+    float *p = mp_scratch(3, (size_t)cols * sizeof *p), *t = mp_scratch(4, (size_t)cols * sizeof *t);
+    float *g = mp_scratch(5, (size_t)cols * sizeof *g);
+    if (!p || !t || !g) return mp_set_error(MP_ERR_NOMEM, "loss: out of memory");
     size_t ps = mp_dtype_size(pred->dtype);
     double total = 0;
     /* mean over samples for the categorical losses, over elements otherwise */
@@ -155,7 +152,6 @@ mp_status mp_loss_compute(const mp_loss_spec *spec, const mp_tensor *pred, float
                        g, MP_F32, (size_t)cols);
         }
     }
-    free(p), free(t), free(g);
     if (loss) *loss = (float)(total / denom);
     return MP_OK;
 }
