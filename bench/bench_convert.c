@@ -64,8 +64,8 @@ int main(void)
     printf("%-16s %-11s %9.2f %8.2f\n", "memcpy 64 MiB", "libc", mem_gbs, 1.0);
 
     static const conversion convs[] = {
-        {"f32 -> bf16", MP_F32, MP_BF16}, {"bf16 -> f32", MP_BF16, MP_F32},
-        {"f32 -> f16", MP_F32, MP_F16},   {"f16 -> f32", MP_F16, MP_F32},
+        {"f32 -> bf16", MP_F32, MP_BF16},   {"bf16 -> f32", MP_BF16, MP_F32},
+        {"f32 -> f16", MP_F32, MP_F16},     {"f16 -> f32", MP_F16, MP_F32},
         {"f32 -> e4m3", MP_F32, MP_F8E4M3}, {"e4m3 -> f32", MP_F8E4M3, MP_F32},
         {"f32 -> e5m2", MP_F32, MP_F8E5M2},
     };

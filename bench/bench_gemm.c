@@ -50,7 +50,8 @@ MP_TARGET_AVX512 static double peak_fma_thread(long iters)
 MP_TARGET_AVX512BF16 static double peak_bf16_thread(long iters)
 {
     __m512 acc[24];
-    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80), y = (__m512bh)_mm512_set1_epi32(0x3F80BF80);
+    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80),
+             y = (__m512bh)_mm512_set1_epi32(0x3F80BF80);
     for (int i = 0; i < 24; i++) acc[i] = _mm512_set1_ps((float)i);
     for (long it = 0; it < iters; it++) {
 #pragma GCC unroll 24
@@ -68,8 +69,7 @@ MP_TARGET_AVX512BF16 static double peak_bf16_thread(long iters)
 static double measure_peak(int bf16, int threads)
 {
 #if MP_X86
-    if (bf16 ? !mp_isa_supported(MP_ISA_AVX512BF16) : !mp_isa_supported(MP_ISA_AVX512))
-        return 0;
+    if (bf16 ? !mp_isa_supported(MP_ISA_AVX512BF16) : !mp_isa_supported(MP_ISA_AVX512)) return 0;
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
         double flops = 0, t0 = now();
@@ -131,8 +131,7 @@ static struct {
     dnnl_status_t (*pd_destroy)(dnnl_primitive_desc_t);
     dnnl_status_t (*prim_create)(dnnl_primitive_t *, const_dnnl_primitive_desc_t);
     dnnl_status_t (*prim_destroy)(dnnl_primitive_t);
-    dnnl_status_t (*mem_create)(dnnl_memory_t *, const dnnl_memory_desc_t *, dnnl_engine_t,
-                                void *);
+    dnnl_status_t (*mem_create)(dnnl_memory_t *, const dnnl_memory_desc_t *, dnnl_engine_t, void *);
     dnnl_status_t (*mem_destroy)(dnnl_memory_t);
     dnnl_status_t (*execute)(const_dnnl_primitive_t, dnnl_stream_t, int, const dnnl_exec_arg_t *);
     dnnl_status_t (*wait)(dnnl_stream_t);
@@ -174,8 +173,8 @@ typedef struct {
 
 /* A matmul primitive for C(f32) = op(A) op(B), inputs f32 or bf16; the
  * transposes are expressed as strides, as oneDNN wants them. */
-static bool dnnl_mm_create(dnnl_mm *x, bool bf16, bool ta, bool tb, int64_t m, int64_t n,
-                           int64_t k, void *a, void *b, float *c)
+static bool dnnl_mm_create(dnnl_mm *x, bool bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                           void *a, void *b, float *c)
 {
     dnnl_memory_desc_t da, db, dc;
     dnnl_data_type_t it = bf16 ? dnnl_bf16 : dnnl_f32;
@@ -255,8 +254,8 @@ static void run_job(const job *j)
         mp_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, j->a, j->t, lda, j->b, j->t, ldb, 0.0f, j->c,
                 MP_F32, s->n);
     else if (j->kind == 1)
-        openblas_run(s->ta, s->tb, (int)s->m, (int)s->n, (int)s->k, j->a, (int)lda, j->b,
-                     (int)ldb, j->c, (int)s->n);
+        openblas_run(s->ta, s->tb, (int)s->m, (int)s->n, (int)s->k, j->a, (int)lda, j->b, (int)ldb,
+                     j->c, (int)s->n);
 #if HAVE_DNNL_H
     else
         dnnl_mm_run(j->dm);
@@ -283,7 +282,8 @@ static void time_jobs(const job *jobs, int nj, double budget, double *gflops)
         n++;
     }
     for (int i = 0; i < nj; i++) {
-        const double flops = 2.0 * (double)jobs[i].s->m * (double)jobs[i].s->n * (double)jobs[i].s->k;
+        const double flops =
+            2.0 * (double)jobs[i].s->m * (double)jobs[i].s->n * (double)jobs[i].s->k;
         qsort(ts[i], (size_t)n, sizeof ts[i][0], cmp_double);
         gflops[i] = flops / ts[i][n / 2] * 1e-9;
     }
@@ -385,16 +385,13 @@ int main(void)
     double p2 = measure_peak(0, threads), p3 = measure_peak(1, threads);
     if (p2 > pk_f32) pk_f32 = p2;
     if (p3 > pk_bf16) pk_bf16 = p3;
-    printf("mixprec gemm benchmark: %d threads, isa %s\n", threads,
-           mp_isa_name(mp_isa_active()));
-    printf("measured peak: f32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s\n", pk_f32,
-           pk_bf16);
+    printf("mixprec gemm benchmark: %d threads, isa %s\n", threads, mp_isa_name(mp_isa_active()));
+    printf("measured peak: f32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s\n", pk_f32, pk_bf16);
     printf("peers: openblas %s, onednn %s\n", p_sgemm ? "yes" : "not found",
            have_dnnl ? "yes" : "not found");
     printf("GFLOP/s (fraction of the matching peak); ratios are mixprec / peer\n");
-    printf("%-26s %13s %13s %7s %7s %9s %9s %9s %9s %9s\n", "shape", "mp f32", "mp bf16",
-           "mp f16", "mp fp8", "openblas", "dnnl f32", "dnnl bf16", "f32/oblas",
-           "bf16/dnnl");
+    printf("%-26s %13s %13s %7s %7s %9s %9s %9s %9s %9s\n", "shape", "mp f32", "mp bf16", "mp f16",
+           "mp fp8", "openblas", "dnnl f32", "dnnl bf16", "f32/oblas", "bf16/dnnl");
 
     for (int si = 0; si < NSHAPES; si++) {
         const double *g = res[si];
@@ -403,8 +400,8 @@ int main(void)
         if (g[6] > 0) snprintf(r2, sizeof r2, "%.2f", g[1] / g[6]);
         snprintf(f1, sizeof f1, "%.0f (%.2f)", g[0], pk_f32 > 0 ? g[0] / pk_f32 : 0);
         snprintf(f2, sizeof f2, "%.0f (%.2f)", g[1], pk_bf16 > 0 ? g[1] / pk_bf16 : 0);
-        printf("%-26s %13s %13s %7.0f %7.0f %9.0f %9.0f %9.0f %9s %9s\n", shapes[si].name, f1,
-               f2, g[2], g[3], g[4], g[5], g[6], r1, r2);
+        printf("%-26s %13s %13s %7.0f %7.0f %9.0f %9.0f %9.0f %9s %9s\n", shapes[si].name, f1, f2,
+               g[2], g[3], g[4], g[5], g[6], r1, r2);
         if (shapes[si].big) {
             if (pk_f32 > 0) sum_lpf_f32 += log(g[0] / pk_f32);
             if (pk_bf16 > 0) sum_lpf_bf += log(g[1] / pk_bf16);

@@ -49,7 +49,8 @@ static result run(const char *policy, int64_t batch, int reps, int warmup)
     mp_tensor_init(&x, MP_F32, 2, (int64_t[]){batch, 784}, MP_MEM_OTHER);
     int32_t *y = malloc((size_t)batch * sizeof *y);
     srand(3);
-    for (int64_t i = 0; i < batch * 784; i++) ((float *)x.data)[i] = (float)rand() / (float)RAND_MAX;
+    for (int64_t i = 0; i < batch * 784; i++)
+        ((float *)x.data)[i] = (float)rand() / (float)RAND_MAX;
     for (int64_t i = 0; i < batch; i++) y[i] = rand() % 10;
     double t[64];
     for (int i = 0; i < warmup + reps; i++) {
@@ -80,7 +81,8 @@ static void print_memory(const char *policy, int64_t batch, const result *r)
     printf("  %-15s batch %5lld:", policy, (long long)batch);
     for (int c = 0; c < MP_MEM_CATEGORY_COUNT; c++)
         if (c != MP_MEM_OTHER)
-            printf(" %s %.0f", mp_mem_category_name((mp_mem_category)c), (double)r->peak[c] / (1 << 20));
+            printf(" %s %.0f", mp_mem_category_name((mp_mem_category)c),
+                   (double)r->peak[c] / (1 << 20));
     printf("  total %.0f MiB\n", (double)r->total / (1 << 20));
 }
 
@@ -93,7 +95,8 @@ int main(void)
     printf("median of %d steps after %d warm-up steps at batch 1024\n\n", REPS, WARMUP);
     for (int p = 0; p < 3; p++) {
         r1[p] = run(policies[p], 1024, REPS, WARMUP);
-        printf("  %-15s %8.1f ms/step  (%.2fx float32)\n", policies[p], r1[p].ms, r1[0].ms / r1[p].ms);
+        printf("  %-15s %8.1f ms/step  (%.2fx float32)\n", policies[p], r1[p].ms,
+               r1[0].ms / r1[p].ms);
     }
     for (int p = 0; p < 3; p++) r8[p] = run(policies[p], 8192, 1, 0);
     printf("\npeak memory per category (MiB), library allocations only:\n");
@@ -107,18 +110,23 @@ int main(void)
 
     /* the peer, in the same run */
     double tf32 = 0, tbf16 = 0;
-    FILE *py = popen("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
-                     "/usr/bin/python3 bench/step_torch.py 2 2>/dev/null", "r");
+    FILE *py =
+        popen("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+              "/usr/bin/python3 bench/step_torch.py 2 2>/dev/null",
+              "r");
     if (py) {
         char line[256] = "";
-        if (fgets(line, sizeof line, py) && sscanf(line, "torch_f32_ms=%lf torch_bf16_ms=%lf", &tf32, &tbf16) == 2)
-            printf("\nPyTorch (python3-torch, 2 threads): float32 %.1f ms/step, bf16 autocast %.1f ms/step\n", tf32, tbf16);
+        if (fgets(line, sizeof line, py) &&
+            sscanf(line, "torch_f32_ms=%lf torch_bf16_ms=%lf", &tf32, &tbf16) == 2)
+            printf("\nPyTorch (python3-torch, 2 threads): float32 %.1f ms/step, bf16 autocast %.1f "
+                   "ms/step\n",
+                   tf32, tbf16);
         else
             printf("\nPyTorch: not available (apt-get install python3-torch to compare)\n");
         pclose(py);
     }
-    printf("\nsummary: bf16_step_ms=%.1f f32_step_ms=%.1f bf16_speedup_vs_f32=%.2f ", r1[1].ms, r1[0].ms,
-           r1[0].ms / r1[1].ms);
+    printf("\nsummary: bf16_step_ms=%.1f f32_step_ms=%.1f bf16_speedup_vs_f32=%.2f ", r1[1].ms,
+           r1[0].ms, r1[0].ms / r1[1].ms);
     if (tbf16 > 0)
         printf("bf16_vs_torch_bf16=%.2f f32_vs_torch_f32=%.2f ", tbf16 / r1[1].ms, tf32 / r1[0].ms);
     else

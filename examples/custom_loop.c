@@ -45,7 +45,8 @@ int main(int argc, char **argv)
         for (int64_t i = 0; i < batch; i++) {
             int32_t c = rand() % 10;
             labels[i] = c;
-            for (int j = 0; j < 784; j++) xv[i * 784 + j] = (float)rand() / RAND_MAX * 0.2f + 0.08f * (float)c;
+            for (int j = 0; j < 784; j++)
+                xv[i * 784 + j] = (float)rand() / RAND_MAX * 0.2f + 0.08f * (float)c;
         }
         const mp_tensor *probs;
         float loss;
@@ -59,7 +60,8 @@ int main(int argc, char **argv)
         if (mp_loss_scaler_get_unscaled_gradients(scaler, opt, &found_inf)) goto fail;
         if (mp_loss_scaler_apply_gradients(scaler, opt, &applied)) goto fail;
         if (step % 5 == 0 || !applied)
-            printf("%4d  %7.4f  %11.1f  %s\n", step, (double)loss, (double)scale, applied ? "yes" : "no (inf/NaN: skipped)");
+            printf("%4d  %7.4f  %11.1f  %s\n", step, (double)loss, (double)scale,
+                   applied ? "yes" : "no (inf/NaN: skipped)");
     }
     printf("final loss scale %.1f after %lld applied steps\n", (double)mp_loss_scaler_scale(scaler),
            (long long)mp_optimizer_step_count(opt));

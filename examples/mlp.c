@@ -36,7 +36,8 @@ int main(int argc, char **argv)
     const mp_tensor *probs;
     float loss;
     mp_loss_spec spec = {.kind = MP_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY, .labels = labels};
-    if (mp_model_forward(m, &in, true, &probs) || mp_model_loss_backward(m, &spec, 1.0f, false, &loss)) {
+    if (mp_model_forward(m, &in, true, &probs) ||
+        mp_model_loss_backward(m, &spec, 1.0f, false, &loss)) {
         fprintf(stderr, "mlp: %s\n", mp_last_error());
         return 1;
     }

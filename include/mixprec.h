@@ -53,16 +53,16 @@ mp_status mp_dtype_from_name(const char *name, mp_dtype *out);
 
 /* Facts of a format, as exact float32 values. */
 typedef struct {
-    int bits;               /* storage width */
-    int mantissa_bits;      /* explicit fraction bits */
+    int bits;          /* storage width */
+    int mantissa_bits; /* explicit fraction bits */
     int exponent_bits;
     int exponent_bias;
     bool has_inf;
-    float epsilon;          /* distance from 1 to the next larger value */
-    float max;              /* largest finite value */
-    float min_normal;       /* smallest positive normal */
-    float min_subnormal;    /* smallest positive subnormal */
-    float unit_roundoff;    /* epsilon / 2: relative error bound of RNE */
+    float epsilon;       /* distance from 1 to the next larger value */
+    float max;           /* largest finite value */
+    float min_normal;    /* smallest positive normal */
+    float min_subnormal; /* smallest positive subnormal */
+    float unit_roundoff; /* epsilon / 2: relative error bound of RNE */
 } mp_dtype_info;
 
 void mp_dtype_get_info(mp_dtype t, mp_dtype_info *info);
@@ -106,8 +106,7 @@ void mp_convert_ex(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_t
  * bits come from a counter-based generator keyed by (seed, element index),
  * so results do not depend on threads or chunking. Values beyond max, inf
  * and NaN are cast as by mp_convert. */
-void mp_convert_stochastic(void *dst, mp_dtype dst_type, const float *src, size_t n,
-                           uint64_t seed);
+void mp_convert_stochastic(void *dst, mp_dtype dst_type, const float *src, size_t n, uint64_t seed);
 /* As above for a slice that starts at element `offset` of a longer array:
  * the result equals that slice of the whole-array call. */
 void mp_convert_stochastic_at(void *dst, mp_dtype dst_type, const float *src, size_t n,
@@ -145,10 +144,10 @@ bool mp_isa_supported(mp_isa isa);
 /* ------------------------------------------------------- memory accounting */
 
 typedef enum {
-    MP_MEM_WEIGHTS = 0,      /* low-precision working copies of parameters */
-    MP_MEM_MASTER = 1,       /* float32 master weights */
+    MP_MEM_WEIGHTS = 0, /* low-precision working copies of parameters */
+    MP_MEM_MASTER = 1,  /* float32 master weights */
     MP_MEM_GRADS = 2,
-    MP_MEM_OPTIMIZER = 3,    /* optimizer state (moments) */
+    MP_MEM_OPTIMIZER = 3, /* optimizer state (moments) */
     MP_MEM_ACTIVATIONS = 4,
     MP_MEM_WORKSPACE = 5,
     MP_MEM_OTHER = 6,
@@ -204,8 +203,7 @@ typedef struct {
 mp_status mp_tensor_init(mp_tensor *t, mp_dtype dtype, int ndim, const int64_t *shape,
                          mp_mem_category cat);
 /* Wrap existing storage (not owned). */
-mp_status mp_tensor_wrap(mp_tensor *t, mp_dtype dtype, int ndim, const int64_t *shape,
-                         void *data);
+mp_status mp_tensor_wrap(mp_tensor *t, mp_dtype dtype, int ndim, const int64_t *shape, void *data);
 /* Allocate from an arena (not owned, freed by the arena's reset). */
 mp_status mp_tensor_from_arena(mp_tensor *t, mp_arena *a, mp_dtype dtype, int ndim,
                                const int64_t *shape);
@@ -228,13 +226,13 @@ void mp_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float 
 
 /* Activations. The GEMM epilogue fuses NONE..GELU_TANH; layers take all. */
 typedef enum {
-    MP_ACT_NONE = 0,      /* linear */
+    MP_ACT_NONE = 0, /* linear */
     MP_ACT_RELU = 1,
     MP_ACT_GELU = 2,      /* erf form */
     MP_ACT_GELU_TANH = 3, /* tanh approximation */
     MP_ACT_SIGMOID = 4,
     MP_ACT_TANH = 5,
-    MP_ACT_SOFTMAX = 6,   /* over the last axis, computed in float32 */
+    MP_ACT_SOFTMAX = 6, /* over the last axis, computed in float32 */
 } mp_activation;
 
 typedef struct {
@@ -251,8 +249,8 @@ typedef struct {
     void *c;
     mp_dtype c_type;
     int64_t ldc;
-    const float *bias;         /* per-column (length n) or NULL */
-    mp_activation activation;  /* applied after alpha*AB + beta*C + bias */
+    const float *bias;        /* per-column (length n) or NULL */
+    mp_activation activation; /* applied after alpha*AB + beta*C + bias */
 } mp_gemm_args;
 
 mp_gemm_args mp_gemm_args_default(void);

@@ -22,12 +22,18 @@ uint32_t test_rng_u32(test_rng *r);
 
 static inline uint32_t f32_bits(float x)
 {
-    union { float f; uint32_t u; } v = {.f = x};
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = x};
     return v.u;
 }
 static inline float bits_f32(uint32_t u)
 {
-    union { uint32_t u; float f; } v = {.u = u};
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = u};
     return v.f;
 }
 

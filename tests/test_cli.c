@@ -31,7 +31,8 @@ static int setup(void **state)
         fprintf(fp, "a,b,c,d,label\n");
         for (int i = 0; i < (f ? 60 : 200); i++) {
             int c = (int)(test_rng_u32(&r) % 2);
-            for (int j = 0; j < 4; j++) fprintf(fp, "%.4f,", (c ? 1.0 : -1.0) + test_rng_uniform(&r, -0.5, 0.5));
+            for (int j = 0; j < 4; j++)
+                fprintf(fp, "%.4f,", (c ? 1.0 : -1.0) + test_rng_uniform(&r, -0.5, 0.5));
             fprintf(fp, "%d\n", c);
         }
         fclose(fp);
@@ -73,9 +74,11 @@ static const char *output(void)
 static void test_train_save_evaluate_predict(void **state)
 {
     (void)state;
-    assert_int_equal(run("train --data %s/train.csv --test-data %s/test.csv --hidden 16 --epochs 5 --batch-size 32 "
-                         "--policy mixed_bfloat16 --lr 0.01 --save %s/m.safetensors --log %s/h.csv --quiet"),
-                     0);
+    assert_int_equal(
+        run("train --data %s/train.csv --test-data %s/test.csv --hidden 16 --epochs 5 --batch-size "
+            "32 "
+            "--policy mixed_bfloat16 --lr 0.01 --save %s/m.safetensors --log %s/h.csv --quiet"),
+        0);
     const char *o = output();
     assert_non_null(strstr(o, "test: loss"));
     assert_non_null(strstr(o, "policy mixed_bfloat16"));
@@ -100,9 +103,13 @@ static void test_train_save_evaluate_predict(void **state)
     fclose(f);
     assert_int_equal(lines, 6); /* header + 5 epochs */
     /* continue from the saved weights, in another policy */
-    assert_int_equal(run("train --data %s/train.csv --hidden 16 --epochs 1 --init-from %s/m.safetensors --policy float32 --quiet"), 0);
+    assert_int_equal(run("train --data %s/train.csv --hidden 16 --epochs 1 --init-from "
+                         "%s/m.safetensors --policy float32 --quiet"),
+                     0);
     /* a file from another architecture: refused with the reason */
-    assert_int_equal(run("train --data %s/train.csv --hidden 8 --epochs 1 --init-from %s/m.safetensors --quiet"), 1);
+    assert_int_equal(
+        run("train --data %s/train.csv --hidden 8 --epochs 1 --init-from %s/m.safetensors --quiet"),
+        1);
     assert_non_null(strstr(output(), "dense.kernel"));
 }
 

@@ -67,8 +67,8 @@ static unsigned char *read_raw(const char *path, size_t *len)
 static void expect_error(mp_status got, mp_status want, const char *substr)
 {
     if (got != want)
-        fail_msg("status %s, expected %s (message: %s)", mp_status_name(got),
-                 mp_status_name(want), mp_last_error());
+        fail_msg("status %s, expected %s (message: %s)", mp_status_name(got), mp_status_name(want),
+                 mp_last_error());
     if (!strstr(mp_last_error(), substr))
         fail_msg("message '%s' lacks '%s'", mp_last_error(), substr);
 }
@@ -143,7 +143,8 @@ static void test_idx_valid_plain_and_gzip(void **state)
         const float *x = mp_dataset_features(ds);
         for (int i = 0; i < N * R * C; i++) assert_true(x[i] == (float)px[i] / 255.0f);
         assert_true(x[0] == 0.0f && x[1] == 1.0f);
-        assert_memory_equal(mp_dataset_labels(ds), ((int32_t[]){0, 3, 1, 3, 2}), sizeof(int32_t) * N);
+        assert_memory_equal(mp_dataset_labels(ds), ((int32_t[]){0, 3, 1, 3, 2}),
+                            sizeof(int32_t) * N);
         mp_dataset_free(ds);
     }
     free(px);
@@ -403,8 +404,7 @@ static mp_dataset *csv_ok(const char *name, const char *text, const mp_csv_optio
     return ds;
 }
 
-static void csv_bad(const char *text, const mp_csv_options *o, mp_status want,
-                    const char *substr)
+static void csv_bad(const char *text, const mp_csv_options *o, mp_status want, const char *substr)
 {
     const char *p = write_file("bad.csv", text, strlen(text), false);
     mp_dataset *ds = (mp_dataset *)1;
@@ -417,8 +417,8 @@ static void test_csv_valid(void **state)
 {
     (void)state;
     /* header detected, CRLF, blanks, quotes, trailing blank lines */
-    mp_dataset *ds = csv_ok("h.csv", "x1, \"x,2\" ,label\r\n1, 2.5 ,0\r\n\n-3e-1,\"4\",2\r\n\r\n\n",
-                            NULL);
+    mp_dataset *ds =
+        csv_ok("h.csv", "x1, \"x,2\" ,label\r\n1, 2.5 ,0\r\n\n-3e-1,\"4\",2\r\n\r\n\n", NULL);
     assert_int_equal(mp_dataset_count(ds), 2);
     assert_int_equal(mp_dataset_dim(ds), 2);
     assert_int_equal(mp_dataset_classes(ds), 3);
@@ -465,7 +465,8 @@ static void test_csv_valid(void **state)
 static void test_csv_invalid(void **state)
 {
     (void)state;
-    csv_bad("a,b,c\n1,2,0\n1,x7,1\n", NULL, MP_ERR_FORMAT, "line 3, column 2: 'x7' is not a number");
+    csv_bad("a,b,c\n1,2,0\n1,x7,1\n", NULL, MP_ERR_FORMAT,
+            "line 3, column 2: 'x7' is not a number");
     csv_bad("1,2,0\n\n1,2\n", NULL, MP_ERR_FORMAT, "line 3 has 2 fields, expected 3");
     csv_bad("1,2,0\n1,2,3,4\n", NULL, MP_ERR_FORMAT, "line 2 has 4 fields, expected 3");
     csv_bad("1,2,0\n1,nan,1\n", NULL, MP_ERR_FORMAT, "line 2, column 2: NaN feature value");
@@ -546,9 +547,9 @@ static void test_validation_split(void **state)
         int64_t n;
         double f;
         int64_t train;
-    } cases[] = {{10, 0.3, 7},      {100, 0.1, 90},   {100, 0.29, 71},  {1000, 0.07, 929},
-                 {60000, 0.2, 48000}, {7, 0.5, 3},    {3, 0.1, 2},      {49, 0.7, 14},
-                 {37, 0.33, 24},    {29, 0.9, 2},     {10, 0.45, 5},    {1000, 0.001, 999}};
+    } cases[] = {{10, 0.3, 7},        {100, 0.1, 90}, {100, 0.29, 71}, {1000, 0.07, 929},
+                 {60000, 0.2, 48000}, {7, 0.5, 3},    {3, 0.1, 2},     {49, 0.7, 14},
+                 {37, 0.33, 24},      {29, 0.9, 2},   {10, 0.45, 5},   {1000, 0.001, 999}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         mp_dataset *ds = ramp(cases[c].n, 3), *tr, *va;
         assert_int_equal(mp_dataset_split(ds, cases[c].f, &tr, &va), MP_OK);
@@ -596,8 +597,10 @@ static bool is_permutation(const int64_t *o, int64_t n)
     char *seen = calloc((size_t)n, 1);
     bool ok = true;
     for (int64_t i = 0; i < n && ok; i++) {
-        if (o[i] < 0 || o[i] >= n || seen[o[i]]) ok = false;
-        else seen[o[i]] = 1;
+        if (o[i] < 0 || o[i] >= n || seen[o[i]])
+            ok = false;
+        else
+            seen[o[i]] = 1;
     }
     free(seen);
     return ok;

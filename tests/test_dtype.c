@@ -16,22 +16,22 @@ static void test_bf16_edges(void **state)
 {
     (void)state;
     assert_int_equal(mp_f32_to_bf16(1.0f), 0x3F80);
-    assert_int_equal(mp_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);        /* tie -> even (down) */
-    assert_int_equal(mp_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);    /* tie -> even (up) */
+    assert_int_equal(mp_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);            /* tie -> even (down) */
+    assert_int_equal(mp_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);        /* tie -> even (up) */
     assert_int_equal(mp_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81); /* above tie */
     assert_int_equal(mp_f32_to_bf16(-0.0f), 0x8000);
     assert_int_equal(mp_f32_to_bf16(INFINITY), 0x7F80);
     assert_int_equal(mp_f32_to_bf16(-INFINITY), 0xFF80);
-    assert_int_equal(mp_f32_to_bf16(FLT_MAX), 0x7F80);               /* rounds past max */
+    assert_int_equal(mp_f32_to_bf16(FLT_MAX), 0x7F80); /* rounds past max */
     assert_int_equal(mp_f32_to_bf16(0x1.FEp127f), 0x7F7F);
-    assert_int_equal(mp_f32_to_bf16(bits_f32(0x7F7F7FFF)), 0x7F7F);  /* just below the tie */
-    assert_int_equal(mp_f32_to_bf16(bits_f32(0x7F7F8000)), 0x7F80);  /* tie -> even = inf */
+    assert_int_equal(mp_f32_to_bf16(bits_f32(0x7F7F7FFF)), 0x7F7F); /* just below the tie */
+    assert_int_equal(mp_f32_to_bf16(bits_f32(0x7F7F8000)), 0x7F80); /* tie -> even = inf */
     /* subnormals are kept, not flushed */
     assert_int_equal(mp_f32_to_bf16(bits_f32(0x00010000)), 0x0001);
-    assert_int_equal(mp_f32_to_bf16(bits_f32(0x00008000)), 0x0000);  /* tie -> even */
-    assert_int_equal(mp_f32_to_bf16(bits_f32(0x00018000)), 0x0002);  /* tie -> even */
+    assert_int_equal(mp_f32_to_bf16(bits_f32(0x00008000)), 0x0000); /* tie -> even */
+    assert_int_equal(mp_f32_to_bf16(bits_f32(0x00018000)), 0x0002); /* tie -> even */
     assert_int_equal(mp_f32_to_bf16(bits_f32(0x00008001)), 0x0001);
-    assert_int_equal(mp_f32_to_bf16(bits_f32(0x007FFFFF)), 0x0080);  /* to min normal */
+    assert_int_equal(mp_f32_to_bf16(bits_f32(0x007FFFFF)), 0x0080); /* to min normal */
     assert_int_equal(mp_f32_to_bf16(bits_f32(0x80000001)), 0x8000);
     /* NaN: quiet, same sign, top payload bits kept */
     assert_int_equal(mp_f32_to_bf16(bits_f32(0x7F800001)), 0x7FC0); /* sNaN, low payload */
@@ -44,27 +44,28 @@ static void test_f16_edges(void **state)
 {
     (void)state;
     assert_int_equal(mp_f32_to_f16(1.0f), 0x3C00);
-    assert_int_equal(mp_f32_to_f16(1.0f + 0x1p-11f), 0x3C00);       /* tie -> even */
+    assert_int_equal(mp_f32_to_f16(1.0f + 0x1p-11f), 0x3C00); /* tie -> even */
     assert_int_equal(mp_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);
     assert_int_equal(mp_f32_to_f16(65504.0f), 0x7BFF);
     assert_int_equal(mp_f32_to_f16(65519.0f), 0x7BFF);
-    assert_int_equal(mp_f32_to_f16(65520.0f), 0x7C00);                /* tie -> even = inf */
+    assert_int_equal(mp_f32_to_f16(65520.0f), 0x7C00); /* tie -> even = inf */
     assert_int_equal(mp_f32_to_f16(-65520.0f), 0xFC00);
     assert_int_equal(mp_f32_to_f16(1e10f), 0x7C00);
-    assert_int_equal(mp_f32_to_f16(0x1p-24f), 0x0001);               /* min subnormal */
-    assert_int_equal(mp_f32_to_f16(0x1p-25f), 0x0000);               /* tie -> even = 0 */
+    assert_int_equal(mp_f32_to_f16(0x1p-24f), 0x0001); /* min subnormal */
+    assert_int_equal(mp_f32_to_f16(0x1p-25f), 0x0000); /* tie -> even = 0 */
     assert_int_equal(mp_f32_to_f16(-0x1p-25f), 0x8000);
     assert_int_equal(mp_f32_to_f16(0x1.8p-25f), 0x0001);
-    assert_int_equal(mp_f32_to_f16(0x1.8p-24f), 0x0002);             /* tie -> even */
-    assert_int_equal(mp_f32_to_f16(0x1p-14f), 0x0400);               /* min normal */
-    assert_int_equal(mp_f32_to_f16(0x1p-14f - 0x1p-25f), 0x0400);    /* tie -> even: up */
-    assert_int_equal(mp_f32_to_f16(0x1.ff8p-15f), 0x03FF);           /* max subnormal */
-    assert_int_equal(mp_f32_to_f16(0x1.ff4p-15f), 0x03FE);           /* 1022.5 ulp: tie -> even */
-    assert_int_equal(mp_f32_to_f16(0x1.ffcp-15f), 0x0400);           /* 1023.5 ulp: tie -> even = min normal */
+    assert_int_equal(mp_f32_to_f16(0x1.8p-24f), 0x0002);          /* tie -> even */
+    assert_int_equal(mp_f32_to_f16(0x1p-14f), 0x0400);            /* min normal */
+    assert_int_equal(mp_f32_to_f16(0x1p-14f - 0x1p-25f), 0x0400); /* tie -> even: up */
+    assert_int_equal(mp_f32_to_f16(0x1.ff8p-15f), 0x03FF);        /* max subnormal */
+    assert_int_equal(mp_f32_to_f16(0x1.ff4p-15f), 0x03FE);        /* 1022.5 ulp: tie -> even */
+    assert_int_equal(mp_f32_to_f16(0x1.ffcp-15f),
+                     0x0400); /* 1023.5 ulp: tie -> even = min normal */
     assert_int_equal(mp_f32_to_f16(-0.0f), 0x8000);
     assert_int_equal(mp_f32_to_f16(INFINITY), 0x7C00);
-    assert_int_equal(mp_f32_to_f16(bits_f32(0x7F800001)), 0x7E00);   /* sNaN -> qNaN */
-    assert_int_equal(mp_f32_to_f16(bits_f32(0xFFC02000)), 0xFE01);   /* sign + payload */
+    assert_int_equal(mp_f32_to_f16(bits_f32(0x7F800001)), 0x7E00); /* sNaN -> qNaN */
+    assert_int_equal(mp_f32_to_f16(bits_f32(0xFFC02000)), 0xFE01); /* sign + payload */
     assert_int_equal(mp_f32_to_f16(FLT_MIN), 0x0000);
 }
 
@@ -73,8 +74,8 @@ static void test_fp8_edges(void **state)
     (void)state;
     /* E4M3 */
     assert_int_equal(mp_f32_to_e4m3(448.0f), 0x7E);
-    assert_int_equal(mp_f32_to_e4m3(464.0f), 0x7E);  /* tie between 448 and (NaN-slot) 480 */
-    assert_int_equal(mp_f32_to_e4m3(500.0f), 0x7E);  /* saturates */
+    assert_int_equal(mp_f32_to_e4m3(464.0f), 0x7E); /* tie between 448 and (NaN-slot) 480 */
+    assert_int_equal(mp_f32_to_e4m3(500.0f), 0x7E); /* saturates */
     assert_int_equal(mp_f32_to_e4m3(-1e30f), 0xFE);
     assert_int_equal(mp_f32_to_e4m3(INFINITY), 0x7F); /* no inf in E4M3: NaN, never hidden */
     assert_int_equal(mp_f32_to_e4m3(-INFINITY), 0xFF);
@@ -86,18 +87,18 @@ static void test_fp8_edges(void **state)
     assert_int_equal(mp_f32_to_e4m3(0x1p-9f), 0x01);  /* min subnormal */
     assert_int_equal(mp_f32_to_e4m3(0x1p-10f), 0x00); /* tie -> even */
     assert_int_equal(mp_f32_to_e4m3(0x1.8p-10f), 0x01);
-    assert_int_equal(mp_f32_to_e4m3(0x1.8p-9f), 0x02); /* tie -> even */
-    assert_int_equal(mp_f32_to_e4m3(7 * 0x1p-9f), 0x07);   /* max subnormal */
+    assert_int_equal(mp_f32_to_e4m3(0x1.8p-9f), 0x02);      /* tie -> even */
+    assert_int_equal(mp_f32_to_e4m3(7 * 0x1p-9f), 0x07);    /* max subnormal */
     assert_int_equal(mp_f32_to_e4m3(7.5f * 0x1p-9f), 0x08); /* tie -> even: min normal */
     assert_int_equal(mp_f32_to_e4m3(0x1p-6f), 0x08);
     assert_int_equal(mp_f32_to_e4m3(1.0f), 0x38);
-    assert_int_equal(mp_f32_to_e4m3(1.0625f), 0x38);  /* tie -> even */
-    assert_int_equal(mp_f32_to_e4m3(1.1875f), 0x3A);  /* tie -> even (up) */
+    assert_int_equal(mp_f32_to_e4m3(1.0625f), 0x38); /* tie -> even */
+    assert_int_equal(mp_f32_to_e4m3(1.1875f), 0x3A); /* tie -> even (up) */
     assert_int_equal(mp_f32_to_e4m3(-0.0f), 0x80);
     /* E5M2 */
     assert_int_equal(mp_f32_to_e5m2(57344.0f), 0x7B);
     assert_int_equal(mp_f32_to_e5m2(61440.0f), 0x7B); /* saturates */
-    assert_int_equal(mp_f32_to_e5m2(INFINITY), 0x7C);  /* inf stays inf */
+    assert_int_equal(mp_f32_to_e5m2(INFINITY), 0x7C); /* inf stays inf */
     assert_int_equal(mp_f32_to_e5m2(-INFINITY), 0xFC);
     assert_int_equal(mp_f32_to_e5m2_ex(61439.0f, MP_OVERFLOW_NONSAT), 0x7B);
     assert_int_equal(mp_f32_to_e5m2_ex(61440.0f, MP_OVERFLOW_NONSAT), 0x7C); /* tie -> even: inf */
@@ -105,8 +106,8 @@ static void test_fp8_edges(void **state)
     assert_int_equal(mp_f32_to_e5m2(0x1p-16f), 0x01);
     assert_int_equal(mp_f32_to_e5m2(0x1p-17f), 0x00);
     assert_int_equal(mp_f32_to_e5m2(1.0f), 0x3C);
-    assert_int_equal(mp_f32_to_e5m2(1.125f), 0x3C);   /* tie -> even */
-    assert_int_equal(mp_f32_to_e5m2(1.375f), 0x3E);   /* tie -> even (up) */
+    assert_int_equal(mp_f32_to_e5m2(1.125f), 0x3C); /* tie -> even */
+    assert_int_equal(mp_f32_to_e5m2(1.375f), 0x3E); /* tie -> even (up) */
     uint8_t nan = mp_f32_to_e5m2(-NAN);
     assert_true((nan & 0x7C) == 0x7C && (nan & 3) && (nan & 0x80));
 }
@@ -172,10 +173,19 @@ static float *sample_inputs(void)
     test_rng r = {12345};
     for (uint32_t i = 0; i < SAMPLE; i++) {
         switch (i % 4) {
-        case 0: x[i] = bits_f32(test_rng_u32(&r)); break; /* any pattern */
-        case 1: x[i] = (float)test_rng_uniform(&r, -600, 600); break; /* fp8 range */
-        case 2: x[i] = ldexpf((float)test_rng_uniform(&r, -2, 2), (int)(test_rng_u32(&r) % 60) - 40); break;
-        default: x[i] = bits_f32((test_rng_u32(&r) & 0x807FFFFFu) | (test_rng_u32(&r) % 2 ? 0 : 0x00800000)); break; /* subnormal / near */
+        case 0:
+            x[i] = bits_f32(test_rng_u32(&r));
+            break; /* any pattern */
+        case 1:
+            x[i] = (float)test_rng_uniform(&r, -600, 600);
+            break; /* fp8 range */
+        case 2:
+            x[i] = ldexpf((float)test_rng_uniform(&r, -2, 2), (int)(test_rng_u32(&r) % 60) - 40);
+            break;
+        default:
+            x[i] = bits_f32((test_rng_u32(&r) & 0x807FFFFFu) |
+                            (test_rng_u32(&r) % 2 ? 0 : 0x00800000));
+            break; /* subnormal / near */
         }
     }
     return x;
@@ -184,7 +194,10 @@ static float *sample_inputs(void)
 static void check_against_reference(const float *x, size_t n, const void *out, mp_dtype t,
                                     mp_overflow ov)
 {
-    const ref_format *f = t == MP_F16 ? &REF_F16 : t == MP_BF16 ? &REF_BF16 : t == MP_F8E4M3 ? &REF_E4M3 : &REF_E5M2;
+    const ref_format *f = t == MP_F16      ? &REF_F16
+                          : t == MP_BF16   ? &REF_BF16
+                          : t == MP_F8E4M3 ? &REF_E4M3
+                                           : &REF_E5M2;
     int ovf = REF_OVF_INF, inf = REF_OVF_INF;
     if (t == MP_F8E4M3) {
         ovf = ov == MP_OVERFLOW_SATURATE ? REF_OVF_SATURATE : REF_OVF_NAN;
@@ -193,7 +206,8 @@ static void check_against_reference(const float *x, size_t n, const void *out, m
         ovf = ov == MP_OVERFLOW_SATURATE ? REF_OVF_SATURATE : REF_OVF_INF;
     }
     for (size_t i = 0; i < n; i++) {
-        uint32_t bits = mp_dtype_size(t) == 2 ? ((const uint16_t *)out)[i] : ((const uint8_t *)out)[i];
+        uint32_t bits =
+            mp_dtype_size(t) == 2 ? ((const uint16_t *)out)[i] : ((const uint8_t *)out)[i];
         double want = ref_cast(f, x[i], ovf, inf);
         if (!ref_matches(f, bits, want, x[i]))
             fail_msg("%s: input %a (0x%08x) gave 0x%x, reference %a", mp_dtype_name(t),
@@ -227,7 +241,8 @@ static void test_sample_all_paths(void **state)
         /* decode back through every path */
         float *dec_ref = malloc(SAMPLE * sizeof(float)), *dec = malloc(SAMPLE * sizeof(float));
         mp_convert_isa(MP_ISA_SCALAR, ref, targets[t], x, MP_F32, SAMPLE, MP_OVERFLOW_SATURATE);
-        mp_convert_isa(MP_ISA_SCALAR, dec_ref, MP_F32, ref, targets[t], SAMPLE, MP_OVERFLOW_SATURATE);
+        mp_convert_isa(MP_ISA_SCALAR, dec_ref, MP_F32, ref, targets[t], SAMPLE,
+                       MP_OVERFLOW_SATURATE);
         for (int k = 0; k < nisa; k++) {
             mp_convert_isa(isas[k], dec, MP_F32, ref, targets[t], SAMPLE - 7, MP_OVERFLOW_SATURATE);
             assert_memory_equal(dec, dec_ref, (SAMPLE - 7) * sizeof(float));
@@ -259,10 +274,12 @@ static void test_streaming_paths(void **state)
         for (size_t off = 0; off < 3; off++) {
             mp_convert_isa(MP_ISA_SCALAR, ref, targets[t], x, MP_F32, n, MP_OVERFLOW_SATURATE);
             for (int k = 0; k < nisa; k++) {
-                mp_convert_isa(isas[k], got + off * es, targets[t], x, MP_F32, n, MP_OVERFLOW_SATURATE);
+                mp_convert_isa(isas[k], got + off * es, targets[t], x, MP_F32, n,
+                               MP_OVERFLOW_SATURATE);
                 assert_memory_equal(got + off * es, ref, n * es);
                 mp_convert_isa(isas[k], y + off, MP_F32, ref, targets[t], n, MP_OVERFLOW_SATURATE);
-                mp_convert_isa(MP_ISA_SCALAR, (float *)got, MP_F32, ref, targets[t], n, MP_OVERFLOW_SATURATE);
+                mp_convert_isa(MP_ISA_SCALAR, (float *)got, MP_F32, ref, targets[t], n,
+                               MP_OVERFLOW_SATURATE);
                 assert_memory_equal(y + off, got, n * sizeof(float));
             }
         }
@@ -282,7 +299,8 @@ static void test_convert_any_pair(void **state)
     static float x[N], mid[N];
     static uint8_t a[N * 4], b[N * 4], c[N * 4];
     test_rng r = {99};
-    for (int i = 0; i < N; i++) x[i] = (float)test_rng_uniform(&r, -70000, 70000) * (i % 3 ? 1e-3f : 1.0f);
+    for (int i = 0; i < N; i++)
+        x[i] = (float)test_rng_uniform(&r, -70000, 70000) * (i % 3 ? 1e-3f : 1.0f);
     mp_isa isas[MP_ISA_COUNT];
     int nisa = test_isas(isas);
     for (int s = 0; s < MP_DTYPE_COUNT; s++)
@@ -338,7 +356,8 @@ static void test_isa_selection(void **state)
     assert_int_equal(mp_isa_active(), MP_ISA_SCALAR);
     assert_int_equal(mp_isa_set((mp_isa)7), MP_ERR_INVALID);
     for (int i = 0; i < MP_ISA_COUNT; i++)
-        if (!mp_isa_supported((mp_isa)i)) assert_int_equal(mp_isa_set((mp_isa)i), MP_ERR_UNSUPPORTED);
+        if (!mp_isa_supported((mp_isa)i))
+            assert_int_equal(mp_isa_set((mp_isa)i), MP_ERR_UNSUPPORTED);
     assert_int_equal(mp_isa_set(before), MP_OK);
 }
 
@@ -348,8 +367,8 @@ int main(void)
         cmocka_unit_test(test_bf16_edges),       cmocka_unit_test(test_f16_edges),
         cmocka_unit_test(test_fp8_edges),        cmocka_unit_test(test_decode_all_8bit),
         cmocka_unit_test(test_decode_all_16bit), cmocka_unit_test(test_sample_all_paths),
-        cmocka_unit_test(test_convert_any_pair), cmocka_unit_test(test_streaming_paths), cmocka_unit_test(test_facts_and_names),
-        cmocka_unit_test(test_isa_selection),
+        cmocka_unit_test(test_convert_any_pair), cmocka_unit_test(test_streaming_paths),
+        cmocka_unit_test(test_facts_and_names),  cmocka_unit_test(test_isa_selection),
     };
     return cmocka_run_group_tests_name("dtype", tests, NULL, NULL);
 }

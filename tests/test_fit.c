@@ -105,8 +105,9 @@ static void test_validation_split(void **state)
     assert_true(h.epochs[1].has_validation);
     assert_int_equal(h.epochs[0].steps, 5); /* 75 training samples in batches of 16 */
     mp_dataset *last;
-    assert_int_equal(mp_dataset_from_arrays(mp_dataset_features(all) + 75 * 8, mp_dataset_labels(all) + 75,
-                                            25, 8, 3, &last), MP_OK);
+    assert_int_equal(mp_dataset_from_arrays(mp_dataset_features(all) + 75 * 8,
+                                            mp_dataset_labels(all) + 75, 25, 8, 3, &last),
+                     MP_OK);
     double loss, acc;
     assert_int_equal(mp_model_evaluate(m, last, 16, &loss, &acc), MP_OK);
     assert_true(loss == h.epochs[1].val_loss);
@@ -156,7 +157,9 @@ static void test_early_stopping_max_steps_and_csv(void **state)
     char line[512];
     int lines = 0;
     assert_non_null(fgets(line, sizeof line, f));
-    assert_non_null(strstr(line, "epoch,loss,accuracy,val_loss,val_accuracy,seconds,ms_per_step,loss_scale,skipped_steps"));
+    assert_non_null(strstr(
+        line,
+        "epoch,loss,accuracy,val_loss,val_accuracy,seconds,ms_per_step,loss_scale,skipped_steps"));
     while (fgets(line, sizeof line, f)) lines++;
     fclose(f);
     assert_int_equal(lines, 3);

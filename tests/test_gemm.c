@@ -17,7 +17,7 @@ typedef struct {
     int64_t m, n, k;
     mp_dtype at, bt, ct;
     float alpha, beta;
-    int pad;  /* extra elements per row of A, B and C */
+    int pad; /* extra elements per row of A, B and C */
     bool bias;
     mp_activation act;
     bool nan_c; /* C holds NaN on entry (only meaningful with beta == 0) */
@@ -63,11 +63,14 @@ static double gamma_n(double n)
 static double act_ref(mp_activation a, double x)
 {
     switch (a) {
-    case MP_ACT_RELU: return x > 0 ? x : 0;
-    case MP_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case MP_ACT_RELU:
+        return x > 0 ? x : 0;
+    case MP_ACT_GELU:
+        return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
     case MP_ACT_GELU_TANH:
         return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-    default: return x;
+    default:
+        return x;
     }
 }
 
@@ -205,8 +208,12 @@ static void types_body(test_rng *r)
         for (int bi = 0; bi < 5; bi++)
             for (int tr = 0; tr < 4; tr++)
                 for (int s = 0; s < 3; s++, t++) {
-                    gemm_case gc = {.ta = tr & 1, .tb = tr >> 1, .at = in_types[ai],
-                                    .bt = in_types[bi], .ct = MP_F32, .alpha = 1.0f,
+                    gemm_case gc = {.ta = tr & 1,
+                                    .tb = tr >> 1,
+                                    .at = in_types[ai],
+                                    .bt = in_types[bi],
+                                    .ct = MP_F32,
+                                    .alpha = 1.0f,
                                     .beta = 0.0f};
                     gc.m = sizes[(t * 5 + 1) % NSIZES];
                     gc.n = sizes[(t * 7 + 4) % NSIZES];
@@ -231,10 +238,17 @@ static void cross_body(test_rng *r)
         for (int mi = 0; mi < NSIZES; mi++)
             for (int ni = 0; ni < NSIZES; ni++)
                 for (int ki = 0; ki < 8; ki++, t++) {
-                    gemm_case gc = {.ta = t & 1, .tb = (t >> 1) & 1, .m = sizes[mi],
-                                    .n = sizes[ni], .k = ks[ki], .at = pairs[p][0],
-                                    .bt = pairs[p][1], .ct = MP_F32, .alpha = 1.0f,
-                                    .beta = 0.0f, .pad = t % 2};
+                    gemm_case gc = {.ta = t & 1,
+                                    .tb = (t >> 1) & 1,
+                                    .m = sizes[mi],
+                                    .n = sizes[ni],
+                                    .k = ks[ki],
+                                    .at = pairs[p][0],
+                                    .bt = pairs[p][1],
+                                    .ct = MP_F32,
+                                    .alpha = 1.0f,
+                                    .beta = 0.0f,
+                                    .pad = t % 2};
                     if (gc.m * gc.n * gc.k > 100000) continue;
                     run_case(&gc, r);
                 }
@@ -252,17 +266,34 @@ static void large_body(test_rng *r)
         {MP_F32, MP_F32}, {MP_BF16, MP_BF16}, {MP_F8E4M3, MP_F16}, {MP_F8E5M2, MP_BF16}};
     for (int p = 0; p < 4; p++) {
         int tr = p;
-        gemm_case gc = {.ta = tr & 1, .tb = tr >> 1, .m = 300, .n = 520, .k = 700,
-                        .at = pairs[p][0], .bt = pairs[p][1], .ct = MP_F32, .alpha = 0.5f,
-                        .beta = -1.25f, .pad = 5};
+        gemm_case gc = {.ta = tr & 1,
+                        .tb = tr >> 1,
+                        .m = 300,
+                        .n = 520,
+                        .k = 700,
+                        .at = pairs[p][0],
+                        .bt = pairs[p][1],
+                        .ct = MP_F32,
+                        .alpha = 0.5f,
+                        .beta = -1.25f,
+                        .pad = 5};
         if (mp_isa_active() == MP_ISA_SCALAR) gc.k = 300;
         run_case(&gc, r);
     }
     /* A thin C is computed as C^T; with several depth blocks and a full
      * epilogue written through the transposed path. */
-    gemm_case thin = {.m = 700, .n = 10, .k = 600, .at = MP_BF16, .bt = MP_BF16,
-                      .ct = MP_BF16, .alpha = 0.5f, .beta = 0.5f, .pad = 3, .bias = true,
-                      .act = MP_ACT_GELU, .ta = true};
+    gemm_case thin = {.m = 700,
+                      .n = 10,
+                      .k = 600,
+                      .at = MP_BF16,
+                      .bt = MP_BF16,
+                      .ct = MP_BF16,
+                      .alpha = 0.5f,
+                      .beta = 0.5f,
+                      .pad = 3,
+                      .bias = true,
+                      .act = MP_ACT_GELU,
+                      .ta = true};
     if (mp_isa_active() != MP_ISA_SCALAR) {
         run_case(&thin, r);
         thin.at = thin.bt = MP_F32;
@@ -271,8 +302,15 @@ static void large_body(test_rng *r)
         thin.tb = true;
         run_case(&thin, r);
     }
-    gemm_case gc = {.m = 1030, .n = 100, .k = 1100, .at = MP_BF16, .bt = MP_F8E4M3,
-                    .ct = MP_BF16, .alpha = 1.0f, .beta = 0.0f, .tb = true};
+    gemm_case gc = {.m = 1030,
+                    .n = 100,
+                    .k = 1100,
+                    .at = MP_BF16,
+                    .bt = MP_F8E4M3,
+                    .ct = MP_BF16,
+                    .alpha = 1.0f,
+                    .beta = 0.0f,
+                    .tb = true};
     if (mp_isa_active() != MP_ISA_SCALAR) run_case(&gc, r);
 }
 static void test_large(void **state)
@@ -291,10 +329,17 @@ static void epilogue_body(test_rng *r)
         for (int ii = 0; ii < 3; ii++)
             for (int act = 0; act < 4; act++)
                 for (int v = 0; v < 3; v++, t++) {
-                    gemm_case gc = {.ta = t & 1, .tb = (t >> 1) & 1, .m = sizes[3 + t % 9],
-                                    .n = sizes[2 + (t * 5) % 10], .k = sizes[(t * 3) % NSIZES],
-                                    .at = ins[ii][0], .bt = ins[ii][1], .ct = cts[ci],
-                                    .pad = 2, .act = (mp_activation)act, .bias = v != 1};
+                    gemm_case gc = {.ta = t & 1,
+                                    .tb = (t >> 1) & 1,
+                                    .m = sizes[3 + t % 9],
+                                    .n = sizes[2 + (t * 5) % 10],
+                                    .k = sizes[(t * 3) % NSIZES],
+                                    .at = ins[ii][0],
+                                    .bt = ins[ii][1],
+                                    .ct = cts[ci],
+                                    .pad = 2,
+                                    .act = (mp_activation)act,
+                                    .bias = v != 1};
                     if (v == 0) {
                         gc.alpha = 1.0f;
                         gc.beta = 0.0f;
@@ -309,8 +354,17 @@ static void epilogue_body(test_rng *r)
                     run_case(&gc, r);
                 }
     /* k == 0: C = beta * C (+ epilogue). */
-    gemm_case z = {.m = 17, .n = 33, .k = 0, .at = MP_F32, .bt = MP_BF16, .ct = MP_F32,
-                   .alpha = 1.0f, .beta = 0.5f, .pad = 1, .bias = true, .act = MP_ACT_RELU};
+    gemm_case z = {.m = 17,
+                   .n = 33,
+                   .k = 0,
+                   .at = MP_F32,
+                   .bt = MP_BF16,
+                   .ct = MP_F32,
+                   .alpha = 1.0f,
+                   .beta = 0.5f,
+                   .pad = 1,
+                   .bias = true,
+                   .act = MP_ACT_RELU};
     run_case(&z, r);
 }
 static void test_epilogue(void **state)
@@ -448,9 +502,9 @@ static void test_invalid_args(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invalid_args),   cmocka_unit_test(test_alpha_zero),
+        cmocka_unit_test(test_invalid_args),      cmocka_unit_test(test_alpha_zero),
         cmocka_unit_test(test_type_combinations), cmocka_unit_test(test_size_cross),
-        cmocka_unit_test(test_epilogue),       cmocka_unit_test(test_large),
+        cmocka_unit_test(test_epilogue),          cmocka_unit_test(test_large),
         cmocka_unit_test(test_determinism),
     };
     return cmocka_run_group_tests_name("gemm", tests, NULL, NULL);

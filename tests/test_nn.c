@@ -22,7 +22,8 @@ static void fill_uniform(mp_tensor *t, test_rng *r, double lo, double hi)
 static double to_double(const mp_tensor *t, int64_t i)
 {
     float v;
-    mp_convert(&v, MP_F32, (const char *)t->data + (size_t)i * mp_dtype_size(t->dtype), t->dtype, 1);
+    mp_convert(&v, MP_F32, (const char *)t->data + (size_t)i * mp_dtype_size(t->dtype), t->dtype,
+               1);
     return v;
 }
 
@@ -71,14 +72,19 @@ static void fd_check(mp_model *m, const mp_tensor *x, const mp_tensor *r, uint64
             analytic += (double)p->grad[j] * ((double)plus[i][j] - minus[i][j]);
         }
     }
-    for (int i = 0; i < np; i++) memcpy(mp_model_get_param(m, i)->master, plus[i], mp_model_get_param(m, i)->n * sizeof(float));
+    for (int i = 0; i < np; i++)
+        memcpy(mp_model_get_param(m, i)->master, plus[i],
+               mp_model_get_param(m, i)->n * sizeof(float));
     mp_model_mark_masters_changed(m);
     double lp = weighted_output(m, x, r);
-    for (int i = 0; i < np; i++) memcpy(mp_model_get_param(m, i)->master, minus[i], mp_model_get_param(m, i)->n * sizeof(float));
+    for (int i = 0; i < np; i++)
+        memcpy(mp_model_get_param(m, i)->master, minus[i],
+               mp_model_get_param(m, i)->n * sizeof(float));
     mp_model_mark_masters_changed(m);
     double lm = weighted_output(m, x, r);
     for (int i = 0; i < np; i++) {
-        memcpy(mp_model_get_param(m, i)->master, orig[i], mp_model_get_param(m, i)->n * sizeof(float));
+        memcpy(mp_model_get_param(m, i)->master, orig[i],
+               mp_model_get_param(m, i)->n * sizeof(float));
         free(plus[i]), free(minus[i]), free(orig[i]);
     }
     mp_model_mark_masters_changed(m);
@@ -90,7 +96,8 @@ static void fd_check(mp_model *m, const mp_tensor *x, const mp_tensor *r, uint64
         fail_msg("finite difference %.9g vs analytic %.9g (tolerance %.3g)", fd, analytic, tol);
 }
 
-static mp_tensor make_input(int64_t batch, int ndim, const int64_t *shape, mp_dtype t, uint64_t seed)
+static mp_tensor make_input(int64_t batch, int ndim, const int64_t *shape, mp_dtype t,
+                            uint64_t seed)
 {
     int64_t s[MP_MAX_DIMS];
     s[0] = batch;
@@ -115,12 +122,24 @@ static void check_layer(int which, mp_activation act)
     mp_node x = mp_input(m, 1, (int64_t[]){D}, NULL);
     mp_node h = mp_dense(m, x, 6, MP_ACT_TANH, NULL);
     switch (which) {
-    case 0: h = mp_dense(m, h, 7, act, NULL); break;
-    case 1: h = mp_activation_layer(m, h, act, NULL); break;
-    case 2: h = mp_layer_norm(m, h, 1e-3f, NULL); break;
-    case 3: h = mp_add(m, h, mp_dense(m, h, 6, MP_ACT_SIGMOID, NULL), NULL); break; /* residual */
-    case 4: h = mp_flatten(m, h, NULL); break;
-    case 5: h = mp_dropout(m, h, 0.5f, NULL); break; /* identity when not training */
+    case 0:
+        h = mp_dense(m, h, 7, act, NULL);
+        break;
+    case 1:
+        h = mp_activation_layer(m, h, act, NULL);
+        break;
+    case 2:
+        h = mp_layer_norm(m, h, 1e-3f, NULL);
+        break;
+    case 3:
+        h = mp_add(m, h, mp_dense(m, h, 6, MP_ACT_SIGMOID, NULL), NULL);
+        break; /* residual */
+    case 4:
+        h = mp_flatten(m, h, NULL);
+        break;
+    case 5:
+        h = mp_dropout(m, h, 0.5f, NULL);
+        break; /* identity when not training */
     }
     h = mp_dense(m, h, 4, MP_ACT_NONE, NULL);
     assert_int_equal(mp_model_build(m, h, B), MP_OK);
@@ -181,14 +200,16 @@ static void fd_loss(mp_loss_kind kind, bool logits, const int64_t *shape)
     int32_t labels[16];
     for (int64_t i = 0; i < shape[0]; i++) labels[i] = (int32_t)(test_rng_u32(&r) % shape[1]);
     for (int64_t i = 0; i < n; i++) {
-        pv[i] = logits ? (float)test_rng_uniform(&r, -3, 3) : (float)test_rng_uniform(&r, 0.05, 0.95);
+        pv[i] =
+            logits ? (float)test_rng_uniform(&r, -3, 3) : (float)test_rng_uniform(&r, 0.05, 0.95);
         tv[i] = (float)test_rng_uniform(&r, 0, 1);
     }
     if (kind == MP_LOSS_CATEGORICAL_CROSSENTROPY) /* a distribution per row */
         for (int64_t i = 0; i < shape[0]; i++) {
             double s = 0;
             for (int64_t c = 0; c < shape[1]; c++) s += tv[i * shape[1] + c];
-            for (int64_t c = 0; c < shape[1]; c++) tv[i * shape[1] + c] = (float)(tv[i * shape[1] + c] / s);
+            for (int64_t c = 0; c < shape[1]; c++)
+                tv[i * shape[1] + c] = (float)(tv[i * shape[1] + c] / s);
         }
     mp_loss_spec spec = {.kind = kind, .from_logits = logits, .labels = labels, .target = &t};
     float loss;
@@ -240,7 +261,8 @@ static void test_loss_values(void **state)
     }
     want /= 2;
     float loss;
-    mp_loss_spec s = {.kind = MP_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY, .from_logits = true, .labels = y};
+    mp_loss_spec s = {
+        .kind = MP_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY, .from_logits = true, .labels = y};
     assert_int_equal(mp_loss_compute(&s, &p, 1.0f, &loss, NULL), MP_OK);
     assert_true(fabs(loss - want) < 1e-6 * want);
     /* MSE and BCE on probabilities */
@@ -322,7 +344,8 @@ static void compare_policy(const char *policy, double u)
             den += (double)a->grad[j] * a->grad[j];
         }
         double rel = sqrt(num / fmax(den, 1e-30));
-        if (rel > 6 * u) fail_msg("%s: %s gradient relative error %.4g > %.4g", policy, a->name, rel, 6 * u);
+        if (rel > 6 * u)
+            fail_msg("%s: %s gradient relative error %.4g > %.4g", policy, a->name, rel, 6 * u);
     }
     mp_tensor_release(&in);
     mp_model_free(ref);
@@ -617,7 +640,9 @@ static void test_dropout(void **state)
     for (int i = 0; i < 10000; i++) assert_true(g[i] == (yo[i] == 0.0f ? 0.0f : 1.0f / 0.7f));
     /* the same seed and step give the same mask; the next step another */
     mp_model *m2 = mp_model_new(8);
-    mp_node d2 = mp_dropout(m2, mp_activation_layer(m2, mp_input(m2, 1, (int64_t[]){1000}, NULL), MP_ACT_NONE, NULL), 0.3f, NULL);
+    mp_node d2 = mp_dropout(
+        m2, mp_activation_layer(m2, mp_input(m2, 1, (int64_t[]){1000}, NULL), MP_ACT_NONE, NULL),
+        0.3f, NULL);
     assert_int_equal(mp_model_build(m2, d2, 10), MP_OK);
     const mp_tensor *y2;
     assert_int_equal(mp_model_forward(m2, &in, true, &y2), MP_OK);

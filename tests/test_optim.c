@@ -78,7 +78,8 @@ static double ref_lr(const mp_lr_schedule *s, double base, int64_t t)
         return base * (f0 + (1 - f0) * (double)(t + 1) / (double)s->warmup_steps);
     }
     t -= s->warmup_steps;
-    if (s->decay == MP_LR_STEP_DECAY) return base * pow(s->gamma, floor((double)t / (double)s->step_size));
+    if (s->decay == MP_LR_STEP_DECAY)
+        return base * pow(s->gamma, floor((double)t / (double)s->step_size));
     if (s->decay == MP_LR_COSINE) {
         double x = t > s->decay_steps ? 1.0 : (double)t / (double)s->decay_steps;
         return s->final_lr + (base - s->final_lr) * (1 + cos(acos(-1.0) * x)) / 2;
@@ -201,8 +202,10 @@ static void test_adam_matches_reference(void **state)
     compare_run(&c, "adam eps 1e-3");
     c.weight_decay = 0.1f;
     compare_run(&c, "adam L2");
-    c.schedule = (mp_lr_schedule){.decay = MP_LR_COSINE, .warmup_steps = 3,
-                                  .warmup_start_factor = 0.1f, .decay_steps = 5,
+    c.schedule = (mp_lr_schedule){.decay = MP_LR_COSINE,
+                                  .warmup_steps = 3,
+                                  .warmup_start_factor = 0.1f,
+                                  .decay_steps = 5,
                                   .final_lr = 1e-4f};
     compare_run(&c, "adam L2 warmup+cosine");
 }
@@ -252,8 +255,12 @@ static void test_f16_copy_and_frozen(void **state)
     memcpy(frozen_before, frozen_w, sizeof frozen_w);
     mp_param all[NP + 1];
     memcpy(all, f.p, sizeof f.p);
-    all[NP] = (mp_param){.name = "frozen", .master = frozen_w, .weight = frozen_w,
-                         .weight_dtype = MP_F32, .grad = NULL, .n = 4};
+    all[NP] = (mp_param){.name = "frozen",
+                         .master = frozen_w,
+                         .weight = frozen_w,
+                         .weight_dtype = MP_F32,
+                         .grad = NULL,
+                         .n = 4};
     mp_optimizer_config c = mp_optimizer_config_default(MP_OPTIMIZER_ADAMW);
     mp_optimizer *o = mp_optimizer_new(&c, all, NP + 1);
     assert_non_null(o);
@@ -269,7 +276,8 @@ static void test_f16_copy_and_frozen(void **state)
     /* refresh rewrites a stale copy */
     memset(f.copy[1], 0, (size_t)LEN[1] * 2);
     mp_optimizer_refresh_weights(o);
-    for (int64_t j = 0; j < LEN[1]; j++) assert_int_equal(f.copy[1][j], mp_f32_to_f16(f.master[1][j]));
+    for (int64_t j = 0; j < LEN[1]; j++)
+        assert_int_equal(f.copy[1][j], mp_f32_to_f16(f.master[1][j]));
     mp_optimizer_free(o);
     fixture_free(&f);
 }
@@ -296,8 +304,8 @@ static void test_pure_bf16_demo(void **state)
     (void)state;
     uint16_t w[DEMO_N];
     float g[DEMO_N];
-    mp_param p = {.name = "w", .master = NULL, .weight = w, .weight_dtype = MP_BF16, .grad = g,
-                  .n = DEMO_N};
+    mp_param p = {
+        .name = "w", .master = NULL, .weight = w, .weight_dtype = MP_BF16, .grad = g, .n = DEMO_N};
 
     /* Round to nearest: 1 + 1e-4 is within half a bf16 step (2^-8) of 1. */
     for (int j = 0; j < DEMO_N; j++) w[j] = mp_f32_to_bf16(1.0f);
@@ -319,7 +327,8 @@ static void test_pure_bf16_demo(void **state)
         if (fabs(v - 2.0) >= 0.75) fail_msg("element %d ended at %g, not near 2", j, v);
         mean += v / DEMO_N;
     }
-    if (fabs(mean - 2.0) >= 0.05) fail_msg("stochastic-rounding mean %g not within 0.05 of 2", mean);
+    if (fabs(mean - 2.0) >= 0.05)
+        fail_msg("stochastic-rounding mean %g not within 0.05 of 2", mean);
 
     /* Reproducible for a seed, different for another. */
     uint16_t first[DEMO_N];
@@ -576,8 +585,7 @@ static void test_state_restore(void **state)
     mp_optimizer_refresh_weights(ob);
     for (int s = 0; s < 3; s++) {
         random_grads(&a, &r);
-        for (int i = 0; i < NP; i++)
-            memcpy(b.grad[i], a.grad[i], (size_t)LEN[i] * sizeof(float));
+        for (int i = 0; i < NP; i++) memcpy(b.grad[i], a.grad[i], (size_t)LEN[i] * sizeof(float));
         mp_optimizer_step(oa);
         mp_optimizer_step(ob);
     }
@@ -622,7 +630,8 @@ static void run_paths(paths_data *d, const mp_optimizer_config *c)
     for (int j = 0; j < BIG; j++) d->m[j] = (float)test_rng_uniform(&r, -2, 2);
     for (int j = 0; j < SMALL; j++) d->lp[j] = mp_f32_to_bf16((float)test_rng_uniform(&r, -2, 2));
     mp_convert(d->c, MP_BF16, d->m, MP_F32, BIG);
-    mp_param p[2] = {{"big", d->m, d->c, MP_BF16, d->g, BIG}, {"lp", NULL, d->lp, MP_BF16, d->gs, SMALL}};
+    mp_param p[2] = {{"big", d->m, d->c, MP_BF16, d->g, BIG},
+                     {"lp", NULL, d->lp, MP_BF16, d->gs, SMALL}};
     mp_optimizer *o = mp_optimizer_new(c, p, 2);
     assert_non_null(o);
     for (int s = 0; s < 3; s++) {
@@ -670,8 +679,9 @@ static void test_paths_bit_identical(void **state)
                 for (int j = 0; j < BIG; j++)
                     if (f32_bits(ref->m[j]) != f32_bits(d->m[j]) || ref->c[j] != d->c[j])
                         fail_msg("config %d: %s with %d threads: master[%d] %a (%08x), scalar "
-                                 "%a (%08x)", i, mp_isa_name(isas[a]), nt, j, (double)d->m[j],
-                                 f32_bits(d->m[j]), (double)ref->m[j], f32_bits(ref->m[j]));
+                                 "%a (%08x)",
+                                 i, mp_isa_name(isas[a]), nt, j, (double)d->m[j], f32_bits(d->m[j]),
+                                 (double)ref->m[j], f32_bits(ref->m[j]));
                 assert_memory_equal(ref->lp, d->lp, sizeof d->lp);
             }
     }

@@ -35,7 +35,8 @@ static const char *path_of(const char *name)
 }
 
 /* A raw file: 8-byte little-endian header length, header, data. */
-static void write_raw(const char *path, const char *header, uint64_t claimed_len, const void *data, size_t dlen)
+static void write_raw(const char *path, const char *header, uint64_t claimed_len, const void *data,
+                      size_t dlen)
 {
     FILE *f = fopen(path, "wb");
     uint8_t len8[8];
@@ -82,8 +83,8 @@ static void test_round_trip(void **state)
     assert_int_equal(len8[0] % 8, 0);
 }
 
-static void expect_refused(const char *name, const char *header, uint64_t claimed, const void *data, size_t dlen,
-                           const char *needle)
+static void expect_refused(const char *name, const char *header, uint64_t claimed, const void *data,
+                           size_t dlen, const char *needle)
 {
     const char *p = path_of(name);
     write_raw(p, header, claimed, data, dlen);
@@ -91,7 +92,8 @@ static void expect_refused(const char *name, const char *header, uint64_t claime
     mp_status s = mp_safetensors_read(p, &f);
     if (s == MP_OK) fail_msg("%s: accepted", name);
     assert_null(f);
-    if (!strstr(mp_last_error(), needle)) fail_msg("%s: message '%s' lacks '%s'", name, mp_last_error(), needle);
+    if (!strstr(mp_last_error(), needle))
+        fail_msg("%s: message '%s' lacks '%s'", name, mp_last_error(), needle);
 }
 
 static void test_hostile_files(void **state)
@@ -104,29 +106,35 @@ static void test_hostile_files(void **state)
     expect_refused("len_past_end", ok, strlen(ok) + 100, d, 8, "header length");
     expect_refused("not_json", "{\"x\":", 5, NULL, 0, "not valid JSON");
     expect_refused("not_object", "[1,2]", 5, NULL, 0, "not a JSON object");
-    const char *dup = "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
-    expect_refused("duplicate", dup, strlen(dup), d, 8, "not valid JSON"); /* jansson: duplicate object key */
+    const char *dup = "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"x\":{"
+                      "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
+    expect_refused("duplicate", dup, strlen(dup), d, 8,
+                   "not valid JSON"); /* jansson: duplicate object key */
     const char *dt = "{\"x\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}";
     expect_refused("dtype", dt, strlen(dt), d, 8, "unsupported dtype 'F64'");
     const char *mis = "{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}";
     expect_refused("size_mismatch", mis, strlen(mis), d, 8, "needs 12");
     const char *past = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
     expect_refused("past_end", past, strlen(past), d, 8, "ends at byte 16");
-    const char *ovl = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
+    const char *ovl = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"y\":{"
+                      "\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
     expect_refused("overlap", ovl, strlen(ovl), d, 8, "overlaps");
     const char *gap = "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}";
     expect_refused("gap", gap, strlen(gap), d, 8, "gap");
     expect_refused("trailing", ok, strlen(ok), d, 12, "after the last tensor");
     const char *neg = "{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,8]}}";
     expect_refused("negative_dim", neg, strlen(neg), d, 8, "bad shape");
-    const char *big = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4611686018427387904],\"data_offsets\":[0,8]}}";
+    const char *big = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,"
+                      "4611686018427387904],\"data_offsets\":[0,8]}}";
     expect_refused("overflow_shape", big, strlen(big), d, 8, "needs");
     const char *badoff = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}";
     expect_refused("reversed_offsets", badoff, strlen(badoff), d, 8, "bad data_offsets");
-    const char *meta = "{\"__metadata__\":{\"k\":1},\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    const char *meta = "{\"__metadata__\":{\"k\":1},\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_"
+                       "offsets\":[0,8]}}";
     expect_refused("metadata_type", meta, strlen(meta), d, 8, "not a string");
     const char *fields = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2]}}";
-    expect_refused("missing_offsets", fields, strlen(fields), d, 8, "needs dtype, shape and data_offsets");
+    expect_refused("missing_offsets", fields, strlen(fields), d, 8,
+                   "needs dtype, shape and data_offsets");
     mp_safetensors *f;
     assert_int_equal(mp_safetensors_read(path_of("does_not_exist"), &f), MP_ERR_IO);
     assert_non_null(strstr(mp_last_error(), "does_not_exist"));
@@ -160,7 +168,8 @@ static void test_atomic_replace(void **state)
     assert_memory_equal(mp_safetensors_find(f, "w")->data, a, sizeof a);
     mp_safetensors_free(f);
     /* an unwritable directory: error naming the file, nothing left behind */
-    assert_int_equal(mp_safetensors_write("/nonexistent_dir_mp/x.safetensors", &t, 1, NULL, NULL, 0), MP_ERR_IO);
+    assert_int_equal(
+        mp_safetensors_write("/nonexistent_dir_mp/x.safetensors", &t, 1, NULL, NULL, 0), MP_ERR_IO);
     assert_non_null(strstr(mp_last_error(), "x.safetensors"));
     /* no temporaries remain next to the target */
     char cmd[160];
@@ -213,7 +222,8 @@ static void test_model_weights(void **state)
         float before = mp_model_get_param(c, 0)->master ? mp_model_get_param(c, 0)->master[0] : 0;
         assert_int_equal(mp_model_load_weights(c, p), MP_ERR_FORMAT);
         assert_non_null(strstr(mp_last_error(), "dense.kernel"));
-        if (mp_model_get_param(c, 0)->master) assert_true(mp_model_get_param(c, 0)->master[0] == before);
+        if (mp_model_get_param(c, 0)->master)
+            assert_true(mp_model_get_param(c, 0)->master[0] == before);
         mp_model_free(a);
         mp_model_free(b);
         mp_model_free(c);

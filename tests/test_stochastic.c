@@ -15,7 +15,10 @@
 
 static const ref_format *ref_of(mp_dtype t)
 {
-    return t == MP_F16 ? &REF_F16 : t == MP_BF16 ? &REF_BF16 : t == MP_F8E4M3 ? &REF_E4M3 : &REF_E5M2;
+    return t == MP_F16      ? &REF_F16
+           : t == MP_BF16   ? &REF_BF16
+           : t == MP_F8E4M3 ? &REF_E4M3
+                            : &REF_E5M2;
 }
 
 static double decode(mp_dtype t, const void *buf, size_t i)
@@ -52,7 +55,8 @@ static void test_always_a_neighbour(void **state)
         mp_dtype_get_info(t, &in);
         for (int i = 0; i < N; i++) {
             double mag = ldexp(test_rng_uniform(&r, 1, 2), (int)(test_rng_u32(&r) % 40) - 30);
-            if (i % 5 == 0) mag = test_rng_uniform(&r, 0, (double)in.min_normal); /* subnormal range */
+            if (i % 5 == 0)
+                mag = test_rng_uniform(&r, 0, (double)in.min_normal); /* subnormal range */
             if (mag > in.max) mag = in.max * test_rng_uniform(&r, 0, 1);
             x[i] = (float)(i % 2 ? -mag : mag);
         }
@@ -82,10 +86,18 @@ static void test_unbiased(void **state)
         mp_dtype t;
         float x;
     } cases[] = {
-        {MP_BF16, 1.0f + 0.3f * 0x1p-7f}, {MP_BF16, -3.7e-3f}, {MP_BF16, 2.5f * 0x1p-133f},
-        {MP_F16, 0.1f},  {MP_F16, -1e-6f},  {MP_F16, 60000.5f},
-        {MP_F8E4M3, 0.3f}, {MP_F8E4M3, -300.0f}, {MP_F8E4M3, 0.0017f},
-        {MP_F8E5M2, 1.3f}, {MP_F8E5M2, 3e-5f}, {MP_F8E5M2, -50000.0f},
+        {MP_BF16, 1.0f + 0.3f * 0x1p-7f},
+        {MP_BF16, -3.7e-3f},
+        {MP_BF16, 2.5f * 0x1p-133f},
+        {MP_F16, 0.1f},
+        {MP_F16, -1e-6f},
+        {MP_F16, 60000.5f},
+        {MP_F8E4M3, 0.3f},
+        {MP_F8E4M3, -300.0f},
+        {MP_F8E4M3, 0.0017f},
+        {MP_F8E5M2, 1.3f},
+        {MP_F8E5M2, 3e-5f},
+        {MP_F8E5M2, -50000.0f},
     };
     float *x = malloc(N * sizeof *x);
     uint8_t *out = malloc(N * 2);

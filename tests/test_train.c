@@ -99,7 +99,8 @@ static void test_float16_underflow_and_loss_scaling(void **state)
             double e = fabs((double)a->grad[j] - b->grad[j]);
             worst = fmax(worst, e);
             norm += (double)a->grad[j] * a->grad[j];
-            if (e > bound) fail_msg("%s[%lld]: error %.3g > bound %.3g", a->name, (long long)j, e, bound);
+            if (e > bound)
+                fail_msg("%s[%lld]: error %.3g > bound %.3g", a->name, (long long)j, e, bound);
         }
         assert_true(norm > 0);
     }
@@ -212,11 +213,13 @@ static void test_nan_batch_is_skipped(void **state)
             mp_model_param *p = mp_model_get_param(m, i);
             assert_memory_equal(saved[3 * i], p->master, (size_t)p->n * 4);
             for (int s = 0; s < 2; s++)
-                assert_memory_equal(saved[3 * i + 1 + s], mp_optimizer_slot(opt, i, s, NULL), (size_t)p->n * 4);
+                assert_memory_equal(saved[3 * i + 1 + s], mp_optimizer_slot(opt, i, s, NULL),
+                                    (size_t)p->n * 4);
             free(saved[3 * i]), free(saved[3 * i + 1]), free(saved[3 * i + 2]);
         }
         free(saved);
-        if (pi == 1) assert_true(mp_loss_scaler_scale(mp_model_loss_scaler(m)) == 16384.0f); /* backed off */
+        if (pi == 1)
+            assert_true(mp_loss_scaler_scale(mp_model_loss_scaler(m)) == 16384.0f); /* backed off */
         mp_tensor_release(&x);
         mp_tensor_release(&t);
         mp_model_free(m);
@@ -247,7 +250,8 @@ static void test_train_steps_learn(void **state)
         }
         mp_step_result first, last;
         assert_int_equal(mp_model_train_step(m, &x, NULL, &t, &first), MP_OK);
-        for (int s = 0; s < 200; s++) assert_int_equal(mp_model_train_step(m, &x, NULL, &t, &last), MP_OK);
+        for (int s = 0; s < 200; s++)
+            assert_int_equal(mp_model_train_step(m, &x, NULL, &t, &last), MP_OK);
         if (!(last.loss < 0.1f * first.loss))
             fail_msg("%s: loss %.4f -> %.4f", policies[pi], (double)first.loss, (double)last.loss);
         mp_tensor_release(&x);

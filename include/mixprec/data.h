@@ -42,8 +42,7 @@ void mp_idx_release(mp_idx *idx);
 /* A dataset from an images file (IDX uint8, >= 2 dims: [n, ...] flattened to
  * dim = product of the other dims, scaled by 1/255 into [0, 1]) and a labels
  * file (IDX uint8, 1 dim [n]). The counts must match. classes = max label+1. */
-mp_status mp_dataset_load_idx(const char *images_path, const char *labels_path,
-                              mp_dataset **out);
+mp_status mp_dataset_load_idx(const char *images_path, const char *labels_path, mp_dataset **out);
 
 /* ---------------------------------------------------------- Fashion-MNIST */
 

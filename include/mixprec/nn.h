@@ -59,7 +59,8 @@ void mp_model_free(mp_model *m);
 
 /* Shapes exclude the batch dimension. */
 mp_node mp_input(mp_model *m, int ndim, const int64_t *shape, const mp_layer_options *o);
-mp_node mp_dense(mp_model *m, mp_node x, int64_t units, mp_activation act, const mp_layer_options *o);
+mp_node mp_dense(mp_model *m, mp_node x, int64_t units, mp_activation act,
+                 const mp_layer_options *o);
 mp_node mp_activation_layer(mp_model *m, mp_node x, mp_activation act, const mp_layer_options *o);
 mp_node mp_dropout(mp_model *m, mp_node x, float rate, const mp_layer_options *o);
 mp_node mp_flatten(mp_model *m, mp_node x, const mp_layer_options *o);
@@ -93,7 +94,7 @@ typedef enum {
 typedef struct {
     mp_loss_kind kind;
     bool from_logits;
-    const int32_t *labels;  /* sparse: one class index per sample */
+    const int32_t *labels;   /* sparse: one class index per sample */
     const mp_tensor *target; /* other losses: same shape as the prediction */
 } mp_loss_spec;
 
@@ -110,8 +111,8 @@ mp_status mp_loss_compute(const mp_loss_spec *spec, const mp_tensor *pred, float
  * gradient scaled by `scale` (loss scaling). When the model ends in a softmax
  * and the loss is a cross-entropy on probabilities, loss and gradient are
  * computed from the softmax's logits in one stable pass (as Keras does). */
-mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float scale, bool accumulate,
-                                 float *loss);
+mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float scale,
+                                 bool accumulate, float *loss);
 
 /* ------------------------------------------------------------- inspection */
 
@@ -122,9 +123,9 @@ typedef struct {
     mp_dtype output_dtype;
     int ndim; /* of the output, batch excluded */
     int64_t shape[MP_MAX_DIMS];
-    int64_t params;           /* number of parameter elements */
-    size_t param_bytes;       /* masters + compute copies */
-    size_t saved_bytes;       /* activation arena bytes per forward at batch */
+    int64_t params;     /* number of parameter elements */
+    size_t param_bytes; /* masters + compute copies */
+    size_t saved_bytes; /* activation arena bytes per forward at batch */
 } mp_layer_info;
 
 int mp_model_num_layers(const mp_model *m);
@@ -135,14 +136,14 @@ mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out);
 
 /* Parameters, in creation order. */
 typedef struct {
-    const char *name;     /* "<layer>.kernel", "<layer>.bias", "<layer>.gamma", "<layer>.beta" */
+    const char *name; /* "<layer>.kernel", "<layer>.bias", "<layer>.gamma", "<layer>.beta" */
     int ndim;
     int64_t shape[2];
     int64_t n;
-    float *master;        /* float32 master (NULL under a pure low-precision policy) */
-    void *weight;         /* what the forward pass reads, in weight_dtype (== master for float32) */
+    float *master; /* float32 master (NULL under a pure low-precision policy) */
+    void *weight;  /* what the forward pass reads, in weight_dtype (== master for float32) */
     mp_dtype weight_dtype;
-    float *grad;          /* float32 gradient */
+    float *grad; /* float32 gradient */
 } mp_model_param;
 
 int mp_model_num_params(const mp_model *m);

@@ -154,8 +154,7 @@ float mp_grad_global_norm(const mp_param *params, int n_params);
  * (float)(max_norm / norm) (Keras clip_by_global_norm). A non-finite norm
  * leaves the gradients as they are. The norm before clipping goes to
  * *norm_out if not NULL. Call it on unscaled gradients. */
-mp_status mp_clip_grad_norm(const mp_param *params, int n_params, float max_norm,
-                            float *norm_out);
+mp_status mp_clip_grad_norm(const mp_param *params, int n_params, float max_norm, float *norm_out);
 /* Clamp every gradient element to [-clip_value, clip_value] (NaN stays NaN). */
 mp_status mp_clip_grad_value(const mp_param *params, int n_params, float clip_value);
 

@@ -31,10 +31,10 @@ mp_compile_options mp_compile_options_default(void);
 mp_status mp_model_compile(mp_model *m, const mp_compile_options *o);
 
 typedef struct {
-    float loss;         /* mean over the batch, unscaled */
-    int64_t correct;    /* samples whose argmax equals the label (sparse labels) */
-    bool applied;       /* false: the step was skipped (inf/NaN gradients) */
-    float loss_scale;   /* the scale used for this step (1 without scaling) */
+    float loss;       /* mean over the batch, unscaled */
+    int64_t correct;  /* samples whose argmax equals the label (sparse labels) */
+    bool applied;     /* false: the step was skipped (inf/NaN gradients) */
+    float loss_scale; /* the scale used for this step (1 without scaling) */
 } mp_step_result;
 
 /* One optimizer step on a batch: forward (training), loss, scaled backward,
@@ -61,14 +61,14 @@ typedef struct mp_dataset mp_dataset; /* mixprec/data.h */
 
 /* One epoch's figures (Keras History plus the mixed-precision ones). */
 typedef struct {
-    int epoch;            /* 1-based */
-    int64_t steps;        /* training steps run (applied + skipped) */
+    int epoch;     /* 1-based */
+    int64_t steps; /* training steps run (applied + skipped) */
     double loss, accuracy;
     bool has_validation;
     double val_loss, val_accuracy;
     double seconds, ms_per_step;
-    float loss_scale;     /* at the end of the epoch (1 without scaling) */
-    int64_t skipped;      /* steps skipped for inf/NaN gradients in this epoch */
+    float loss_scale; /* at the end of the epoch (1 without scaling) */
+    int64_t skipped;  /* steps skipped for inf/NaN gradients in this epoch */
 } mp_epoch_log;
 
 typedef struct {
@@ -81,16 +81,16 @@ void mp_history_free(mp_history *h);
 typedef bool (*mp_epoch_callback)(const mp_epoch_log *log, void *user);
 
 typedef struct {
-    int64_t batch_size;      /* default 32 (Keras); <= the model's max_batch */
-    int epochs;              /* default 1 */
-    double validation_split; /* the last fraction, taken before shuffling */
+    int64_t batch_size;                /* default 32 (Keras); <= the model's max_batch */
+    int epochs;                        /* default 1 */
+    double validation_split;           /* the last fraction, taken before shuffling */
     const mp_dataset *validation_data; /* instead of a split */
-    bool shuffle;            /* default true: a new order per epoch */
-    uint64_t seed;           /* shuffling */
-    int64_t max_steps;       /* stop after this many training steps (0: no limit) */
-    int verbose;             /* 0 silent, 1 progress bar (plain lines when not a terminal) */
-    FILE *out;               /* progress stream (default stdout) */
-    const char *log_csv;     /* write the history as CSV here (NULL: no file) */
+    bool shuffle;                      /* default true: a new order per epoch */
+    uint64_t seed;                     /* shuffling */
+    int64_t max_steps;                 /* stop after this many training steps (0: no limit) */
+    int verbose;         /* 0 silent, 1 progress bar (plain lines when not a terminal) */
+    FILE *out;           /* progress stream (default stdout) */
+    const char *log_csv; /* write the history as CSV here (NULL: no file) */
     mp_epoch_callback on_epoch_end;
     void *user;
     /* early stopping: stop when `monitor` ("val_loss" or "loss"; default

@@ -12,9 +12,9 @@
 #include "mixprec.h"
 
 typedef struct {
-    const char *data;       /* "fashion-mnist" or a CSV path */
+    const char *data; /* "fashion-mnist" or a CSV path */
     const char *data_dir;
-    const char *test_data;  /* CSV for evaluation (fashion-mnist uses its test split) */
+    const char *test_data; /* CSV for evaluation (fashion-mnist uses its test split) */
     int64_t hidden[16];
     int nhidden;
     mp_activation act;
@@ -37,30 +37,32 @@ typedef struct {
 
 static void train_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: mixprec train [options]\n"
-            "  --data fashion-mnist|PATH.csv   training data (default fashion-mnist)\n"
-            "  --data-dir DIR                  Fashion-MNIST files (default $" MP_FASHION_MNIST_ENV
-            " or /usr/share/datasets/fashion-mnist)\n"
-            "  --test-data PATH.csv            evaluate on this CSV after training\n"
-            "  --hidden N,N,...                hidden layer sizes (default 4096,4096)\n"
-            "  --activation NAME               relu, gelu, gelu_tanh, sigmoid, tanh (default relu)\n"
-            "  --policy NAME                   float32, mixed_float16, mixed_bfloat16, float16, bfloat16\n"
-            "  --optimizer sgd|adam|adamw      (default adam)\n"
-            "  --lr X                          learning rate (default 1e-3, sgd 1e-2)\n"
-            "  --batch-size N                  (default 256)\n"
-            "  --epochs N                      (default 5)\n"
-            "  --validation-split X            last fraction held out for validation (default 0)\n"
-            "  --seed N                        initialisation, shuffling, dropout (default 1)\n"
-            "  --threads N                     kernel threads (default: all cores)\n"
-            "  --max-steps N                   stop after N training steps\n"
-            "  --no-shuffle                    keep the data order\n"
-            "  --loss-scale dynamic|static:X|none   (default: dynamic for float16 compute)\n"
-            "  --patience N                    early stopping on val_loss (or loss)\n"
-            "  --log FILE                      write the history as CSV\n"
-            "  --init-from FILE.safetensors    start from these weights (<layer>.kernel / .bias)\n"
-            "  --save FILE.safetensors         save the trained weights and the model's configuration\n"
-            "  --quiet                         no progress output\n");
+    fprintf(
+        f,
+        "usage: mixprec train [options]\n"
+        "  --data fashion-mnist|PATH.csv   training data (default fashion-mnist)\n"
+        "  --data-dir DIR                  Fashion-MNIST files (default $" MP_FASHION_MNIST_ENV
+        " or /usr/share/datasets/fashion-mnist)\n"
+        "  --test-data PATH.csv            evaluate on this CSV after training\n"
+        "  --hidden N,N,...                hidden layer sizes (default 4096,4096)\n"
+        "  --activation NAME               relu, gelu, gelu_tanh, sigmoid, tanh (default relu)\n"
+        "  --policy NAME                   float32, mixed_float16, mixed_bfloat16, float16, "
+        "bfloat16\n"
+        "  --optimizer sgd|adam|adamw      (default adam)\n"
+        "  --lr X                          learning rate (default 1e-3, sgd 1e-2)\n"
+        "  --batch-size N                  (default 256)\n"
+        "  --epochs N                      (default 5)\n"
+        "  --validation-split X            last fraction held out for validation (default 0)\n"
+        "  --seed N                        initialisation, shuffling, dropout (default 1)\n"
+        "  --threads N                     kernel threads (default: all cores)\n"
+        "  --max-steps N                   stop after N training steps\n"
+        "  --no-shuffle                    keep the data order\n"
+        "  --loss-scale dynamic|static:X|none   (default: dynamic for float16 compute)\n"
+        "  --patience N                    early stopping on val_loss (or loss)\n"
+        "  --log FILE                      write the history as CSV\n"
+        "  --init-from FILE.safetensors    start from these weights (<layer>.kernel / .bias)\n"
+        "  --save FILE.safetensors         save the trained weights and the model's configuration\n"
+        "  --quiet                         no progress output\n");
 }
 
 static int bad(const char *flag, const char *value, const char *why)
@@ -135,7 +137,8 @@ static int parse_train_args(int argc, char **argv, train_args *a)
             snprintf(buf, sizeof buf, "%s", v);
             for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
                 if (a->nhidden == 16) return bad(f, v, "at most 16 hidden layers");
-                if (!parse_i64(tok, 1, 1 << 20, &iv)) return bad(f, v, "expected sizes like 4096,4096");
+                if (!parse_i64(tok, 1, 1 << 20, &iv))
+                    return bad(f, v, "expected sizes like 4096,4096");
                 a->hidden[a->nhidden++] = iv;
             }
             if (strcmp(v, "none") == 0) a->nhidden = 0;
@@ -146,31 +149,40 @@ static int parse_train_args(int argc, char **argv, train_args *a)
         } else if (!strcmp(f, "--policy")) {
             NEED_VALUE;
             mp_policy p;
-            if (mp_policy_from_name(v, &p)) return bad(f, v, "expected float32, mixed_float16, mixed_bfloat16, float16 or bfloat16");
+            if (mp_policy_from_name(v, &p))
+                return bad(f, v,
+                           "expected float32, mixed_float16, mixed_bfloat16, float16 or bfloat16");
             a->policy = v;
         } else if (!strcmp(f, "--optimizer")) {
             NEED_VALUE;
-            if (!strcmp(v, "sgd")) a->optimizer = MP_OPTIMIZER_SGD;
-            else if (!strcmp(v, "adam")) a->optimizer = MP_OPTIMIZER_ADAM;
-            else if (!strcmp(v, "adamw")) a->optimizer = MP_OPTIMIZER_ADAMW;
-            else return bad(f, v, "expected sgd, adam or adamw");
+            if (!strcmp(v, "sgd"))
+                a->optimizer = MP_OPTIMIZER_SGD;
+            else if (!strcmp(v, "adam"))
+                a->optimizer = MP_OPTIMIZER_ADAM;
+            else if (!strcmp(v, "adamw"))
+                a->optimizer = MP_OPTIMIZER_ADAMW;
+            else
+                return bad(f, v, "expected sgd, adam or adamw");
         } else if (!strcmp(f, "--lr")) {
             NEED_VALUE;
             if (!parse_f(v, 1e-12, 1e3, &dv)) return bad(f, v, "expected a positive number");
             a->lr = (float)dv;
         } else if (!strcmp(f, "--batch-size")) {
             NEED_VALUE;
-            if (!parse_i64(v, 1, 1 << 20, &a->batch)) return bad(f, v, "expected a positive integer");
+            if (!parse_i64(v, 1, 1 << 20, &a->batch))
+                return bad(f, v, "expected a positive integer");
         } else if (!strcmp(f, "--epochs")) {
             NEED_VALUE;
             if (!parse_i64(v, 1, 1000000, &iv)) return bad(f, v, "expected a positive integer");
             a->epochs = (int)iv;
         } else if (!strcmp(f, "--validation-split")) {
             NEED_VALUE;
-            if (!parse_f(v, 0, 0.999, &a->validation_split)) return bad(f, v, "expected a fraction in [0, 1)");
+            if (!parse_f(v, 0, 0.999, &a->validation_split))
+                return bad(f, v, "expected a fraction in [0, 1)");
         } else if (!strcmp(f, "--seed")) {
             NEED_VALUE;
-            if (!parse_i64(v, 0, INT64_MAX, &iv)) return bad(f, v, "expected a non-negative integer");
+            if (!parse_i64(v, 0, INT64_MAX, &iv))
+                return bad(f, v, "expected a non-negative integer");
             a->seed = (uint64_t)iv;
         } else if (!strcmp(f, "--threads")) {
             NEED_VALUE;
@@ -178,7 +190,8 @@ static int parse_train_args(int argc, char **argv, train_args *a)
             a->threads = (int)iv;
         } else if (!strcmp(f, "--max-steps")) {
             NEED_VALUE;
-            if (!parse_i64(v, 1, INT64_MAX, &a->max_steps)) return bad(f, v, "expected a positive integer");
+            if (!parse_i64(v, 1, INT64_MAX, &a->max_steps))
+                return bad(f, v, "expected a positive integer");
         } else if (!strcmp(f, "--patience")) {
             NEED_VALUE;
             if (!parse_i64(v, 1, 1000000, &iv)) return bad(f, v, "expected a positive integer");
@@ -198,8 +211,10 @@ static int parse_train_args(int argc, char **argv, train_args *a)
             a->init_from = v;
         } else if (!strcmp(f, "--loss-scale")) {
             NEED_VALUE;
-            if (!strcmp(v, "dynamic")) a->loss_scaling = MP_LOSS_SCALING_DYNAMIC;
-            else if (!strcmp(v, "none")) a->loss_scaling = MP_LOSS_SCALING_NONE;
+            if (!strcmp(v, "dynamic"))
+                a->loss_scaling = MP_LOSS_SCALING_DYNAMIC;
+            else if (!strcmp(v, "none"))
+                a->loss_scaling = MP_LOSS_SCALING_NONE;
             else if (!strncmp(v, "static:", 7) && parse_f(v + 7, 1e-30, 1e30, &dv)) {
                 a->loss_scaling = MP_LOSS_SCALING_STATIC;
                 a->static_scale = (float)dv;
@@ -249,7 +264,10 @@ static int load_spec(const char *spec, const char *dir, bool default_train, mp_d
     if (!strncmp(spec, "fashion-mnist", 13) && (spec[13] == '\0' || spec[13] == ':')) {
         const char *part = spec[13] ? spec + 14 : (default_train ? "train" : "test");
         if (strcmp(part, "train") && strcmp(part, "test")) {
-            fprintf(stderr, "mixprec: --data %s: expected fashion-mnist, fashion-mnist:train or fashion-mnist:test\n", spec);
+            fprintf(stderr,
+                    "mixprec: --data %s: expected fashion-mnist, fashion-mnist:train or "
+                    "fashion-mnist:test\n",
+                    spec);
             return 2;
         }
         s = mp_dataset_load_fashion_mnist(dir, !strcmp(part, "train"), out);
@@ -268,7 +286,8 @@ static int load_data(const train_args *a, bool train, mp_dataset **out)
 {
     *out = NULL;
     if (train) return load_spec(a->data, a->data_dir, true, out);
-    if (!strcmp(a->data, "fashion-mnist")) return load_spec("fashion-mnist:test", a->data_dir, false, out);
+    if (!strcmp(a->data, "fashion-mnist"))
+        return load_spec("fashion-mnist:test", a->data_dir, false, out);
     return a->test_data ? load_spec(a->test_data, a->data_dir, false, out) : 0;
 }
 
@@ -279,12 +298,13 @@ static mp_status save_model(mp_model *m, const train_args *a, int64_t inputs, in
     char hidden[256] = "", in[32], cl[32];
     size_t off = 0;
     for (int i = 0; i < a->nhidden && off < sizeof hidden; i++)
-        off += (size_t)snprintf(hidden + off, sizeof hidden - off, i ? ",%lld" : "%lld", (long long)a->hidden[i]);
+        off += (size_t)snprintf(hidden + off, sizeof hidden - off, i ? ",%lld" : "%lld",
+                                (long long)a->hidden[i]);
     if (!a->nhidden) snprintf(hidden, sizeof hidden, "none");
     snprintf(in, sizeof in, "%lld", (long long)inputs);
     snprintf(cl, sizeof cl, "%d", (int)classes);
-    const char *k[] = {"mixprec.model", "mixprec.inputs", "mixprec.hidden", "mixprec.activation", "mixprec.classes",
-                       "mixprec.policy"};
+    const char *k[] = {"mixprec.model",      "mixprec.inputs",  "mixprec.hidden",
+                       "mixprec.activation", "mixprec.classes", "mixprec.policy"};
     const char *v[] = {"mlp", in, hidden, mp_activation_name(a->act), cl, a->policy};
     return mp_model_save_weights_ex(m, a->save, k, v, 6);
 }
@@ -312,7 +332,8 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     co.optimizer.learning_rate = a->lr;
     co.optimizer.seed = a->seed;
     co.loss_scaling = a->loss_scaling;
-    if (a->loss_scaling == MP_LOSS_SCALING_STATIC) co.scaler = mp_loss_scaler_config_static(a->static_scale);
+    if (a->loss_scaling == MP_LOSS_SCALING_STATIC)
+        co.scaler = mp_loss_scaler_config_static(a->static_scale);
     if (mp_model_compile(m, &co)) goto out;
     mp_fit_options fo = mp_fit_options_default();
     fo.batch_size = a->batch;
@@ -364,15 +385,17 @@ int mp_cli_train(int argc, char **argv)
         return 1;
     }
     if (!a.quiet)
-        printf("data: %lld training samples of %lld features, %d classes%s\n", (long long)mp_dataset_count(train),
-               (long long)mp_dataset_dim(train), (int)mp_dataset_classes(train),
-               test ? "" : " (no test set)");
+        printf("data: %lld training samples of %lld features, %d classes%s\n",
+               (long long)mp_dataset_count(train), (long long)mp_dataset_dim(train),
+               (int)mp_dataset_classes(train), test ? "" : " (no test set)");
     run_result r;
     rc = run_training(&a, train, test, !a.quiet, &r);
     if (!rc) {
         if (test) printf("test: loss %.4f - accuracy %.4f\n", r.test_loss, r.test_acc);
-        printf("policy %s: %.1f ms/step, peak memory %.1f MiB, %lld skipped steps, final loss scale %s",
-               a.policy, r.ms_per_step, (double)r.peak / (1 << 20), (long long)r.skipped, r.scaled ? "" : "none\n");
+        printf("policy %s: %.1f ms/step, peak memory %.1f MiB, %lld skipped steps, final loss "
+               "scale %s",
+               a.policy, r.ms_per_step, (double)r.peak / (1 << 20), (long long)r.skipped,
+               r.scaled ? "" : "none\n");
         if (r.scaled) printf("%g\n", (double)r.scale);
     }
     mp_dataset_free(train);
@@ -391,11 +414,16 @@ int mp_cli_demo(int argc, char **argv)
     train_args user;
     if ((rc = parse_train_args(argc, argv, &user))) return rc == 1 ? 0 : rc;
     for (int i = 0; i < argc; i++) /* user flags override the demo's defaults */
-        if (!strcmp(argv[i], "--epochs")) a.epochs = user.epochs;
-        else if (!strcmp(argv[i], "--batch-size")) a.batch = user.batch;
-        else if (!strcmp(argv[i], "--data-dir")) a.data_dir = user.data_dir;
-        else if (!strcmp(argv[i], "--max-steps")) a.max_steps = user.max_steps;
-        else if (!strcmp(argv[i], "--threads")) a.threads = user.threads;
+        if (!strcmp(argv[i], "--epochs"))
+            a.epochs = user.epochs;
+        else if (!strcmp(argv[i], "--batch-size"))
+            a.batch = user.batch;
+        else if (!strcmp(argv[i], "--data-dir"))
+            a.data_dir = user.data_dir;
+        else if (!strcmp(argv[i], "--max-steps"))
+            a.max_steps = user.max_steps;
+        else if (!strcmp(argv[i], "--threads"))
+            a.threads = user.threads;
         else if (!strcmp(argv[i], "--hidden")) {
             a.nhidden = user.nhidden;
             memcpy(a.hidden, user.hidden, sizeof a.hidden);
@@ -409,7 +437,8 @@ int mp_cli_demo(int argc, char **argv)
     run_result r[3];
     printf("mixprec demo: MLP 784 -> ");
     for (int i = 0; i < a.nhidden; i++) printf("%lld -> ", (long long)a.hidden[i]);
-    printf("10 (relu, float32 softmax), Adam lr %g, batch %lld, %d epoch%s on Fashion-MNIST (%lld train / %lld test)\n",
+    printf("10 (relu, float32 softmax), Adam lr %g, batch %lld, %d epoch%s on Fashion-MNIST (%lld "
+           "train / %lld test)\n",
            (double)a.lr, (long long)a.batch, a.epochs, a.epochs > 1 ? "s" : "",
            (long long)mp_dataset_count(train), (long long)mp_dataset_count(test));
     printf("kernel path %s, %d threads\n\n", mp_isa_name(mp_isa_active()), mp_num_threads());
@@ -422,25 +451,30 @@ int mp_cli_demo(int argc, char **argv)
     }
     if (!rc) {
         printf("\n%-16s %9s %10s %9s %12s %8s %13s %8s %8s %11s\n", "policy", "test acc", "ms/step",
-               "speed-up", "peak memory", "saving", "act+workspace", "saving", "skipped", "loss scale");
+               "speed-up", "peak memory", "saving", "act+workspace", "saving", "skipped",
+               "loss scale");
         for (int p = 0; p < 3; p++) {
             char scale[32];
             if (r[p].scaled)
                 snprintf(scale, sizeof scale, "%g", (double)r[p].scale);
             else
                 snprintf(scale, sizeof scale, "none");
-            printf("%-16s %9.4f %10.1f %8.2fx %8.1f MiB %7.1f%% %9.1f MiB %7.1f%% %8lld %11s\n", policies[p],
-                   r[p].test_acc, r[p].ms_per_step, r[0].ms_per_step / r[p].ms_per_step,
-                   (double)r[p].peak / (1 << 20), 100.0 * (1.0 - (double)r[p].peak / (double)r[0].peak),
+            printf("%-16s %9.4f %10.1f %8.2fx %8.1f MiB %7.1f%% %9.1f MiB %7.1f%% %8lld %11s\n",
+                   policies[p], r[p].test_acc, r[p].ms_per_step,
+                   r[0].ms_per_step / r[p].ms_per_step, (double)r[p].peak / (1 << 20),
+                   100.0 * (1.0 - (double)r[p].peak / (double)r[0].peak),
                    (double)r[p].step_peak / (1 << 20),
-                   100.0 * (1.0 - (double)r[p].step_peak / (double)r[0].step_peak), (long long)r[p].skipped,
-                   scale);
+                   100.0 * (1.0 - (double)r[p].step_peak / (double)r[0].step_peak),
+                   (long long)r[p].skipped, scale);
         }
-        printf("\npeak memory: the library's own bytes (weights, masters, gradients, optimizer state,\n"
-               "activations, workspace) at batch %lld; the dataset is not counted. Mixed policies add a\n"
-               "low-precision copy of the weights and halve the per-step memory (act+workspace), so\n"
-               "they save overall once batches are large (see make bench-step, batch 8192).\n",
-               (long long)a.batch);
+        printf(
+            "\npeak memory: the library's own bytes (weights, masters, gradients, optimizer "
+            "state,\n"
+            "activations, workspace) at batch %lld; the dataset is not counted. Mixed policies add "
+            "a\n"
+            "low-precision copy of the weights and halve the per-step memory (act+workspace), so\n"
+            "they save overall once batches are large (see make bench-step, batch 8192).\n",
+            (long long)a.batch);
     }
     mp_dataset_free(train);
     mp_dataset_free(test);
@@ -458,15 +492,18 @@ static mp_model *model_from_file(const char *path, const char *policy_flag, int6
         return NULL;
     }
     const char *kind = mp_safetensors_metadata(f, "mixprec.model");
-    const char *in = mp_safetensors_metadata(f, "mixprec.inputs"), *hid = mp_safetensors_metadata(f, "mixprec.hidden");
-    const char *act = mp_safetensors_metadata(f, "mixprec.activation"), *cl = mp_safetensors_metadata(f, "mixprec.classes");
+    const char *in = mp_safetensors_metadata(f, "mixprec.inputs"),
+               *hid = mp_safetensors_metadata(f, "mixprec.hidden");
+    const char *act = mp_safetensors_metadata(f, "mixprec.activation"),
+               *cl = mp_safetensors_metadata(f, "mixprec.classes");
     const char *pol = policy_flag ? policy_flag : mp_safetensors_metadata(f, "mixprec.policy");
     int64_t inputs, classes, hidden[16];
     int nh = 0;
     mp_activation a;
     mp_policy p;
-    bool ok = kind && !strcmp(kind, "mlp") && in && hid && act && cl && pol && parse_i64(in, 1, 1 << 30, &inputs) &&
-              parse_i64(cl, 1, 1 << 20, &classes) && !mp_activation_from_name(act, &a) && !mp_policy_from_name(pol, &p);
+    bool ok = kind && !strcmp(kind, "mlp") && in && hid && act && cl && pol &&
+              parse_i64(in, 1, 1 << 30, &inputs) && parse_i64(cl, 1, 1 << 20, &classes) &&
+              !mp_activation_from_name(act, &a) && !mp_policy_from_name(pol, &p);
     if (ok && strcmp(hid, "none")) {
         char buf[256];
         snprintf(buf, sizeof buf, "%s", hid);
@@ -477,7 +514,10 @@ static mp_model *model_from_file(const char *path, const char *policy_flag, int6
     if (ok) snprintf(policy, sizeof policy, "%s", pol); /* the metadata is freed next */
     mp_safetensors_free(f);
     if (!ok) {
-        fprintf(stderr, "mixprec: '%s' does not describe a model mixprec train saved (missing or bad mixprec.* metadata)\n", path);
+        fprintf(stderr,
+                "mixprec: '%s' does not describe a model mixprec train saved (missing or bad "
+                "mixprec.* metadata)\n",
+                path);
         return NULL;
     }
     mp_set_global_policy(policy);
@@ -487,7 +527,8 @@ static mp_model *model_from_file(const char *path, const char *policy_flag, int6
     x = mp_dense(m, x, classes, MP_ACT_NONE, NULL);
     x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
     mp_set_global_policy("float32");
-    if (mp_model_build(m, x, batch) || mp_model_load_weights(m, path) || mp_model_compile(m, NULL)) {
+    if (mp_model_build(m, x, batch) || mp_model_load_weights(m, path) ||
+        mp_model_compile(m, NULL)) {
         fprintf(stderr, "mixprec: %s\n", mp_last_error());
         mp_model_free(m);
         return NULL;
@@ -508,8 +549,10 @@ static int parse_infer(const char *cmd, int argc, char **argv, infer_args *a)
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            printf("usage: mixprec %s FILE.safetensors [--data fashion-mnist[:train|:test]|PATH.csv] [--data-dir DIR]\n"
-                   "       [--batch-size N] [--policy NAME]%s\n", cmd, strcmp(cmd, "predict") ? "" : " [--output FILE.csv]");
+            printf("usage: mixprec %s FILE.safetensors [--data "
+                   "fashion-mnist[:train|:test]|PATH.csv] [--data-dir DIR]\n"
+                   "       [--batch-size N] [--policy NAME]%s\n",
+                   cmd, strcmp(cmd, "predict") ? "" : " [--output FILE.csv]");
             return 1;
         }
         if (f[0] != '-') {
@@ -525,13 +568,18 @@ static int parse_infer(const char *cmd, int argc, char **argv, infer_args *a)
             return 2;
         }
         i++;
-        if (!strcmp(f, "--data")) a->data = v;
-        else if (!strcmp(f, "--data-dir")) a->data_dir = v;
-        else if (!strcmp(f, "--policy")) a->policy = v;
-        else if (!strcmp(f, "--output") && !strcmp(cmd, "predict")) a->output = v;
+        if (!strcmp(f, "--data"))
+            a->data = v;
+        else if (!strcmp(f, "--data-dir"))
+            a->data_dir = v;
+        else if (!strcmp(f, "--policy"))
+            a->policy = v;
+        else if (!strcmp(f, "--output") && !strcmp(cmd, "predict"))
+            a->output = v;
         else if (!strcmp(f, "--batch-size")) {
             if (!parse_i64(v, 1, 1 << 20, &a->batch)) {
-                fprintf(stderr, "mixprec %s: --batch-size %s: expected a positive integer\n", cmd, v);
+                fprintf(stderr, "mixprec %s: --batch-size %s: expected a positive integer\n", cmd,
+                        v);
                 return 2;
             }
         } else {
@@ -585,7 +633,8 @@ int mp_cli_predict(int argc, char **argv)
     float *out = malloc((size_t)(n * classes) * sizeof *out);
     FILE *o = a.output ? fopen(a.output, "w") : stdout;
     if (!m || !out || !o || mp_model_predict(m, mp_dataset_features(ds), n, a.batch, out)) {
-        if (m) fprintf(stderr, "mixprec: %s\n", !o ? "cannot open the output file" : mp_last_error());
+        if (m)
+            fprintf(stderr, "mixprec: %s\n", !o ? "cannot open the output file" : mp_last_error());
         if (o && o != stdout) fclose(o);
         free(out);
         mp_model_free(m);
@@ -597,8 +646,8 @@ int mp_cli_predict(int argc, char **argv)
         int64_t best = 0;
         for (int64_t c = 1; c < classes; c++)
             if (out[i * classes + c] > out[i * classes + best]) best = c;
-        fprintf(o, "%lld,%lld,%.6f,%d\n", (long long)i, (long long)best, (double)out[i * classes + best],
-                (int)mp_dataset_labels(ds)[i]);
+        fprintf(o, "%lld,%lld,%.6f,%d\n", (long long)i, (long long)best,
+                (double)out[i * classes + best], (int)mp_dataset_labels(ds)[i]);
     }
     if (o != stdout) fclose(o);
     free(out);

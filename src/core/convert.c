@@ -21,22 +21,38 @@ static void encode(const mp_convert_kernels *k, void *dst, mp_dtype t, const flo
                    mp_overflow ov)
 {
     switch (t) {
-    case MP_F32: memmove(dst, src, n * sizeof(float)); break;
-    case MP_BF16: k->f32_to_bf16(dst, src, n); break;
-    case MP_F16: k->f32_to_f16(dst, src, n); break;
+    case MP_F32:
+        memmove(dst, src, n * sizeof(float));
+        break;
+    case MP_BF16:
+        k->f32_to_bf16(dst, src, n);
+        break;
+    case MP_F16:
+        k->f32_to_f16(dst, src, n);
+        break;
     case MP_F8E4M3:
-    case MP_F8E5M2: k->f32_to_fp8(dst, src, n, t, ov); break;
+    case MP_F8E5M2:
+        k->f32_to_fp8(dst, src, n, t, ov);
+        break;
     }
 }
 
 static void decode(const mp_convert_kernels *k, float *dst, const void *src, mp_dtype t, size_t n)
 {
     switch (t) {
-    case MP_F32: memmove(dst, src, n * sizeof(float)); break;
-    case MP_BF16: k->bf16_to_f32(dst, src, n); break;
-    case MP_F16: k->f16_to_f32(dst, src, n); break;
+    case MP_F32:
+        memmove(dst, src, n * sizeof(float));
+        break;
+    case MP_BF16:
+        k->bf16_to_f32(dst, src, n);
+        break;
+    case MP_F16:
+        k->f16_to_f32(dst, src, n);
+        break;
     case MP_F8E4M3:
-    case MP_F8E5M2: k->fp8_to_f32(dst, src, n, t); break;
+    case MP_F8E5M2:
+        k->fp8_to_f32(dst, src, n, t);
+        break;
     }
 }
 

@@ -25,16 +25,16 @@ static inline size_t stream_head(const void *dst, size_t n, size_t es)
 }
 
 /* Run LOOP(dst, src, count, streaming, extra...) over the whole array. */
-#define STREAMED(LOOP, dst, src, n, es, ...)                                                 \
-    do {                                                                                     \
-        size_t h_ = stream_head(dst, n, es);                                                 \
-        if (h_ == SIZE_MAX || h_ > (n)) {                                                    \
-            LOOP(dst, src, n, false, __VA_ARGS__);                                           \
-        } else {                                                                             \
-            LOOP(dst, src, h_, false, __VA_ARGS__);                                          \
-            LOOP((dst) + h_, (src) + h_, (n) - h_, true, __VA_ARGS__);                       \
-            _mm_sfence();                                                                    \
-        }                                                                                    \
+#define STREAMED(LOOP, dst, src, n, es, ...)                                                       \
+    do {                                                                                           \
+        size_t h_ = stream_head(dst, n, es);                                                       \
+        if (h_ == SIZE_MAX || h_ > (n)) {                                                          \
+            LOOP(dst, src, n, false, __VA_ARGS__);                                                 \
+        } else {                                                                                   \
+            LOOP(dst, src, h_, false, __VA_ARGS__);                                                \
+            LOOP((dst) + h_, (src) + h_, (n)-h_, true, __VA_ARGS__);                               \
+            _mm_sfence();                                                                          \
+        }                                                                                          \
     } while (0)
 
 MP_TARGET_AVX512 static inline void put16(void *p, __m128i v, bool nt)
@@ -194,8 +194,7 @@ MP_TARGET_AVX512 static void v_bf16_to_f32(float *dst, const uint16_t *src, size
  * the exponent as it should. Results in the subnormal range: a float32 add of
  * 2^(q+23), where q is the subnormal step's exponent, which makes the FPU
  * round |x| to a multiple of the step (ties to even) in its low bits. */
-MP_TARGET_AVX512 static inline __m512i fp8_encode(__m512i u, const mp_fp8_format *f,
-                                                  mp_overflow ov)
+MP_TARGET_AVX512 static inline __m512i fp8_encode(__m512i u, const mp_fp8_format *f, mp_overflow ov)
 {
     /* f points at a compile-time constant (see v_f32_to_fp8), so all of the
      * following folds into immediates. */
@@ -206,13 +205,15 @@ MP_TARGET_AVX512 static inline __m512i fp8_encode(__m512i u, const mp_fp8_format
     __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
 
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, (unsigned)shift), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (shift - 1)) - 1)), lsb);
+    __m512i r =
+        _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (shift - 1)) - 1)), lsb);
     r = _mm512_sub_epi32(_mm512_srli_epi32(r, (unsigned)shift),
                          _mm512_set1_epi32((127 - f->bias) << mbits));
 
     __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32((int)magic_bits));
-    __m512i sub = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), magic)),
-                                   _mm512_castps_si512(magic));
+    __m512i sub =
+        _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), magic)),
+                         _mm512_castps_si512(magic));
     __mmask16 is_sub = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32((int)min_normal_bits));
     r = _mm512_mask_mov_epi32(r, is_sub, sub);
 
@@ -281,8 +282,9 @@ MP_TARGET_AVX512 static inline __m512 fp8_decode(__m512i b, mp_dtype t)
         r = _mm512_castps_si512(v);
         __mmask16 special = _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(0x7C));
         __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7C));
-        __m512i s = _mm512_or_si512(_mm512_set1_epi32(0x7F800000),
-                                    _mm512_slli_epi32(_mm512_and_si512(mag, _mm512_set1_epi32(3)), 21));
+        __m512i s =
+            _mm512_or_si512(_mm512_set1_epi32(0x7F800000),
+                            _mm512_slli_epi32(_mm512_and_si512(mag, _mm512_set1_epi32(3)), 21));
         r = _mm512_mask_mov_epi32(r, special, s);
         r = _mm512_mask_or_epi32(r, nan, r, _mm512_set1_epi32(0x400000));
     }

@@ -90,9 +90,12 @@ bool mp_isa_supported(mp_isa isa)
     const mp_cpu_features *f = mp_cpu();
     bool avx512 = f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->f16c && f->fma;
     switch (isa) {
-    case MP_ISA_SCALAR: return true;
-    case MP_ISA_AVX512: return MP_X86 && avx512;
-    case MP_ISA_AVX512BF16: return MP_X86 && avx512 && f->avx512_bf16;
+    case MP_ISA_SCALAR:
+        return true;
+    case MP_ISA_AVX512:
+        return MP_X86 && avx512;
+    case MP_ISA_AVX512BF16:
+        return MP_X86 && avx512 && f->avx512_bf16;
     }
     return false;
 }

@@ -12,10 +12,8 @@ static const struct {
     const char *short_name;
     size_t size;
 } dtype_names[MP_DTYPE_COUNT] = {
-    [MP_F32] = {"float32", "f32", 4},
-    [MP_F16] = {"float16", "f16", 2},
-    [MP_BF16] = {"bfloat16", "bf16", 2},
-    [MP_F8E4M3] = {"float8_e4m3", "e4m3", 1},
+    [MP_F32] = {"float32", "f32", 4},         [MP_F16] = {"float16", "f16", 2},
+    [MP_BF16] = {"bfloat16", "bf16", 2},      [MP_F8E4M3] = {"float8_e4m3", "e4m3", 1},
     [MP_F8E5M2] = {"float8_e5m2", "e5m2", 1},
 };
 
@@ -30,7 +28,8 @@ mp_status mp_dtype_from_name(const char *name, mp_dtype *out)
 {
     if (name) {
         for (int i = 0; i < MP_DTYPE_COUNT; i++)
-            if (strcmp(name, dtype_names[i].name) == 0 || strcmp(name, dtype_names[i].short_name) == 0) {
+            if (strcmp(name, dtype_names[i].name) == 0 ||
+                strcmp(name, dtype_names[i].short_name) == 0) {
                 *out = (mp_dtype)i;
                 return MP_OK;
             }

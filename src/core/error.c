@@ -22,12 +22,18 @@ void mp_clear_error(void) { last_error[0] = '\0'; }
 const char *mp_status_name(mp_status s)
 {
     switch (s) {
-    case MP_OK: return "ok";
-    case MP_ERR_INVALID: return "invalid argument";
-    case MP_ERR_NOMEM: return "out of memory";
-    case MP_ERR_IO: return "i/o error";
-    case MP_ERR_FORMAT: return "bad format";
-    case MP_ERR_UNSUPPORTED: return "unsupported";
+    case MP_OK:
+        return "ok";
+    case MP_ERR_INVALID:
+        return "invalid argument";
+    case MP_ERR_NOMEM:
+        return "out of memory";
+    case MP_ERR_IO:
+        return "i/o error";
+    case MP_ERR_FORMAT:
+        return "bad format";
+    case MP_ERR_UNSUPPORTED:
+        return "unsupported";
     }
     return "unknown status";
 }

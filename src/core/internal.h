@@ -16,7 +16,7 @@ mp_status mp_set_error(mp_status s, const char *fmt, ...) MP_PRINTF(2, 3);
 #if defined(__x86_64__) || defined(_M_X64)
 #define MP_X86 1
 #define MP_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
-#define MP_TARGET_AVX512BF16                                                                 \
+#define MP_TARGET_AVX512BF16                                                                       \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")))
 #else
 #define MP_X86 0
@@ -24,12 +24,18 @@ mp_status mp_set_error(mp_status s, const char *fmt, ...) MP_PRINTF(2, 3);
 
 static inline uint32_t mp_f32_bits(float x)
 {
-    union { float f; uint32_t u; } v = {.f = x};
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = x};
     return v.u;
 }
 static inline float mp_bits_f32(uint32_t u)
 {
-    union { uint32_t u; float f; } v = {.u = u};
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = u};
     return v.f;
 }
 
@@ -61,16 +67,16 @@ extern const mp_convert_kernels mp_convert_avx512bf16_kernels;
 /* Kernels of a given ISA (scalar if the ISA is not compiled in). */
 const mp_convert_kernels *mp_convert_kernels_for(mp_isa isa);
 /* mp_convert_ex on an explicit ISA, for tests and benchmarks. */
-void mp_convert_isa(mp_isa isa, void *dst, mp_dtype dst_type, const void *src,
-                    mp_dtype src_type, size_t n, mp_overflow ov);
+void mp_convert_isa(mp_isa isa, void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type,
+                    size_t n, mp_overflow ov);
 
 /* fp8 encoding shared by scalar and SIMD paths: format parameters. */
 typedef struct {
     int mbits, bias;
-    uint32_t max_enc;     /* largest finite magnitude encoding */
-    uint32_t ovf_nonsat;  /* what non-saturating overflow gives (inf or NaN) */
-    uint32_t inf_enc;     /* what +inf becomes in saturating mode */
-    uint32_t nan_enc;     /* canonical NaN magnitude */
+    uint32_t max_enc;    /* largest finite magnitude encoding */
+    uint32_t ovf_nonsat; /* what non-saturating overflow gives (inf or NaN) */
+    uint32_t inf_enc;    /* what +inf becomes in saturating mode */
+    uint32_t nan_enc;    /* canonical NaN magnitude */
 } mp_fp8_format;
 const mp_fp8_format *mp_fp8_format_of(mp_dtype t);
 

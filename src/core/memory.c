@@ -13,7 +13,8 @@ static atomic_size_t peak[MP_MEM_CATEGORY_COUNT];
 static atomic_size_t total_current, total_peak;
 
 static const char *const category_names[MP_MEM_CATEGORY_COUNT] = {
-    "weights", "master_weights", "gradients", "optimizer_state", "activations", "workspace", "other",
+    "weights",     "master_weights", "gradients", "optimizer_state",
+    "activations", "workspace",      "other",
 };
 
 const char *mp_mem_category_name(mp_mem_category c)
@@ -54,7 +55,8 @@ void mp_mem_get_stats(mp_mem_stats *out)
 
 void mp_mem_reset_peaks(void)
 {
-    for (int i = 0; i < MP_MEM_CATEGORY_COUNT; i++) atomic_store(&peak[i], atomic_load(&current[i]));
+    for (int i = 0; i < MP_MEM_CATEGORY_COUNT; i++)
+        atomic_store(&peak[i], atomic_load(&current[i]));
     atomic_store(&total_peak, atomic_load(&total_current));
 }
 

@@ -64,7 +64,8 @@ void mp_convert_stochastic_at(void *dst, mp_dtype dst_type, const float *src, si
             continue;
         }
         uint32_t u = mp_f32_bits(x);
-        uint32_t r = sr_magnitude(u & 0x7FFFFFFFu, mbits, bias, random_bits(key, offset + (uint64_t)i));
+        uint32_t r =
+            sr_magnitude(u & 0x7FFFFFFFu, mbits, bias, random_bits(key, offset + (uint64_t)i));
         if (info.bits == 16)
             ((uint16_t *)dst)[i] = (uint16_t)(((u >> 16) & 0x8000u) | r);
         else

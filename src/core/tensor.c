@@ -97,7 +97,8 @@ mp_status mp_tensor_convert(mp_tensor *dst, const mp_tensor *src)
     if (mp_tensor_numel(dst) != mp_tensor_numel(src)) {
         char a[128], b[128];
         return mp_set_error(MP_ERR_INVALID, "tensor convert: %s and %s differ in size",
-                            mp_tensor_describe(src, a, sizeof a), mp_tensor_describe(dst, b, sizeof b));
+                            mp_tensor_describe(src, a, sizeof a),
+                            mp_tensor_describe(dst, b, sizeof b));
     }
     mp_convert(dst->data, dst->dtype, src->data, src->dtype, (size_t)mp_tensor_numel(src));
     return MP_OK;
@@ -107,7 +108,8 @@ const char *mp_tensor_describe(const mp_tensor *t, char *buf, size_t len)
 {
     size_t off = (size_t)snprintf(buf, len, "%s[", mp_dtype_name(t->dtype));
     for (int i = 0; i < t->ndim && off < len; i++)
-        off += (size_t)snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+        off +=
+            (size_t)snprintf(buf + off, len - off, i ? ", %lld" : "%lld", (long long)t->shape[i]);
     if (off < len) snprintf(buf + off, len - off, "]");
     return buf;
 }

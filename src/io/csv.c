@@ -116,15 +116,18 @@ static mp_status field_error(const parser *ps, long long ln, int col, span s, nu
     const char *what = label ? "label" : "feature";
     switch (r) {
     case NUM_EMPTY:
-        return mp_set_error(MP_ERR_FORMAT, "%s: line %lld, column %d: empty %s field", ps->path,
-                            ln, col, what);
+        return mp_set_error(MP_ERR_FORMAT, "%s: line %lld, column %d: empty %s field", ps->path, ln,
+                            col, what);
     case NUM_LONG:
-        return mp_set_error(MP_ERR_FORMAT, "%s: line %lld, column %d: field '%s' is too long "
-                            "to be a number", ps->path, ln, col, shown(s, t, sizeof t));
+        return mp_set_error(MP_ERR_FORMAT,
+                            "%s: line %lld, column %d: field '%s' is too long "
+                            "to be a number",
+                            ps->path, ln, col, shown(s, t, sizeof t));
     case NUM_BAD:
         return mp_set_error(MP_ERR_FORMAT, "%s: line %lld, column %d: '%s' is not a number",
                             ps->path, ln, col, shown(s, t, sizeof t));
-    case NUM_OK: break;
+    case NUM_OK:
+        break;
     }
     if (isnan(v))
         return mp_set_error(MP_ERR_FORMAT,
@@ -210,7 +213,8 @@ static mp_status parse(parser *ps, char *text, size_t len, const mp_csv_options 
             }
         }
         if (ps->nf != nf) {
-            s = mp_set_error(MP_ERR_FORMAT, "%s: line %lld has %d fields, expected %d (as on line "
+            s = mp_set_error(MP_ERR_FORMAT,
+                             "%s: line %lld has %d fields, expected %d (as on line "
                              "%d)",
                              ps->path, ln, ps->nf, nf, header_line ? header_line : 1);
             break;

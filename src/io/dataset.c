@@ -142,8 +142,7 @@ mp_status mp_dataset_split(const mp_dataset *ds, double fraction, mp_dataset **t
     if (!ds || !train || !val)
         return mp_set_error(MP_ERR_INVALID, "mp_dataset_split: NULL argument");
     if (!(fraction >= 0.0 && fraction < 1.0))
-        return mp_set_error(MP_ERR_INVALID,
-                            "validation_split must be in [0, 1), got %g", fraction);
+        return mp_set_error(MP_ERR_INVALID, "validation_split must be in [0, 1), got %g", fraction);
     int64_t first = ds->y - ds->st->y; /* where this view starts in storage */
     if (fraction == 0.0) return make_view(ds->st, first, ds->n, ds->dim, ds->classes, train);
     /* Two statements, as Keras evaluates floor(n * (1.0 - split)) in double:
@@ -204,7 +203,8 @@ mp_status mp_dataset_order(const mp_dataset *ds, uint64_t epoch, uint64_t seed, 
     if (!shuffle) return MP_OK;
     /* The key mixes seed and epoch through separate mixers so that nearby
      * (seed, epoch) pairs give unrelated streams. */
-    order_rng r = {.key = mp_mix64(seed ^ 0x6D69787072656331ull) ^ mp_mix64(~epoch * 0xD1B54A32D192ED03ull),
+    order_rng r = {.key = mp_mix64(seed ^ 0x6D69787072656331ull) ^
+                          mp_mix64(~epoch * 0xD1B54A32D192ED03ull),
                    .ctr = 0};
     for (int64_t i = n - 1; i > 0; i--) {
         int64_t j = (int64_t)rng_below(&r, (uint64_t)i + 1);

@@ -16,8 +16,7 @@ mp_status mp_gz_open(const char *path, gzFile *out)
     struct stat st;
     if (stat(path, &st) != 0)
         return mp_set_error(MP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode))
-        return mp_set_error(MP_ERR_IO, "%s: is a directory, not a file", path);
+    if (S_ISDIR(st.st_mode)) return mp_set_error(MP_ERR_IO, "%s: is a directory, not a file", path);
     gzFile f = gzopen(path, "rb");
     if (!f) {
         int e = errno;
@@ -34,8 +33,7 @@ static mp_status stream_error(gzFile f, const char *path, int r)
 {
     int err = Z_OK;
     const char *msg = gzerror(f, &err);
-    if (err == Z_ERRNO)
-        return mp_set_error(MP_ERR_IO, "%s: read error: %s", path, strerror(errno));
+    if (err == Z_ERRNO) return mp_set_error(MP_ERR_IO, "%s: read error: %s", path, strerror(errno));
     if (err == Z_MEM_ERROR) return mp_set_error(MP_ERR_NOMEM, "%s: zlib out of memory", path);
     if (err == Z_BUF_ERROR)
         return mp_set_error(MP_ERR_FORMAT, "%s: gzip stream is truncated (%s)", path,

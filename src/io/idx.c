@@ -17,12 +17,18 @@
 static const char *idx_type_name(unsigned t)
 {
     switch (t) {
-    case 0x08: return "unsigned byte";
-    case 0x09: return "signed byte";
-    case 0x0B: return "int16";
-    case 0x0C: return "int32";
-    case 0x0D: return "float32";
-    case 0x0E: return "float64";
+    case 0x08:
+        return "unsigned byte";
+    case 0x09:
+        return "signed byte";
+    case 0x0B:
+        return "int16";
+    case 0x0C:
+        return "int32";
+    case 0x0D:
+        return "float32";
+    case 0x0E:
+        return "float64";
     }
     return "unknown type";
 }
@@ -90,11 +96,10 @@ static mp_status read_header(gzFile f, const char *path, mp_idx *out)
     int64_t count = 1;
     for (int i = 0; i < ndim; i++) {
         int64_t d = be32(dims + 4 * i);
-        if (d == 0)
-            return mp_set_error(MP_ERR_FORMAT, "%s: IDX dimension %d is zero", path, i);
+        if (d == 0) return mp_set_error(MP_ERR_FORMAT, "%s: IDX dimension %d is zero", path, i);
         if (d > MAX_DIM_SIZE)
-            return mp_set_error(MP_ERR_FORMAT, "%s: IDX dimension %d is %lld, beyond 2^31-1",
-                                path, i, (long long)d);
+            return mp_set_error(MP_ERR_FORMAT, "%s: IDX dimension %d is %lld, beyond 2^31-1", path,
+                                i, (long long)d);
         if (d > MAX_BYTES / count) /* divide first: the product may not fit */
             return mp_set_error(MP_ERR_FORMAT,
                                 "%s: IDX dimensions describe more than 2^34 bytes of data", path);
@@ -170,8 +175,7 @@ static mp_status load_pair(const char *images_path, const char *labels_path, boo
                          labels_path, lb.ndim);
     else if (im.dims[0] != lb.dims[0])
         s = mp_set_error(MP_ERR_FORMAT, "%s holds %lld images but %s holds %lld labels",
-                         images_path, (long long)im.dims[0], labels_path,
-                         (long long)lb.dims[0]);
+                         images_path, (long long)im.dims[0], labels_path, (long long)lb.dims[0]);
     else if (fashion && (im.ndim != 3 || im.dims[1] != 28 || im.dims[2] != 28))
         s = mp_set_error(MP_ERR_FORMAT,
                          "%s: not Fashion-MNIST: images must be [n, 28, 28], the file has %d "
@@ -213,8 +217,7 @@ static mp_status load_pair(const char *images_path, const char *labels_path, boo
     return mp_dataset_adopt(x, y, n, dim, fashion ? 10 : maxl + 1, out);
 }
 
-mp_status mp_dataset_load_idx(const char *images_path, const char *labels_path,
-                              mp_dataset **out)
+mp_status mp_dataset_load_idx(const char *images_path, const char *labels_path, mp_dataset **out)
 {
     if (!out) return mp_set_error(MP_ERR_INVALID, "mp_dataset_load_idx: out is NULL");
     *out = NULL;
@@ -229,9 +232,9 @@ const char *mp_fashion_mnist_dir(const char *dir)
     return MP_FASHION_MNIST_DEFAULT_DIR;
 }
 
-#define INSTALL_HINT                                                                          \
-    "install Debian's package with `apt-get install dataset-fashion-mnist`, or set " \
-    MP_FASHION_MNIST_ENV " to a directory holding the files"
+#define INSTALL_HINT                                                                               \
+    "install Debian's package with `apt-get install dataset-fashion-mnist`, or "                   \
+    "set " MP_FASHION_MNIST_ENV " to a directory holding the files"
 
 mp_status mp_dataset_load_fashion_mnist(const char *dir, bool train, mp_dataset **out)
 {
@@ -240,8 +243,7 @@ mp_status mp_dataset_load_fashion_mnist(const char *dir, bool train, mp_dataset 
     const char *d = mp_fashion_mnist_dir(dir);
     struct stat st;
     if (stat(d, &st) != 0 || !S_ISDIR(st.st_mode))
-        return mp_set_error(MP_ERR_IO, "Fashion-MNIST directory %s not found; %s", d,
-                            INSTALL_HINT);
+        return mp_set_error(MP_ERR_IO, "Fashion-MNIST directory %s not found; %s", d, INSTALL_HINT);
     const char *prefix = train ? "train" : "t10k";
     char images[4096], labels[4096];
     int a = snprintf(images, sizeof images, "%s/%s-images-idx3-ubyte.gz", d, prefix);

@@ -26,7 +26,11 @@
 static const struct {
     const char *name;
     mp_dtype t;
-} st_dtypes[] = {{"F32", MP_F32}, {"F16", MP_F16}, {"BF16", MP_BF16}, {"F8_E4M3", MP_F8E4M3}, {"F8_E5M2", MP_F8E5M2}};
+} st_dtypes[] = {{"F32", MP_F32},
+                 {"F16", MP_F16},
+                 {"BF16", MP_BF16},
+                 {"F8_E4M3", MP_F8E4M3},
+                 {"F8_E5M2", MP_F8E5M2}};
 
 static const char *st_name(mp_dtype t)
 {
@@ -60,13 +64,15 @@ static size_t tensor_bytes(const mp_named_tensor *t)
 }
 
 mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors, int n,
-                               const char *const *meta_keys, const char *const *meta_values, int n_meta)
+                               const char *const *meta_keys, const char *const *meta_values,
+                               int n_meta)
 {
     json_t *root = json_object();
     if (!root) return mp_set_error(MP_ERR_NOMEM, "safetensors: out of memory");
     if (n_meta > 0) {
         json_t *meta = json_object();
-        for (int i = 0; i < n_meta; i++) json_object_set_new(meta, meta_keys[i], json_string(meta_values[i]));
+        for (int i = 0; i < n_meta; i++)
+            json_object_set_new(meta, meta_keys[i], json_string(meta_values[i]));
         json_object_set_new(root, "__metadata__", meta);
     }
     uint64_t off = 0;
@@ -76,15 +82,17 @@ mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors,
         if (!t->name || !*t->name || !strcmp(t->name, "__metadata__") || !dn || t->ndim < 0 ||
             t->ndim > MP_MAX_DIMS || json_object_get(root, t->name)) {
             json_decref(root);
-            return mp_set_error(MP_ERR_INVALID, "safetensors: tensor %d ('%s') has a bad or duplicate name, dtype or shape",
-                                i, t->name ? t->name : "(null)");
+            return mp_set_error(
+                MP_ERR_INVALID,
+                "safetensors: tensor %d ('%s') has a bad or duplicate name, dtype or shape", i,
+                t->name ? t->name : "(null)");
         }
         json_t *shape = json_array();
         for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
         uint64_t bytes = tensor_bytes(t);
         json_object_set_new(root, t->name,
-                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", dn, "shape", shape, "data_offsets",
-                                      (json_int_t)off, (json_int_t)(off + bytes)));
+                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", dn, "shape", shape,
+                                      "data_offsets", (json_int_t)off, (json_int_t)(off + bytes)));
         off += bytes;
     }
     char *hdr = json_dumps(root, JSON_COMPACT);
@@ -102,7 +110,8 @@ mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors,
     snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
     int fd = mkstemp(tmp);
     if (fd < 0) {
-        mp_status s = mp_set_error(MP_ERR_IO, "cannot create a temporary file next to '%s': %s", path, strerror(errno));
+        mp_status s = mp_set_error(MP_ERR_IO, "cannot create a temporary file next to '%s': %s",
+                                   path, strerror(errno));
         free(hdr);
         free(tmp);
         return s;
@@ -111,7 +120,8 @@ mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors,
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     int bad = write_all(fd, len8, 8) || write_all(fd, hdr, hlen) ||
               write_all(fd, "        ", padded - hlen);
-    for (int i = 0; i < n && !bad; i++) bad = write_all(fd, tensors[i].data, tensor_bytes(&tensors[i]));
+    for (int i = 0; i < n && !bad; i++)
+        bad = write_all(fd, tensors[i].data, tensor_bytes(&tensors[i]));
     int err = errno;
     free(hdr);
     if (!bad && fsync(fd) != 0) bad = 1, err = errno;
@@ -120,7 +130,8 @@ mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors,
     if (bad) {
         unlink(tmp);
         free(tmp);
-        return mp_set_error(MP_ERR_IO, "cannot write '%s': %s (the previous file, if any, is unchanged)", path,
+        return mp_set_error(MP_ERR_IO,
+                            "cannot write '%s': %s (the previous file, if any, is unchanged)", path,
                             strerror(err));
     }
     free(tmp);
@@ -196,7 +207,10 @@ static int by_begin(const void *a, const void *b)
     return (x->begin > y->begin) - (x->begin < y->begin);
 }
 
-static int read_exact(FILE *fp, void *buf, size_t len) { return fread(buf, 1, len, fp) == len ? 0 : -1; }
+static int read_exact(FILE *fp, void *buf, size_t len)
+{
+    return fread(buf, 1, len, fp) == len ? 0 : -1;
+}
 
 #define FAIL(code, ...)                                                                            \
     do {                                                                                           \
@@ -219,10 +233,13 @@ mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
         return mp_set_error(MP_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     }
     struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) FAIL(MP_ERR_IO, "'%s' is not a regular file", path);
+    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode))
+        FAIL(MP_ERR_IO, "'%s' is not a regular file", path);
     uint64_t fsize = (uint64_t)st.st_size;
     uint8_t len8[8];
-    if (fsize < 8 || read_exact(fp, len8, 8)) FAIL(MP_ERR_FORMAT, "'%s': too short for a safetensors header (%llu bytes)", path, (unsigned long long)fsize);
+    if (fsize < 8 || read_exact(fp, len8, 8))
+        FAIL(MP_ERR_FORMAT, "'%s': too short for a safetensors header (%llu bytes)", path,
+             (unsigned long long)fsize);
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)len8[i] << (8 * i);
     if (hlen < 2 || hlen > MAX_HEADER || hlen > fsize - 8)
@@ -230,10 +247,13 @@ mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
              (unsigned long long)hlen, (unsigned long long)fsize);
     hdr = malloc((size_t)hlen);
     if (!hdr) FAIL(MP_ERR_NOMEM, "safetensors: out of memory");
-    if (read_exact(fp, hdr, (size_t)hlen)) FAIL(MP_ERR_FORMAT, "'%s': cannot read the header", path);
+    if (read_exact(fp, hdr, (size_t)hlen))
+        FAIL(MP_ERR_FORMAT, "'%s': cannot read the header", path);
     json_error_t je;
     root = json_loadb(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
-    if (!root) FAIL(MP_ERR_FORMAT, "'%s': header is not valid JSON (%s at byte %d)", path, je.text, je.position);
+    if (!root)
+        FAIL(MP_ERR_FORMAT, "'%s': header is not valid JSON (%s at byte %d)", path, je.text,
+             je.position);
     if (!json_is_object(root)) FAIL(MP_ERR_FORMAT, "'%s': header is not a JSON object", path);
     uint64_t dsize = fsize - 8 - hlen;
     size_t nkeys = json_object_size(root);
@@ -243,20 +263,25 @@ mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
     if (!f->tensors || !f->names || !ranges) FAIL(MP_ERR_NOMEM, "safetensors: out of memory");
     const char *key;
     json_t *val;
-    json_object_foreach(root, key, val) {
+    json_object_foreach(root, key, val)
+    {
         if (!strcmp(key, "__metadata__")) {
-            if (!json_is_object(val)) FAIL(MP_ERR_FORMAT, "'%s': __metadata__ is not an object", path);
+            if (!json_is_object(val))
+                FAIL(MP_ERR_FORMAT, "'%s': __metadata__ is not an object", path);
             size_t nm = json_object_size(val);
             f->meta_keys = calloc(nm + 1, sizeof(char *));
             f->meta_values = calloc(nm + 1, sizeof(char *));
             if (!f->meta_keys || !f->meta_values) FAIL(MP_ERR_NOMEM, "safetensors: out of memory");
             const char *mk;
             json_t *mv;
-            json_object_foreach(val, mk, mv) {
-                if (!json_is_string(mv)) FAIL(MP_ERR_FORMAT, "'%s': metadata '%s' is not a string", path, mk);
+            json_object_foreach(val, mk, mv)
+            {
+                if (!json_is_string(mv))
+                    FAIL(MP_ERR_FORMAT, "'%s': metadata '%s' is not a string", path, mk);
                 f->meta_keys[f->n_meta] = strdup(mk);
                 f->meta_values[f->n_meta] = strdup(json_string_value(mv));
-                if (!f->meta_keys[f->n_meta] || !f->meta_values[f->n_meta]) FAIL(MP_ERR_NOMEM, "safetensors: out of memory");
+                if (!f->meta_keys[f->n_meta] || !f->meta_values[f->n_meta])
+                    FAIL(MP_ERR_NOMEM, "safetensors: out of memory");
                 f->n_meta++;
             }
             continue;
@@ -264,14 +289,19 @@ mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
         mp_named_tensor *t = &f->tensors[f->count];
         json_t *dt = json_object_get(val, "dtype"), *sh = json_object_get(val, "shape"),
                *of = json_object_get(val, "data_offsets");
-        if (!json_is_object(val) || !json_is_string(dt) || !json_is_array(sh) || !json_is_array(of) ||
-            json_array_size(of) != 2)
+        if (!json_is_object(val) || !json_is_string(dt) || !json_is_array(sh) ||
+            !json_is_array(of) || json_array_size(of) != 2)
             FAIL(MP_ERR_FORMAT, "'%s': tensor '%s' needs dtype, shape and data_offsets", path, key);
         bool found = false;
         for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
-            if (!strcmp(json_string_value(dt), st_dtypes[i].name)) t->dtype = st_dtypes[i].t, found = true;
-        if (!found) FAIL(MP_ERR_FORMAT, "'%s': tensor '%s' has unsupported dtype '%s'", path, key, json_string_value(dt));
-        if (json_array_size(sh) > MP_MAX_DIMS) FAIL(MP_ERR_FORMAT, "'%s': tensor '%s' has %zu dimensions (at most %d)", path, key, json_array_size(sh), MP_MAX_DIMS);
+            if (!strcmp(json_string_value(dt), st_dtypes[i].name))
+                t->dtype = st_dtypes[i].t, found = true;
+        if (!found)
+            FAIL(MP_ERR_FORMAT, "'%s': tensor '%s' has unsupported dtype '%s'", path, key,
+                 json_string_value(dt));
+        if (json_array_size(sh) > MP_MAX_DIMS)
+            FAIL(MP_ERR_FORMAT, "'%s': tensor '%s' has %zu dimensions (at most %d)", path, key,
+                 json_array_size(sh), MP_MAX_DIMS);
         t->ndim = (int)json_array_size(sh);
         uint64_t bytes = mp_dtype_size(t->dtype);
         for (int d = 0; d < t->ndim; d++) {
@@ -294,11 +324,11 @@ mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
         r->end = (uint64_t)json_integer_value(b1);
         r->index = f->count;
         if (r->end > dsize)
-            FAIL(MP_ERR_FORMAT, "'%s': tensor '%s' ends at byte %llu of a %llu-byte data section", path, key,
-                 (unsigned long long)r->end, (unsigned long long)dsize);
+            FAIL(MP_ERR_FORMAT, "'%s': tensor '%s' ends at byte %llu of a %llu-byte data section",
+                 path, key, (unsigned long long)r->end, (unsigned long long)dsize);
         if (r->end - r->begin != bytes)
-            FAIL(MP_ERR_FORMAT, "'%s': tensor '%s' has %llu bytes for a shape that needs %llu", path, key,
-                 (unsigned long long)(r->end - r->begin), (unsigned long long)bytes);
+            FAIL(MP_ERR_FORMAT, "'%s': tensor '%s' has %llu bytes for a shape that needs %llu",
+                 path, key, (unsigned long long)(r->end - r->begin), (unsigned long long)bytes);
         f->names[f->count] = strdup(key);
         if (!f->names[f->count]) FAIL(MP_ERR_NOMEM, "safetensors: out of memory");
         t->name = f->names[f->count];
@@ -310,14 +340,17 @@ mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
     for (int i = 0; i < f->count; i++) {
         if (ranges[i].begin != pos)
             FAIL(MP_ERR_FORMAT, "'%s': tensor '%s' %s (byte %llu, expected %llu)", path,
-                 f->tensors[ranges[i].index].name, ranges[i].begin < pos ? "overlaps another" : "leaves a gap",
+                 f->tensors[ranges[i].index].name,
+                 ranges[i].begin < pos ? "overlaps another" : "leaves a gap",
                  (unsigned long long)ranges[i].begin, (unsigned long long)pos);
         pos = ranges[i].end;
     }
     if (pos != dsize)
-        FAIL(MP_ERR_FORMAT, "'%s': %llu bytes of data after the last tensor", path, (unsigned long long)(dsize - pos));
+        FAIL(MP_ERR_FORMAT, "'%s': %llu bytes of data after the last tensor", path,
+             (unsigned long long)(dsize - pos));
     f->data = malloc(dsize ? (size_t)dsize : 1);
-    if (!f->data) FAIL(MP_ERR_NOMEM, "safetensors: out of memory for %llu bytes", (unsigned long long)dsize);
+    if (!f->data)
+        FAIL(MP_ERR_NOMEM, "safetensors: out of memory for %llu bytes", (unsigned long long)dsize);
     if (read_exact(fp, f->data, (size_t)dsize)) FAIL(MP_ERR_IO, "'%s': cannot read the data", path);
     for (int i = 0; i < f->count; i++) f->tensors[ranges[i].index].data = f->data + ranges[i].begin;
     free(ranges);
@@ -345,7 +378,8 @@ mp_status mp_model_save_weights(mp_model *m, const char *path)
 mp_status mp_model_save_weights_ex(mp_model *m, const char *path, const char *const *meta_keys,
                                    const char *const *meta_values, int n_meta)
 {
-    if (n_meta < 0 || n_meta > 62) return mp_set_error(MP_ERR_INVALID, "save: %d metadata entries", n_meta);
+    if (n_meta < 0 || n_meta > 62)
+        return mp_set_error(MP_ERR_INVALID, "save: %d metadata entries", n_meta);
     int np = mp_model_num_params(m);
     mp_named_tensor *t = calloc((size_t)(np ? np : 1), sizeof *t);
     if (!t) return mp_set_error(MP_ERR_NOMEM, "save: out of memory");
@@ -385,15 +419,19 @@ mp_status mp_model_load_weights(mp_model *m, const char *path)
         const mp_model_param *p = mp_model_get_param(m, i);
         const mp_named_tensor *t = mp_safetensors_find(f, p->name);
         if (!t) {
-            s = mp_set_error(MP_ERR_FORMAT, "'%s' has no tensor '%s' for this model", path, p->name);
+            s = mp_set_error(MP_ERR_FORMAT, "'%s' has no tensor '%s' for this model", path,
+                             p->name);
             break;
         }
-        bool same = t->ndim == p->ndim && t->shape[0] == p->shape[0] && (p->ndim < 2 || t->shape[1] == p->shape[1]);
+        bool same = t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
+                    (p->ndim < 2 || t->shape[1] == p->shape[1]);
         if (!same) {
-            s = mp_set_error(MP_ERR_FORMAT, "'%s': tensor '%s' has shape %s%lld%s%lld%s, the model needs [%lld%s%lld]", path,
-                             p->name, "[", (long long)(t->ndim ? t->shape[0] : 0), t->ndim > 1 ? ", " : "",
-                             (long long)(t->ndim > 1 ? t->shape[1] : 0), "]", (long long)p->shape[0],
-                             p->ndim > 1 ? ", " : "", (long long)(p->ndim > 1 ? p->shape[1] : 0));
+            s = mp_set_error(
+                MP_ERR_FORMAT,
+                "'%s': tensor '%s' has shape %s%lld%s%lld%s, the model needs [%lld%s%lld]", path,
+                p->name, "[", (long long)(t->ndim ? t->shape[0] : 0), t->ndim > 1 ? ", " : "",
+                (long long)(t->ndim > 1 ? t->shape[1] : 0), "]", (long long)p->shape[0],
+                p->ndim > 1 ? ", " : "", (long long)(p->ndim > 1 ? p->shape[1] : 0));
             break;
         }
         staged[i] = malloc((size_t)p->n * sizeof(float));
@@ -404,7 +442,8 @@ mp_status mp_model_load_weights(mp_model *m, const char *path)
         mp_convert(staged[i], MP_F32, t->data, t->dtype, (size_t)p->n);
         for (int64_t j = 0; j < p->n; j++)
             if (!isfinite(staged[i][j])) {
-                s = mp_set_error(MP_ERR_FORMAT, "'%s': tensor '%s' holds a non-finite value at element %lld", path,
+                s = mp_set_error(MP_ERR_FORMAT,
+                                 "'%s': tensor '%s' holds a non-finite value at element %lld", path,
                                  p->name, (long long)j);
                 break;
             }

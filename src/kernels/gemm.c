@@ -38,8 +38,7 @@ static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
 {
     mp_isa isa = mp_isa_active();
 #if MP_X86
-    if (isa >= MP_ISA_AVX512BF16 && bf16_like(at) && bf16_like(bt))
-        return &mp_gemm_avx512bf16_impl;
+    if (isa >= MP_ISA_AVX512BF16 && bf16_like(at) && bf16_like(bt)) return &mp_gemm_avx512bf16_impl;
     if (isa >= MP_ISA_AVX512) return &mp_gemm_avx512_impl;
 #else
     (void)isa;
@@ -183,8 +182,8 @@ static mp_status validate(const mp_gemm_args *g)
         const char *name;
         int64_t rows, width, ld;
         const void *p;
-    } ops[3] = {{"a", ar, aw, g->lda, g->a}, {"b", br, bw, g->ldb, g->b},
-                {"c", g->m, g->n, g->ldc, g->c}};
+    } ops[3] = {
+        {"a", ar, aw, g->lda, g->a}, {"b", br, bw, g->ldb, g->b}, {"c", g->m, g->n, g->ldc, g->c}};
     for (int i = 0; i < 3; i++) {
         int64_t need = ops[i].width > 1 ? ops[i].width : 1;
         if (ops[i].ld < need)
@@ -192,8 +191,7 @@ static mp_status validate(const mp_gemm_args *g)
                                 "mp_gemm: ld%s=%lld is smaller than the row width %lld",
                                 ops[i].name, (long long)ops[i].ld, (long long)need);
         if (ops[i].rows > 0 && ops[i].width > 0) {
-            if (!ops[i].p)
-                return mp_set_error(MP_ERR_INVALID, "mp_gemm: %s is NULL", ops[i].name);
+            if (!ops[i].p) return mp_set_error(MP_ERR_INVALID, "mp_gemm: %s is NULL", ops[i].name);
             if (ops[i].rows - 1 > (INT64_MAX / 8 - ops[i].width) / ops[i].ld)
                 return mp_set_error(MP_ERR_INVALID, "mp_gemm: %s is too large to address",
                                     ops[i].name);
@@ -218,8 +216,8 @@ mp_status mp_gemm_ex(const mp_gemm_args *g)
     pl.k = k;
     pl.a = (gemm_operand){g->a, g->a_type, g->trans_a ? 1 : g->lda, g->trans_a ? g->lda : 1};
     pl.b = (gemm_operand){g->b, g->b_type, g->trans_b ? g->ldb : 1, g->trans_b ? 1 : g->ldb};
-    pl.e = (gemm_epilogue){g->alpha, g->beta,     g->c,          g->c_type,
-                           g->ldc,   g->bias,     g->activation, false};
+    pl.e =
+        (gemm_epilogue){g->alpha, g->beta, g->c, g->c_type, g->ldc, g->bias, g->activation, false};
     /* A thin C (n well below the kernel's NR) wastes most of each register
      * tile; as C^T = op(B)^T op(A)^T the thin side meets the short MR. */
     if (k > 0 && g->n * 2 <= pl.im->nr && g->m >= 4 * g->n) {

@@ -52,8 +52,10 @@ MP_TARGET_AVX512 static inline __m256 load8(const char *p, mp_dtype t, int cnt)
 {
     __mmask8 m = (__mmask8)((1u << cnt) - 1u);
     switch (t) {
-    case MP_F32: return cnt == 8 ? _mm256_loadu_ps((const float *)p) : _mm256_maskz_loadu_ps(m, p);
-    case MP_F16: return _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, p));
+    case MP_F32:
+        return cnt == 8 ? _mm256_loadu_ps((const float *)p) : _mm256_maskz_loadu_ps(m, p);
+    case MP_F16:
+        return _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, p));
     default: /* MP_BF16 */
         return _mm256_castsi256_ps(
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_maskz_loadu_epi16(m, p)), 16));
@@ -64,8 +66,7 @@ MP_TARGET_AVX512 static void pack_f32(const gemm_operand *op, int64_t w0, int64_
                                       int64_t nd, int W, void *dst)
 {
     const mp_dtype t = op->type;
-    if ((t != MP_F32 && t != MP_F16 && t != MP_BF16) || (W & 7) ||
-        (op->sw != 1 && op->sd != 1)) {
+    if ((t != MP_F32 && t != MP_F16 && t != MP_BF16) || (W & 7) || (op->sw != 1 && op->sd != 1)) {
         mp_gemm_pack_generic(op, w0, nw, d0, nd, W, GEMM_FMT_F32, dst);
         return;
     }
@@ -105,8 +106,8 @@ MP_TARGET_AVX512 static void pack_f32(const gemm_operand *op, int64_t w0, int64_
                 for (int q = 0; q < cnt; q++)
                     _mm_prefetch(rows + (q * op->sw + d + 64) * es, _MM_HINT_T0);
                 for (int q = 0; q < 8; q++)
-                    r[q] = q < cnt ? load8(rows + (q * op->sw + d) * es, t, dn)
-                                   : _mm256_setzero_ps();
+                    r[q] =
+                        q < cnt ? load8(rows + (q * op->sw + d) * es, t, dn) : _mm256_setzero_ps();
                 mp_gemm_tr8(r);
                 for (int q = 0; q < dn; q++) _mm256_storeu_ps(out + (d + q) * W + g, r[q]);
             }

@@ -103,7 +103,8 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
                     if (cnt > 0) {
                         int c8 = cnt >= 8 ? 8 : (int)cnt;
                         const char *s0 = r0 + (q * W + g) * es;
-                        __m256i lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(load16(s0, t, c8)));
+                        __m256i lo =
+                            _mm256_cvtepu16_epi32(_mm256_castsi256_si128(load16(s0, t, c8)));
                         __m256i hi = _mm256_setzero_si256();
                         if (two)
                             hi = _mm256_cvtepu16_epi32(
@@ -129,8 +130,9 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
                 for (int q = 0; q < cnt; q++)
                     _mm_prefetch(rows + (q * op->sw + d + 128) * es, _MM_HINT_T0);
                 for (int q = 0; q < 8; q++)
-                    r[q] = q < cnt ? _mm256_castsi256_ps(load16(rows + (q * op->sw + d) * es, t, dn))
-                                   : _mm256_setzero_ps();
+                    r[q] = q < cnt
+                               ? _mm256_castsi256_ps(load16(rows + (q * op->sw + d) * es, t, dn))
+                               : _mm256_setzero_ps();
                 mp_gemm_tr8(r);
                 for (int q = 0; q < (dn + 1) / 2; q++)
                     _mm256_storeu_ps((float *)(out + ((d / 2 + q) * W + g) * 2), r[q]);

@@ -10,11 +10,13 @@
 MP_TARGET_AVX512 static inline __m512 load_c(const void *c, mp_dtype t, int64_t idx, __mmask16 m)
 {
     switch (t) {
-    case MP_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)c + idx));
+    case MP_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)c + idx));
     case MP_BF16:
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)c + idx)), 16));
-    default: return _mm512_maskz_loadu_ps(m, (const float *)c + idx);
+    default:
+        return _mm512_maskz_loadu_ps(m, (const float *)c + idx);
     }
 }
 
@@ -35,7 +37,8 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
             const int64_t cnt = nr - j < 16 ? nr - j : 16;
             const __mmask16 m = (__mmask16)((1u << cnt) - 1u);
             __m512 v = _mm512_mul_ps(alpha, _mm512_maskz_loadu_ps(m, t + i * ldt + j));
-            if (e->beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(beta, load_c(e->c, e->c_type, ci + j, m)));
+            if (e->beta != 0.0f)
+                v = _mm512_add_ps(v, _mm512_mul_ps(beta, load_c(e->c, e->c_type, ci + j, m)));
             if (e->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, e->bias + j0 + j));
             if (e->act == MP_ACT_RELU)
                 v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_NLE_UQ), v);

@@ -23,8 +23,8 @@ typedef struct {
 
 /* Packs width rows [w0, w0+nw) and depth [d0, d0+nd) of op into
  * ceil(nw/W) panels of W x kpad (kpad = nd, rounded up to even for bf16). */
-typedef void (*gemm_pack_fn)(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
-                             int64_t nd, int W, void *dst);
+typedef void (*gemm_pack_fn)(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
+                             int W, void *dst);
 
 /* c[MR x NR] (row stride ldc, floats) = (acc ? c : 0) + Apanel * Bpanel over
  * kc depth (kc already padded for the format). */

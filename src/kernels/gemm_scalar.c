@@ -8,11 +8,16 @@
 float mp_gemm_load_f32(const void *base, mp_dtype t, int64_t idx)
 {
     switch (t) {
-    case MP_F32: return ((const float *)base)[idx];
-    case MP_F16: return mp_f16_to_f32(((const uint16_t *)base)[idx]);
-    case MP_BF16: return mp_bf16_to_f32(((const uint16_t *)base)[idx]);
-    case MP_F8E4M3: return mp_e4m3_to_f32(((const uint8_t *)base)[idx]);
-    case MP_F8E5M2: return mp_e5m2_to_f32(((const uint8_t *)base)[idx]);
+    case MP_F32:
+        return ((const float *)base)[idx];
+    case MP_F16:
+        return mp_f16_to_f32(((const uint16_t *)base)[idx]);
+    case MP_BF16:
+        return mp_bf16_to_f32(((const uint16_t *)base)[idx]);
+    case MP_F8E4M3:
+        return mp_e4m3_to_f32(((const uint8_t *)base)[idx]);
+    case MP_F8E5M2:
+        return mp_e5m2_to_f32(((const uint8_t *)base)[idx]);
     }
     return 0.0f;
 }
@@ -66,14 +71,18 @@ void mp_gemm_pack_generic(const gemm_operand *op, int64_t w0, int64_t nw, int64_
 float mp_gemm_activate(mp_activation act, float x)
 {
     switch (act) {
-    case MP_ACT_NONE: return x;
-    case MP_ACT_RELU: return x > 0.0f ? x : (x == x ? 0.0f : x); /* NaN passes through */
-    case MP_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case MP_ACT_NONE:
+        return x;
+    case MP_ACT_RELU:
+        return x > 0.0f ? x : (x == x ? 0.0f : x); /* NaN passes through */
+    case MP_ACT_GELU:
+        return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case MP_ACT_GELU_TANH: {
         const float c = 0.79788456080286536f; /* sqrt(2/pi) */
         return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
     }
-    default: return x; /* the driver only passes the four fused ones */
+    default:
+        return x; /* the driver only passes the four fused ones */
     }
 }
 
@@ -94,9 +103,15 @@ void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt
             if (e->bias) v = v + e->bias[e->trans ? i0 + i : j0 + j];
             v = mp_gemm_activate(e->act, v);
             switch (e->c_type) {
-            case MP_BF16: ((uint16_t *)e->c)[ci] = mp_f32_to_bf16(v); break;
-            case MP_F16: ((uint16_t *)e->c)[ci] = mp_f32_to_f16(v); break;
-            default: ((float *)e->c)[ci] = v; break;
+            case MP_BF16:
+                ((uint16_t *)e->c)[ci] = mp_f32_to_bf16(v);
+                break;
+            case MP_F16:
+                ((uint16_t *)e->c)[ci] = mp_f32_to_f16(v);
+                break;
+            default:
+                ((float *)e->c)[ci] = v;
+                break;
             }
         }
     }

@@ -22,18 +22,24 @@ static inline void store(void *dst, mp_dtype t, size_t off, const float *src, si
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 #define SQRT1_2 0.70710678118654752440f
-#define SQRT2_PI 0.79788456080286535588f  /* sqrt(2/pi) */
+#define SQRT2_PI 0.79788456080286535588f /* sqrt(2/pi) */
 #define INV_SQRT_2PI 0.39894228040143267794f
 
 static inline float act_f(mp_activation a, float x)
 {
     switch (a) {
-    case MP_ACT_RELU: return x > 0.0f ? x : 0.0f;
-    case MP_ACT_GELU: return 0.5f * x * (1.0f + erff(x * SQRT1_2));
-    case MP_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(SQRT2_PI * (x + 0.044715f * x * x * x)));
-    case MP_ACT_SIGMOID: return sigmoidf(x);
-    case MP_ACT_TANH: return tanhf(x);
-    default: return x;
+    case MP_ACT_RELU:
+        return x > 0.0f ? x : 0.0f;
+    case MP_ACT_GELU:
+        return 0.5f * x * (1.0f + erff(x * SQRT1_2));
+    case MP_ACT_GELU_TANH:
+        return 0.5f * x * (1.0f + tanhf(SQRT2_PI * (x + 0.044715f * x * x * x)));
+    case MP_ACT_SIGMOID:
+        return sigmoidf(x);
+    case MP_ACT_TANH:
+        return tanhf(x);
+    default:
+        return x;
     }
 }
 
@@ -41,16 +47,22 @@ static inline float act_f(mp_activation a, float x)
 static inline float act_d(mp_activation a, float s)
 {
     switch (a) {
-    case MP_ACT_RELU: return s > 0.0f ? 1.0f : 0.0f;
-    case MP_ACT_GELU: return 0.5f * (1.0f + erff(s * SQRT1_2)) + s * INV_SQRT_2PI * expf(-0.5f * s * s);
+    case MP_ACT_RELU:
+        return s > 0.0f ? 1.0f : 0.0f;
+    case MP_ACT_GELU:
+        return 0.5f * (1.0f + erff(s * SQRT1_2)) + s * INV_SQRT_2PI * expf(-0.5f * s * s);
     case MP_ACT_GELU_TANH: {
         float u = SQRT2_PI * (s + 0.044715f * s * s * s);
         float t = tanhf(u);
-        return 0.5f * (1.0f + t) + 0.5f * s * (1.0f - t * t) * SQRT2_PI * (1.0f + 3.0f * 0.044715f * s * s);
+        return 0.5f * (1.0f + t) +
+               0.5f * s * (1.0f - t * t) * SQRT2_PI * (1.0f + 3.0f * 0.044715f * s * s);
     }
-    case MP_ACT_SIGMOID: return s * (1.0f - s);
-    case MP_ACT_TANH: return 1.0f - s * s;
-    default: return 1.0f;
+    case MP_ACT_SIGMOID:
+        return s * (1.0f - s);
+    case MP_ACT_TANH:
+        return 1.0f - s * s;
+    default:
+        return 1.0f;
     }
 }
 
@@ -114,7 +126,8 @@ void mp_op_softmax_grad(const void *y, mp_dtype yt, const void *dy, mp_dtype dyt
 {
 #pragma omp parallel if (rows * cols > 65536)
     {
-        float *p = mp_scratch(3, (size_t)cols * sizeof *p), *g = mp_scratch(4, (size_t)cols * sizeof *g);
+        float *p = mp_scratch(3, (size_t)cols * sizeof *p),
+              *g = mp_scratch(4, (size_t)cols * sizeof *g);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             load(p, y, yt, (size_t)(r * cols), (size_t)cols);
@@ -128,7 +141,8 @@ void mp_op_softmax_grad(const void *y, mp_dtype yt, const void *dy, mp_dtype dyt
     }
 }
 
-void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt, size_t n)
+void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt,
+               size_t n)
 {
     const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (chunks > 8)
@@ -171,7 +185,8 @@ void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, fl
         load(buf, x, xt, (size_t)(r * cols), (size_t)cols);
         for (int64_t c = 0; c < cols; c++) acc[c] += buf[c];
     }
-    for (int64_t c = 0; c < cols; c++) out[c] = (float)((accumulate ? (double)out[c] : 0.0) + acc[c]);
+    for (int64_t c = 0; c < cols; c++)
+        out[c] = (float)((accumulate ? (double)out[c] : 0.0) + acc[c]);
 }
 
 void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const float *beta, float eps,
@@ -200,8 +215,10 @@ void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const
                            const float *rstd, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
                            float *dgamma, float *dbeta, bool accumulate, int64_t rows, int64_t cols)
 {
-    double *dg = mp_scratch(3, (size_t)cols * sizeof *dg), *db = mp_scratch(4, (size_t)cols * sizeof *db);
-    float *xh = mp_scratch(5, (size_t)cols * sizeof *xh), *g = mp_scratch(6, (size_t)cols * sizeof *g);
+    double *dg = mp_scratch(3, (size_t)cols * sizeof *dg),
+           *db = mp_scratch(4, (size_t)cols * sizeof *db);
+    float *xh = mp_scratch(5, (size_t)cols * sizeof *xh),
+          *g = mp_scratch(6, (size_t)cols * sizeof *g);
     memset(dg, 0, (size_t)cols * sizeof *dg);
     memset(db, 0, (size_t)cols * sizeof *db);
     for (int64_t r = 0; r < rows; r++) {

@@ -7,7 +7,8 @@
 #include "core/internal.h"
 
 /* y = act(x) for elementwise activations (not softmax). */
-void mp_op_activation(mp_activation act, const void *x, mp_dtype xt, void *y, mp_dtype yt, size_t n);
+void mp_op_activation(mp_activation act, const void *x, mp_dtype xt, void *y, mp_dtype yt,
+                      size_t n);
 /* Which tensor the derivative needs: true = the input x, false = the output y. */
 bool mp_op_activation_grad_needs_input(mp_activation act);
 /* dx = dy * act'(.), `saved` being x or y as above. */
@@ -19,7 +20,8 @@ void mp_op_softmax(const void *x, mp_dtype xt, void *y, mp_dtype yt, int64_t row
 void mp_op_softmax_grad(const void *y, mp_dtype yt, const void *dy, mp_dtype dyt, void *dx,
                         mp_dtype dxt, int64_t rows, int64_t cols);
 /* y = a + b. */
-void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt, size_t n);
+void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt,
+               size_t n);
 /* dst += src (one rounding to dst's dtype). */
 void mp_op_accumulate(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n);
 /* y = x * mask * scale where mask is 0/1 bytes. */
@@ -34,6 +36,7 @@ void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const floa
                       void *y, mp_dtype yt, float *mean, float *rstd, int64_t rows, int64_t cols);
 void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const float *mean,
                            const float *rstd, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
-                           float *dgamma, float *dbeta, bool accumulate, int64_t rows, int64_t cols);
+                           float *dgamma, float *dbeta, bool accumulate, int64_t rows,
+                           int64_t cols);
 
 #endif

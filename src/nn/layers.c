@@ -26,13 +26,15 @@ static bool keeps_input(const mp_model *m, const mp_layer *l)
 {
     switch (l->kind) {
     case MP_LAYER_DENSE:
-    case MP_LAYER_LAYER_NORM: return true;
+    case MP_LAYER_LAYER_NORM:
+        return true;
     case MP_LAYER_ACTIVATION:
         /* softmax keeps its logits when it ends the model, for the fused
          * softmax + cross-entropy of mp_model_loss_backward */
         return mp_op_activation_grad_needs_input(l->act) ||
                (l->act == MP_ACT_SOFTMAX && (int)(l - m->layers) == m->output);
-    default: return false;
+    default:
+        return false;
     }
 }
 
@@ -55,18 +57,25 @@ size_t mp_layer_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
         bytes += arena_bytes((size_t)in_numel(m, l, 0, batch) * cs);
     int64_t rows = layer_numel(l, batch) / layer_cols(l);
     switch (l->kind) {
-    case MP_LAYER_INPUT: break;
+    case MP_LAYER_INPUT:
+        break;
     case MP_LAYER_DENSE:
         bytes += out;
         if (mp_op_activation_grad_needs_input(l->act)) bytes += out; /* pre-activation */
         break;
     case MP_LAYER_ACTIVATION:
-    case MP_LAYER_ADD: bytes += out; break;
-    case MP_LAYER_DROPOUT: bytes += out + arena_bytes((size_t)layer_numel(l, batch)); break;
+    case MP_LAYER_ADD:
+        bytes += out;
+        break;
+    case MP_LAYER_DROPOUT:
+        bytes += out + arena_bytes((size_t)layer_numel(l, batch));
+        break;
     case MP_LAYER_FLATTEN:
         if (flatten_copies(m, l)) bytes += out;
         break;
-    case MP_LAYER_LAYER_NORM: bytes += out + 2 * arena_bytes((size_t)rows * sizeof(float)); break;
+    case MP_LAYER_LAYER_NORM:
+        bytes += out + 2 * arena_bytes((size_t)rows * sizeof(float));
+        break;
     }
     return bytes;
 }
@@ -76,12 +85,14 @@ size_t mp_layer_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t ba
     mp_dtype c = l->policy.compute;
     size_t cs = mp_dtype_size(c);
     size_t n_out = (size_t)layer_numel(l, batch);
-    size_t bytes = arena_bytes(n_out * mp_dtype_size(l->out_dtype)) + 64; /* gradient of the output */
-    if ((int)(l - m->layers) == m->output) bytes += 2 * arena_bytes(n_out * sizeof(float)); /* loss */
+    size_t bytes =
+        arena_bytes(n_out * mp_dtype_size(l->out_dtype)) + 64; /* gradient of the output */
+    if ((int)(l - m->layers) == m->output)
+        bytes += 2 * arena_bytes(n_out * sizeof(float)); /* loss */
     for (int j = 0; j < l->ninputs; j++) {
         size_t n_in = (size_t)in_numel(m, l, j, batch);
-        bytes += arena_bytes(n_in * cs);                /* transient cast of the input */
-        bytes += arena_bytes(n_in * cs);                /* gradient w.r.t. the input */
+        bytes += arena_bytes(n_in * cs); /* transient cast of the input */
+        bytes += arena_bytes(n_in * cs); /* gradient w.r.t. the input */
     }
     if (l->kind == MP_LAYER_DENSE)
         bytes += arena_bytes(n_out * cs) + arena_bytes((size_t)l->units * sizeof(float));
@@ -169,7 +180,8 @@ static mp_status dense_forward(mp_model *m, mp_layer *l)
     g.activation = fuse ? l->act : MP_ACT_NONE;
     mp_status s = mp_gemm_ex(&g);
     if (s) return s;
-    if (!fuse) mp_op_activation(l->act, z->data, c, l->out.data, c, (size_t)mp_tensor_numel(&l->out));
+    if (!fuse)
+        mp_op_activation(l->act, z->data, c, l->out.data, c, (size_t)mp_tensor_numel(&l->out));
     return MP_OK;
 }
 
@@ -265,12 +277,18 @@ mp_status mp_layer_forward(mp_model *m, mp_layer *l, const mp_tensor *x, bool tr
         l->out = *x;
         l->out.owns_data = false;
         return MP_OK;
-    case MP_LAYER_DENSE: return dense_forward(m, l);
-    case MP_LAYER_ACTIVATION: return activation_forward(m, l);
-    case MP_LAYER_DROPOUT: return dropout_forward(m, l, training);
-    case MP_LAYER_FLATTEN: return flatten_forward(m, l);
-    case MP_LAYER_ADD: return add_forward(m, l);
-    case MP_LAYER_LAYER_NORM: return layer_norm_forward(m, l);
+    case MP_LAYER_DENSE:
+        return dense_forward(m, l);
+    case MP_LAYER_ACTIVATION:
+        return activation_forward(m, l);
+    case MP_LAYER_DROPOUT:
+        return dropout_forward(m, l, training);
+    case MP_LAYER_FLATTEN:
+        return flatten_forward(m, l);
+    case MP_LAYER_ADD:
+        return add_forward(m, l);
+    case MP_LAYER_LAYER_NORM:
+        return layer_norm_forward(m, l);
     }
     return mp_set_error(MP_ERR_INVALID, "layer '%s': unknown kind", l->name);
 }
@@ -294,7 +312,8 @@ static mp_status input_grad(mp_model *m, mp_layer *l, int j, mp_tensor *dx, bool
     return MP_OK;
 }
 
-static mp_status finish_input_grad(mp_model *m, mp_layer *l, int j, const mp_tensor *dx, bool direct)
+static mp_status finish_input_grad(mp_model *m, mp_layer *l, int j, const mp_tensor *dx,
+                                   bool direct)
 {
     return direct ? MP_OK : mp_model_add_grad(m, l->inputs[j], dx->data, dx->dtype);
 }
@@ -320,8 +339,8 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
     mp_tensor dx;
     bool direct;
     if (input_grad(m, l, 0, &dx, &direct)) return MP_ERR_NOMEM;
-    mp_gemm(false, true, rows, in, units, 1.0f, dz.data, dz.dtype, units, w->weight, w->weight_dtype,
-            units, 0.0f, dx.data, c, in);
+    mp_gemm(false, true, rows, in, units, 1.0f, dz.data, dz.dtype, units, w->weight,
+            w->weight_dtype, units, 0.0f, dx.data, c, in);
     return finish_input_grad(m, l, 0, &dx, direct);
 }
 
@@ -365,7 +384,8 @@ static mp_status layer_norm_backward(mp_model *m, mp_layer *l, bool accumulate)
     mp_tensor dx;
     bool direct = false;
     if (from_input_layer(m, l, 0)) { /* dgamma/dbeta still need the pass; dx is dropped */
-        if (alloc_like(m, &m->layers[l->inputs[0]], m->ws, c, &dx)) return nomem(m, l, "a gradient");
+        if (alloc_like(m, &m->layers[l->inputs[0]], m->ws, c, &dx))
+            return nomem(m, l, "a gradient");
     } else if (input_grad(m, l, 0, &dx, &direct)) {
         return MP_ERR_NOMEM;
     }
@@ -379,20 +399,26 @@ mp_status mp_layer_backward(mp_model *m, mp_layer *l, bool accumulate)
 {
     const mp_tensor *g = &l->grad;
     switch (l->kind) {
-    case MP_LAYER_INPUT: return MP_OK;
-    case MP_LAYER_DENSE: return dense_backward(m, l, accumulate);
-    case MP_LAYER_ACTIVATION: return activation_backward(m, l);
-    case MP_LAYER_DROPOUT: return dropout_backward(m, l);
+    case MP_LAYER_INPUT:
+        return MP_OK;
+    case MP_LAYER_DENSE:
+        return dense_backward(m, l, accumulate);
+    case MP_LAYER_ACTIVATION:
+        return activation_backward(m, l);
+    case MP_LAYER_DROPOUT:
+        return dropout_backward(m, l);
     case MP_LAYER_FLATTEN:
         if (from_input_layer(m, l, 0)) return MP_OK;
         return mp_model_add_grad(m, l->inputs[0], g->data, g->dtype);
     case MP_LAYER_ADD: {
         mp_status s = MP_OK;
         for (int j = 0; j < 2 && !s; j++)
-            if (!from_input_layer(m, l, j)) s = mp_model_add_grad(m, l->inputs[j], g->data, g->dtype);
+            if (!from_input_layer(m, l, j))
+                s = mp_model_add_grad(m, l->inputs[j], g->data, g->dtype);
         return s;
     }
-    case MP_LAYER_LAYER_NORM: return layer_norm_backward(m, l, accumulate);
+    case MP_LAYER_LAYER_NORM:
+        return layer_norm_backward(m, l, accumulate);
     }
     return mp_set_error(MP_ERR_INVALID, "layer '%s': unknown kind", l->name);
 }

@@ -11,13 +11,11 @@
 
 #define EPS 1e-7f
 
-static const char *const loss_names[] = {"sparse_categorical_crossentropy", "categorical_crossentropy",
-                                         "binary_crossentropy", "mean_squared_error"};
+static const char *const loss_names[] = {"sparse_categorical_crossentropy",
+                                         "categorical_crossentropy", "binary_crossentropy",
+                                         "mean_squared_error"};
 
-const char *mp_loss_name(mp_loss_kind k)
-{
-    return (unsigned)k < 4 ? loss_names[k] : "unknown";
-}
+const char *mp_loss_name(mp_loss_kind k) { return (unsigned)k < 4 ? loss_names[k] : "unknown"; }
 
 mp_status mp_loss_from_name(const char *name, mp_loss_kind *out)
 {
@@ -89,22 +87,25 @@ mp_status mp_loss_compute(const mp_loss_spec *spec, const mp_tensor *pred, float
     char a[128], b[128];
     if (grad && (mp_tensor_numel(grad) != n || !grad->data))
         return mp_set_error(MP_ERR_INVALID, "loss: gradient %s does not match prediction %s",
-                            mp_tensor_describe(grad, a, sizeof a), mp_tensor_describe(pred, b, sizeof b));
+                            mp_tensor_describe(grad, a, sizeof a),
+                            mp_tensor_describe(pred, b, sizeof b));
     bool sparse = spec->kind == MP_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY;
     if (sparse) {
-        if (!spec->labels) return mp_set_error(MP_ERR_INVALID, "loss %s: no labels", mp_loss_name(spec->kind));
+        if (!spec->labels)
+            return mp_set_error(MP_ERR_INVALID, "loss %s: no labels", mp_loss_name(spec->kind));
         for (int64_t r = 0; r < rows; r++)
             if (spec->labels[r] < 0 || spec->labels[r] >= cols)
-                return mp_set_error(MP_ERR_INVALID, "loss %s: label %d of sample %lld outside [0, %lld)",
-                                    mp_loss_name(spec->kind), (int)spec->labels[r], (long long)r,
-                                    (long long)cols);
+                return mp_set_error(
+                    MP_ERR_INVALID, "loss %s: label %d of sample %lld outside [0, %lld)",
+                    mp_loss_name(spec->kind), (int)spec->labels[r], (long long)r, (long long)cols);
     } else if (!spec->target || mp_tensor_numel(spec->target) != n || !spec->target->data) {
         return mp_set_error(MP_ERR_INVALID, "loss %s: target %s does not match prediction %s",
                             mp_loss_name(spec->kind),
                             spec->target ? mp_tensor_describe(spec->target, a, sizeof a) : "(none)",
                             mp_tensor_describe(pred, b, sizeof b));
     }
-    float *p = mp_scratch(3, (size_t)cols * sizeof *p), *t = mp_scratch(4, (size_t)cols * sizeof *t);
+    float *p = mp_scratch(3, (size_t)cols * sizeof *p),
+          *t = mp_scratch(4, (size_t)cols * sizeof *t);
     float *g = mp_scratch(5, (size_t)cols * sizeof *g);
     if (!p || !t || !g) return mp_set_error(MP_ERR_NOMEM, "loss: out of memory");
     size_t ps = mp_dtype_size(pred->dtype);
@@ -112,10 +113,12 @@ mp_status mp_loss_compute(const mp_loss_spec *spec, const mp_tensor *pred, float
     /* mean over samples for the categorical losses, over elements otherwise */
     double denom = (spec->kind <= MP_LOSS_CATEGORICAL_CROSSENTROPY) ? (double)rows : (double)n;
     for (int64_t r = 0; r < rows; r++) {
-        mp_convert(p, MP_F32, (const char *)pred->data + (size_t)(r * cols) * ps, pred->dtype, (size_t)cols);
+        mp_convert(p, MP_F32, (const char *)pred->data + (size_t)(r * cols) * ps, pred->dtype,
+                   (size_t)cols);
         if (!sparse)
             mp_convert(t, MP_F32,
-                       (const char *)spec->target->data + (size_t)(r * cols) * mp_dtype_size(spec->target->dtype),
+                       (const char *)spec->target->data +
+                           (size_t)(r * cols) * mp_dtype_size(spec->target->dtype),
                        spec->target->dtype, (size_t)cols);
         switch (spec->kind) {
         case MP_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY:
@@ -148,8 +151,8 @@ mp_status mp_loss_compute(const mp_loss_spec *spec, const mp_tensor *pred, float
         if (grad) {
             float k = (float)((double)scale / denom);
             for (int64_t c = 0; c < cols; c++) g[c] *= k;
-            mp_convert((char *)grad->data + (size_t)(r * cols) * mp_dtype_size(grad->dtype), grad->dtype,
-                       g, MP_F32, (size_t)cols);
+            mp_convert((char *)grad->data + (size_t)(r * cols) * mp_dtype_size(grad->dtype),
+                       grad->dtype, g, MP_F32, (size_t)cols);
         }
     }
     if (loss) *loss = (float)(total / denom);

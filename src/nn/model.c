@@ -63,10 +63,10 @@ void mp_model_free(mp_model *m)
     free(m);
 }
 
-static const char *const kind_names[] = {"input", "dense", "activation", "dropout",
-                                         "flatten", "add", "layer_normalization"};
-static const char *const kind_types[] = {"InputLayer", "Dense", "Activation", "Dropout",
-                                         "Flatten", "Add", "LayerNormalization"};
+static const char *const kind_names[] = {"input",   "dense", "activation",         "dropout",
+                                         "flatten", "add",   "layer_normalization"};
+static const char *const kind_types[] = {"InputLayer", "Dense", "Activation",        "Dropout",
+                                         "Flatten",    "Add",   "LayerNormalization"};
 
 /* A new layer record with its name and policy resolved, or NULL. */
 static mp_layer *add_layer(mp_model *m, mp_layer_kind kind, const mp_layer_options *o,
@@ -128,7 +128,9 @@ static mp_layer *add_layer(mp_model *m, mp_layer_kind kind, const mp_layer_optio
     l->out_dtype = pol.compute;
     l->ninputs = ninputs;
     for (int i = 0; i < ninputs; i++) l->inputs[i] = inputs[i];
-    l->seed = (o && o->seed) ? o->seed : mp_mix64(m->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(m->nlayers + 1));
+    l->seed = (o && o->seed)
+                  ? o->seed
+                  : mp_mix64(m->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(m->nlayers + 1));
     if (ninputs) {
         const mp_layer *src = &m->layers[inputs[0]];
         l->ndim = src->ndim;
@@ -168,7 +170,8 @@ mp_node mp_input(mp_model *m, int ndim, const int64_t *shape, const mp_layer_opt
     mp_layer *l = add_layer(m, MP_LAYER_INPUT, o, NULL, 0);
     if (!l) return -1;
     if (ndim < 1 || ndim > MP_MAX_DIMS - 1)
-        return fail(m, MP_ERR_INVALID, "input: %d dimensions (1..%d allowed)", ndim, MP_MAX_DIMS - 1);
+        return fail(m, MP_ERR_INVALID, "input: %d dimensions (1..%d allowed)", ndim,
+                    MP_MAX_DIMS - 1);
     for (int i = 0; i < ndim; i++)
         if (shape[i] < 1)
             return fail(m, MP_ERR_INVALID, "input: dimension %d is %lld (must be >= 1)", i,
@@ -182,15 +185,18 @@ mp_node mp_input(mp_model *m, int ndim, const int64_t *shape, const mp_layer_opt
 
 static bool valid_activation(mp_activation a) { return (unsigned)a <= MP_ACT_SOFTMAX; }
 
-mp_node mp_dense(mp_model *m, mp_node x, int64_t units, mp_activation act, const mp_layer_options *o)
+mp_node mp_dense(mp_model *m, mp_node x, int64_t units, mp_activation act,
+                 const mp_layer_options *o)
 {
     mp_layer *l = add_layer(m, MP_LAYER_DENSE, o, &x, 1);
     if (!l) return -1;
-    if (units < 1) return fail(m, MP_ERR_INVALID, "dense '%s': units = %lld", l->name, (long long)units);
+    if (units < 1)
+        return fail(m, MP_ERR_INVALID, "dense '%s': units = %lld", l->name, (long long)units);
     if (!valid_activation(act) || act == MP_ACT_SOFTMAX)
-        return fail(m, MP_ERR_INVALID,
-                    "dense '%s': activation %d cannot be fused (use an Activation layer for softmax)",
-                    l->name, (int)act);
+        return fail(
+            m, MP_ERR_INVALID,
+            "dense '%s': activation %d cannot be fused (use an Activation layer for softmax)",
+            l->name, (int)act);
     int64_t in = layer_cols(l);
     l->units = units;
     l->act = act;
@@ -214,7 +220,8 @@ mp_node mp_dropout(mp_model *m, mp_node x, float rate, const mp_layer_options *o
     mp_layer *l = add_layer(m, MP_LAYER_DROPOUT, o, &x, 1);
     if (!l) return -1;
     if (!(rate >= 0.0f && rate < 1.0f))
-        return fail(m, MP_ERR_INVALID, "dropout '%s': rate %g outside [0, 1)", l->name, (double)rate);
+        return fail(m, MP_ERR_INVALID, "dropout '%s': rate %g outside [0, 1)", l->name,
+                    (double)rate);
     l->rate = rate;
     return commit(m);
 }
@@ -258,7 +265,8 @@ mp_node mp_layer_norm(mp_model *m, mp_node x, float epsilon, const mp_layer_opti
     mp_layer *l = add_layer(m, MP_LAYER_LAYER_NORM, o, &x, 1);
     if (!l) return -1;
     if (!(epsilon > 0.0f))
-        return fail(m, MP_ERR_INVALID, "layer_norm '%s': epsilon %g must be > 0", l->name, (double)epsilon);
+        return fail(m, MP_ERR_INVALID, "layer_norm '%s': epsilon %g must be > 0", l->name,
+                    (double)epsilon);
     l->eps = epsilon;
     int64_t c = layer_cols(l);
     if (add_param(m, l, "gamma", 1, c, 0) || add_param(m, l, "beta", 1, c, 0)) return -1;
@@ -298,7 +306,8 @@ static mp_status init_params(mp_model *m, mp_layer *l)
         if (!init) return fail(m, MP_ERR_NOMEM, "model: cannot allocate parameter %s", p->name);
         const char *suffix = strrchr(p->name, '.') + 1;
         if (!strcmp(suffix, "kernel"))
-            uniform_init(init, p->n, (float)sqrt(6.0 / (double)(p->shape[0] + p->shape[1])), l->seed);
+            uniform_init(init, p->n, (float)sqrt(6.0 / (double)(p->shape[0] + p->shape[1])),
+                         l->seed);
         else
             for (int64_t i = 0; i < p->n; i++) init[i] = !strcmp(suffix, "gamma") ? 1.0f : 0.0f;
         p->grad = zalloc((size_t)p->n * sizeof(float), MP_MEM_GRADS);
@@ -335,7 +344,8 @@ mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
     if (m->built) return fail(m, MP_ERR_INVALID, "model: already built");
     if (output < 0 || output >= m->nlayers)
         return fail(m, MP_ERR_INVALID, "model: output %d is not a node of this model", (int)output);
-    if (max_batch < 1) return fail(m, MP_ERR_INVALID, "model: max_batch = %lld", (long long)max_batch);
+    if (max_batch < 1)
+        return fail(m, MP_ERR_INVALID, "model: max_batch = %lld", (long long)max_batch);
     /* reachability from the output, walking inputs backwards */
     m->layers[output].reachable = true;
     int ninputs = 0;
@@ -346,8 +356,8 @@ mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
         for (int j = 0; j < l->ninputs; j++) m->layers[l->inputs[j]].reachable = true;
     }
     if (ninputs != 1)
-        return fail(m, MP_ERR_INVALID, "model: the output depends on %d inputs (exactly 1 supported)",
-                    ninputs);
+        return fail(m, MP_ERR_INVALID,
+                    "model: the output depends on %d inputs (exactly 1 supported)", ninputs);
     m->output = output;
     m->max_batch = max_batch;
     for (int i = 0; i < m->nlayers; i++)
@@ -396,7 +406,8 @@ mp_status mp_model_forward(mp_model *m, const mp_tensor *x, bool training, const
                             x ? mp_tensor_describe(x, got, sizeof got) : "(null)", want);
     }
     if (x->shape[0] < 1 || x->shape[0] > m->max_batch)
-        return mp_set_error(MP_ERR_INVALID, "model: batch %lld outside 1..%lld (max_batch at build)",
+        return mp_set_error(MP_ERR_INVALID,
+                            "model: batch %lld outside 1..%lld (max_batch at build)",
                             (long long)x->shape[0], (long long)m->max_batch);
     refresh_weights(m);
     mp_arena_reset(m->act);
@@ -429,7 +440,8 @@ mp_status mp_model_add_grad(mp_model *m, int node, const void *g, mp_dtype gt)
     shape[0] = m->batch;
     memcpy(shape + 1, l->shape, (size_t)l->ndim * sizeof(int64_t));
     if (mp_tensor_from_arena(&l->grad, m->ws, l->out_dtype, l->ndim + 1, shape))
-        return fail(m, MP_ERR_NOMEM, "model: workspace exhausted in backward (%s)", mp_last_error());
+        return fail(m, MP_ERR_NOMEM, "model: workspace exhausted in backward (%s)",
+                    mp_last_error());
     mp_convert(l->grad.data, l->out_dtype, g, gt, n);
     l->has_grad = true;
     return MP_OK;
@@ -450,7 +462,8 @@ static mp_status run_backward(mp_model *m, bool accumulate)
 static mp_status begin_backward(mp_model *m)
 {
     if (sticky(m)) return m->err;
-    if (!m->ran_forward) return mp_set_error(MP_ERR_INVALID, "model: backward without a forward pass");
+    if (!m->ran_forward)
+        return mp_set_error(MP_ERR_INVALID, "model: backward without a forward pass");
     mp_arena_reset(m->ws);
     for (int i = 0; i < m->nlayers; i++) m->layers[i].has_grad = false;
     return MP_OK;
@@ -470,9 +483,8 @@ mp_status mp_model_backward(mp_model *m, const mp_tensor *dy, bool accumulate)
     return s ? s : run_backward(m, accumulate);
 }
 
-
-mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float scale, bool accumulate,
-                                 float *loss)
+mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float scale,
+                                 bool accumulate, float *loss)
 {
     mp_status s = begin_backward(m);
     if (s) return s;
@@ -626,7 +638,8 @@ mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
 
 /* ------------------------------------------------------ activation names */
 
-static const char *const act_names[] = {"linear", "relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "softmax"};
+static const char *const act_names[] = {"linear",  "relu", "gelu",   "gelu_tanh",
+                                        "sigmoid", "tanh", "softmax"};
 
 const char *mp_activation_name(mp_activation a)
 {

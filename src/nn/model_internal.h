@@ -22,12 +22,12 @@ typedef struct {
     int param_first, nparams;
     bool reachable;
     /* state of the current step */
-    mp_tensor out;       /* output (activation arena, or a view) */
-    mp_tensor in_saved;  /* input kept for backward in the compute dtype */
-    mp_tensor pre;       /* Dense pre-activation when the derivative needs it */
-    uint8_t *mask;       /* Dropout keep mask */
-    float *mean, *rstd;  /* LayerNorm statistics */
-    mp_tensor grad;      /* gradient w.r.t. the output (workspace arena) */
+    mp_tensor out;      /* output (activation arena, or a view) */
+    mp_tensor in_saved; /* input kept for backward in the compute dtype */
+    mp_tensor pre;      /* Dense pre-activation when the derivative needs it */
+    uint8_t *mask;      /* Dropout keep mask */
+    float *mean, *rstd; /* LayerNorm statistics */
+    mp_tensor grad;     /* gradient w.r.t. the output (workspace arena) */
     bool has_out, has_grad;
 } mp_layer;
 

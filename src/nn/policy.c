@@ -6,10 +6,8 @@
 #include "core/internal.h"
 
 static const mp_policy policies[] = {
-    {"float32", MP_F32, MP_F32},
-    {"mixed_float16", MP_F16, MP_F32},
-    {"mixed_bfloat16", MP_BF16, MP_F32},
-    {"float16", MP_F16, MP_F16},
+    {"float32", MP_F32, MP_F32},         {"mixed_float16", MP_F16, MP_F32},
+    {"mixed_bfloat16", MP_BF16, MP_F32}, {"float16", MP_F16, MP_F16},
     {"bfloat16", MP_BF16, MP_BF16},
 };
 #define NPOLICIES (int)(sizeof policies / sizeof policies[0])

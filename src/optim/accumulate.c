@@ -63,7 +63,8 @@ mp_status mp_grad_accumulator_add(mp_grad_accumulator *a, float loss_scale)
 {
     if (!a) return mp_set_error(MP_ERR_INVALID, "grad accumulator: NULL");
     if (!(loss_scale > 0.0f) || !isfinite(loss_scale))
-        return mp_set_error(MP_ERR_INVALID, "grad accumulator: loss scale %g must be finite and > 0",
+        return mp_set_error(MP_ERR_INVALID,
+                            "grad accumulator: loss scale %g must be finite and > 0",
                             (double)loss_scale);
     if (a->count == a->window)
         return mp_set_error(MP_ERR_INVALID,
@@ -90,10 +91,7 @@ mp_status mp_grad_accumulator_add(mp_grad_accumulator *a, float loss_scale)
 
 int mp_grad_accumulator_count(const mp_grad_accumulator *a) { return a ? a->count : 0; }
 
-bool mp_grad_accumulator_ready(const mp_grad_accumulator *a)
-{
-    return a && a->count == a->window;
-}
+bool mp_grad_accumulator_ready(const mp_grad_accumulator *a) { return a && a->count == a->window; }
 
 mp_status mp_grad_accumulator_finish(mp_grad_accumulator *a)
 {

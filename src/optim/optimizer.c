@@ -50,9 +50,12 @@ mp_optimizer_config mp_optimizer_config_default(mp_optimizer_kind kind)
 const char *mp_optimizer_kind_name(mp_optimizer_kind kind)
 {
     switch (kind) {
-    case MP_OPTIMIZER_SGD: return "sgd";
-    case MP_OPTIMIZER_ADAM: return "adam";
-    case MP_OPTIMIZER_ADAMW: return "adamw";
+    case MP_OPTIMIZER_SGD:
+        return "sgd";
+    case MP_OPTIMIZER_ADAM:
+        return "adam";
+    case MP_OPTIMIZER_ADAMW:
+        return "adamw";
     }
     return "unknown";
 }
@@ -103,14 +106,14 @@ mp_status mp_params_validate(const char *who, const mp_param *params, int n_para
         const mp_param *p = &params[i];
         const char *nm = p->name ? p->name : "(unnamed)";
         if (p->n < 0)
-            return mp_set_error(MP_ERR_INVALID, "%s: parameter %d '%s' has length %lld", who, i,
-                                nm, (long long)p->n);
+            return mp_set_error(MP_ERR_INVALID, "%s: parameter %d '%s' has length %lld", who, i, nm,
+                                (long long)p->n);
         if ((unsigned)p->weight_dtype >= MP_DTYPE_COUNT)
             return mp_set_error(MP_ERR_INVALID, "%s: parameter %d '%s' has unknown dtype %d", who,
                                 i, nm, (int)p->weight_dtype);
         if (p->n > 0 && !p->master && !p->weight)
-            return mp_set_error(MP_ERR_INVALID, "%s: parameter %d '%s' has neither master nor weight",
-                                who, i, nm);
+            return mp_set_error(MP_ERR_INVALID,
+                                "%s: parameter %d '%s' has neither master nor weight", who, i, nm);
         if (p->master && (void *)p->master == p->weight && p->weight_dtype != MP_F32)
             return mp_set_error(MP_ERR_INVALID,
                                 "%s: parameter %d '%s': weight == master but weight_dtype is %s",
@@ -125,8 +128,7 @@ static int slots_for(const mp_optimizer_config *c)
     return 2;
 }
 
-mp_optimizer *mp_optimizer_new(const mp_optimizer_config *cfg, const mp_param *params,
-                               int n_params)
+mp_optimizer *mp_optimizer_new(const mp_optimizer_config *cfg, const mp_param *params, int n_params)
 {
     if (!cfg) {
         mp_set_error(MP_ERR_INVALID, "mp_optimizer_new: config is NULL");
@@ -400,8 +402,9 @@ const char *mp_optimizer_slot_name(const mp_optimizer *o, int slot)
 float *mp_optimizer_slot(mp_optimizer *o, int index, int slot, int64_t *n)
 {
     if (!o || index < 0 || index >= o->n_params || slot < 0 || slot >= o->n_slots) {
-        mp_set_error(MP_ERR_INVALID, "optimizer state: no slot %d of parameter %d (%d slots, %d params)",
-                     slot, index, o ? o->n_slots : 0, o ? o->n_params : 0);
+        mp_set_error(MP_ERR_INVALID,
+                     "optimizer state: no slot %d of parameter %d (%d slots, %d params)", slot,
+                     index, o ? o->n_slots : 0, o ? o->n_params : 0);
         return NULL;
     }
     if (n) *n = o->params[index].n;

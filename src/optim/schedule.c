@@ -30,7 +30,8 @@ mp_status mp_lr_schedule_validate(const mp_lr_schedule *s)
         return mp_set_error(MP_ERR_INVALID, "lr schedule: warmup_start_factor %g not in [0, 1]",
                             (double)s->warmup_start_factor);
     switch (s->decay) {
-    case MP_LR_CONSTANT: return MP_OK;
+    case MP_LR_CONSTANT:
+        return MP_OK;
     case MP_LR_STEP_DECAY:
         if (s->step_size < 1)
             return mp_set_error(MP_ERR_INVALID, "lr schedule: step decay needs step_size >= 1");
@@ -59,7 +60,8 @@ float mp_lr_schedule_at(const mp_lr_schedule *s, float base_lr, int64_t step)
     }
     int64_t t = step - s->warmup_steps;
     switch (s->decay) {
-    case MP_LR_CONSTANT: break;
+    case MP_LR_CONSTANT:
+        break;
     case MP_LR_STEP_DECAY:
         if (s->step_size >= 1) return (float)(base * pow(s->gamma, (double)(t / s->step_size)));
         break;

@@ -8,7 +8,10 @@
 #if MP_X86
 #include <immintrin.h>
 
-static inline __mmask16 lanes(int64_t r) { return r >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << r) - 1u); }
+static inline __mmask16 lanes(int64_t r)
+{
+    return r >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << r) - 1u);
+}
 
 /* Clamp to [-cv, cv] with ordered compares: NaN fails both and stays NaN,
  * as in the scalar if/else. */

@@ -53,10 +53,12 @@ static mp_status batcher_init(batcher *b, mp_model *m, int64_t dim, int64_t batc
     int64_t want = 1;
     for (int i = 0; i < b->in_ndim; i++) want *= b->in_shape[i];
     if (want != dim)
-        return mp_set_error(MP_ERR_INVALID, "data has %lld features per sample, the model's input takes %lld",
+        return mp_set_error(MP_ERR_INVALID,
+                            "data has %lld features per sample, the model's input takes %lld",
                             (long long)dim, (long long)want);
     if (batch < 1 || batch > mp_model_max_batch(m))
-        return mp_set_error(MP_ERR_INVALID, "batch size %lld outside 1..%lld (the model's max_batch)",
+        return mp_set_error(MP_ERR_INVALID,
+                            "batch size %lld outside 1..%lld (the model's max_batch)",
                             (long long)batch, (long long)mp_model_max_batch(m));
     b->cap = batch;
     b->dim = dim;
@@ -64,7 +66,8 @@ static mp_status batcher_init(batcher *b, mp_model *m, int64_t dim, int64_t batc
     b->y = malloc((size_t)batch * sizeof *b->y);
     /* the epoch's order (n) and, reused, a batch of indices (batch) */
     b->order = malloc((size_t)(n > batch ? n : batch) * sizeof *b->order);
-    if (!b->x || !b->y || !b->order) return mp_set_error(MP_ERR_NOMEM, "fit: out of memory for batches");
+    if (!b->x || !b->y || !b->order)
+        return mp_set_error(MP_ERR_NOMEM, "fit: out of memory for batches");
     return MP_OK;
 }
 
@@ -120,8 +123,8 @@ static void draw(progress *p, int64_t done, double loss, double acc, const mp_ep
         snprintf(timing, sizeof timing, "%.0fs %.0fms/step", el, per * 1e3);
     else
         snprintf(timing, sizeof timing, "ETA: %.0fs", per * (double)(p->total - done));
-    fprintf(p->out, "%s%lld/%lld [%s] - %s%s%s", p->tty ? "\r" : "", (long long)done, (long long)p->total,
-            bar, timing, metrics, final ? "\n" : "");
+    fprintf(p->out, "%s%lld/%lld [%s] - %s%s%s", p->tty ? "\r" : "", (long long)done,
+            (long long)p->total, bar, timing, metrics, final ? "\n" : "");
     if (p->tty) fprintf(p->out, "\033[K");
     fflush(p->out);
 }
@@ -194,7 +197,9 @@ static mp_status write_csv(const char *path, const mp_history *h)
 {
     FILE *f = fopen(path, "w");
     if (!f) return mp_set_error(MP_ERR_IO, "cannot write history to '%s'", path);
-    fprintf(f, "epoch,loss,accuracy,val_loss,val_accuracy,seconds,ms_per_step,loss_scale,skipped_steps\n");
+    fprintf(
+        f,
+        "epoch,loss,accuracy,val_loss,val_accuracy,seconds,ms_per_step,loss_scale,skipped_steps\n");
     for (int i = 0; i < h->count; i++) {
         const mp_epoch_log *e = &h->epochs[i];
         fprintf(f, "%d,%.6f,%.6f,", e->epoch, e->loss, e->accuracy);
@@ -209,16 +214,20 @@ static mp_status write_csv(const char *path, const mp_history *h)
     return MP_OK;
 }
 
-mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options *opt, mp_history *hist)
+mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options *opt,
+                       mp_history *hist)
 {
     mp_fit_options o = opt ? *opt : mp_fit_options_default();
     if (!data) return mp_set_error(MP_ERR_INVALID, "fit: no data");
-    if (!mp_model_training_state(m)) return mp_set_error(MP_ERR_INVALID, "fit: compile the model first");
+    if (!mp_model_training_state(m))
+        return mp_set_error(MP_ERR_INVALID, "fit: compile the model first");
     if (o.epochs < 1) return mp_set_error(MP_ERR_INVALID, "fit: epochs = %d", o.epochs);
     if (!(o.validation_split >= 0 && o.validation_split < 1))
-        return mp_set_error(MP_ERR_INVALID, "fit: validation_split %g outside [0, 1)", o.validation_split);
+        return mp_set_error(MP_ERR_INVALID, "fit: validation_split %g outside [0, 1)",
+                            o.validation_split);
     if (o.monitor && strcmp(o.monitor, "loss") && strcmp(o.monitor, "val_loss"))
-        return mp_set_error(MP_ERR_INVALID, "fit: unknown monitor '%s' (loss or val_loss)", o.monitor);
+        return mp_set_error(MP_ERR_INVALID, "fit: unknown monitor '%s' (loss or val_loss)",
+                            o.monitor);
     if (!o.out) o.out = stdout;
 
     mp_dataset *train = NULL, *val = NULL;
@@ -233,7 +242,8 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     batcher b;
     if ((s = batcher_init(&b, m, mp_dataset_dim(tr), o.batch_size, n))) goto done;
     if (va && mp_dataset_dim(va) != mp_dataset_dim(tr)) {
-        s = mp_set_error(MP_ERR_INVALID, "fit: validation data has %lld features, training data %lld",
+        s = mp_set_error(MP_ERR_INVALID,
+                         "fit: validation data has %lld features, training data %lld",
                          (long long)mp_dataset_dim(va), (long long)mp_dataset_dim(tr));
         goto done;
     }
@@ -263,7 +273,8 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         p.last_draw = 0;
         if ((s = mp_dataset_order(tr, (uint64_t)ep, o.seed, o.shuffle, b.order))) break;
         double lsum = 0;
-        int64_t seen = 0, samples = 0, correct = 0, skipped0 = mp_model_steps_skipped(m), done_b = 0;
+        int64_t seen = 0, samples = 0, correct = 0, skipped0 = mp_model_steps_skipped(m),
+                done_b = 0;
         float scale = 1.0f;
         for (int64_t i = 0; i < n; i += o.batch_size) {
             if (o.max_steps && steps_total >= o.max_steps) {
@@ -286,7 +297,8 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
             samples += c;
             mp_loss_scaler *ls = mp_model_loss_scaler(m);
             scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
-            draw(&p, done_b, seen ? lsum / (double)seen : NAN, (double)correct / (double)samples, NULL);
+            draw(&p, done_b, seen ? lsum / (double)seen : NAN, (double)correct / (double)samples,
+                 NULL);
         }
         if (s) break;
         log->steps = done_b;
@@ -308,8 +320,9 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
             best = monitored;
             bad_epochs = 0;
         } else if (o.patience > 0 && ++bad_epochs >= o.patience) {
-            if (p.on) fprintf(o.out, "Early stopping: %s did not improve for %d epochs\n",
-                              watch_val ? "val_loss" : "loss", o.patience);
+            if (p.on)
+                fprintf(o.out, "Early stopping: %s did not improve for %d epochs\n",
+                        watch_val ? "val_loss" : "loss", o.patience);
             stop = true;
         }
     }

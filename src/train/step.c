@@ -52,7 +52,8 @@ int mp_model_optim_params(mp_model *m, mp_param *out, int n)
 
 mp_status mp_model_compile(mp_model *m, const mp_compile_options *o)
 {
-    if (!mp_model_is_built(m)) return mp_set_error(MP_ERR_INVALID, "compile: build the model first");
+    if (!mp_model_is_built(m))
+        return mp_set_error(MP_ERR_INVALID, "compile: build the model first");
     mp_compile_options d = o ? *o : mp_compile_options_default();
     training *t = calloc(1, sizeof *t);
     if (!t) return mp_set_error(MP_ERR_NOMEM, "compile: out of memory");
@@ -69,12 +70,16 @@ mp_status mp_model_compile(mp_model *m, const mp_compile_options *o)
         training_free(t);
         return MP_ERR_INVALID; /* the optimizer left its message */
     }
-    bool scaling = d.loss_scaling == MP_LOSS_SCALING_DYNAMIC || d.loss_scaling == MP_LOSS_SCALING_STATIC ||
-                   (d.loss_scaling == MP_LOSS_SCALING_AUTO && mp_loss_scaling_default_for(mp_model_compute_dtype(m)));
+    bool scaling = d.loss_scaling == MP_LOSS_SCALING_DYNAMIC ||
+                   d.loss_scaling == MP_LOSS_SCALING_STATIC ||
+                   (d.loss_scaling == MP_LOSS_SCALING_AUTO &&
+                    mp_loss_scaling_default_for(mp_model_compute_dtype(m)));
     if (scaling) {
-        mp_loss_scaler_config sc = d.scaler.initial_scale != 0.0f ? d.scaler : mp_loss_scaler_config_keras();
+        mp_loss_scaler_config sc =
+            d.scaler.initial_scale != 0.0f ? d.scaler : mp_loss_scaler_config_keras();
         if (d.loss_scaling != MP_LOSS_SCALING_AUTO)
-            sc.mode = d.loss_scaling == MP_LOSS_SCALING_STATIC ? MP_LOSS_SCALE_STATIC : MP_LOSS_SCALE_DYNAMIC;
+            sc.mode = d.loss_scaling == MP_LOSS_SCALING_STATIC ? MP_LOSS_SCALE_STATIC
+                                                               : MP_LOSS_SCALE_DYNAMIC;
         t->scaler = mp_loss_scaler_new(&sc);
         if (!t->scaler) {
             training_free(t);
@@ -105,7 +110,8 @@ static int64_t count_correct(training *t, const mp_tensor *y, const int32_t *lab
     float *row = t->row;
     size_t es = mp_dtype_size(y->dtype);
     for (int64_t r = 0; r < rows; r++) {
-        mp_convert(row, MP_F32, (const char *)y->data + (size_t)(r * cols) * es, y->dtype, (size_t)cols);
+        mp_convert(row, MP_F32, (const char *)y->data + (size_t)(r * cols) * es, y->dtype,
+                   (size_t)cols);
         int64_t best = 0;
         for (int64_t c = 1; c < cols; c++)
             if (row[c] > row[best]) best = c; /* first maximum, as argmax */
