@@ -30,6 +30,9 @@ typedef struct mp_safetensors mp_safetensors;
  * JSON shape, dtypes, shapes against byte ranges, offsets in bounds,
  * contiguous and non-overlapping, total size, duplicate names. */
 mp_status mp_safetensors_read(const char *path, mp_safetensors **out);
+/* The same checks on a file image in memory (copied); `name` labels errors. */
+mp_status mp_safetensors_parse(const void *image, size_t len, const char *name,
+                               mp_safetensors **out);
 void mp_safetensors_free(mp_safetensors *f);
 int mp_safetensors_count(const mp_safetensors *f);
 /* Tensor i (names sorted as in the file's header); NULL if out of range. */

@@ -24,4 +24,18 @@ mp_status mp_gz_read(gzFile f, const char *path, void *buf, size_t len, size_t *
  * counted in *len). max_bytes bounds what is accepted. */
 mp_status mp_gz_read_all(const char *path, size_t max_bytes, char **data, size_t *len);
 
+/* Test hook for atomic writes (mp_safetensors_write): called before each
+ * step; a nonzero return is an injected errno and fails that step. Before a
+ * write it may also shrink *len to make the write short. NULL: no hook. */
+typedef enum {
+    MP_WRITE_OP_CREATE,    /* the temporary file */
+    MP_WRITE_OP_WRITE,     /* one piece of header or data (at most 1 MiB) */
+    MP_WRITE_OP_FSYNC,     /* the temporary's contents */
+    MP_WRITE_OP_RENAME,    /* over the final name */
+    MP_WRITE_OP_DIR_FSYNC, /* the directory entry */
+} mp_write_op;
+typedef int (*mp_write_fault_fn)(mp_write_op op, size_t *len, void *user);
+extern mp_write_fault_fn mp_write_fault_hook;
+extern void *mp_write_fault_user;
+
 #endif

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "io/io_internal.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; this build assumes a little-endian host"
@@ -41,11 +41,30 @@ static const char *st_name(mp_dtype t)
 
 /* ---------------------------------------------------------------- write */
 
+mp_write_fault_fn mp_write_fault_hook;
+void *mp_write_fault_user;
+
+/* Give the test hook (if any) its say before one step of a write: a nonzero
+ * return is an injected errno. */
+static int fault(mp_write_op op, size_t *len)
+{
+    if (!mp_write_fault_hook) return 0;
+    int e = mp_write_fault_hook(op, len, mp_write_fault_user);
+    if (e) errno = e;
+    return e;
+}
+
+/* Data goes out in pieces of at most this size: a test can stop the writer
+ * between any two of them. */
+#define WRITE_CHUNK ((size_t)1 << 20)
+
 static int write_all(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
     while (len) {
-        ssize_t w = write(fd, p, len);
+        size_t want = len < WRITE_CHUNK ? len : WRITE_CHUNK;
+        if (fault(MP_WRITE_OP_WRITE, &want)) return -1;
+        ssize_t w = write(fd, p, want);
         if (w < 0) {
             if (errno == EINTR) continue;
             return -1;
@@ -108,7 +127,7 @@ mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors,
         return mp_set_error(MP_ERR_NOMEM, "safetensors: out of memory");
     }
     snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
+    int fd = fault(MP_WRITE_OP_CREATE, NULL) ? -1 : mkstemp(tmp);
     if (fd < 0) {
         mp_status s = mp_set_error(MP_ERR_IO, "cannot create a temporary file next to '%s': %s",
                                    path, strerror(errno));
@@ -124,9 +143,9 @@ mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors,
         bad = write_all(fd, tensors[i].data, tensor_bytes(&tensors[i]));
     int err = errno;
     free(hdr);
-    if (!bad && fsync(fd) != 0) bad = 1, err = errno;
+    if (!bad && (fault(MP_WRITE_OP_FSYNC, NULL) || fsync(fd) != 0)) bad = 1, err = errno;
     if (close(fd) != 0 && !bad) bad = 1, err = errno;
-    if (!bad && rename(tmp, path) != 0) bad = 1, err = errno;
+    if (!bad && (fault(MP_WRITE_OP_RENAME, NULL) || rename(tmp, path) != 0)) bad = 1, err = errno;
     if (bad) {
         unlink(tmp);
         free(tmp);
@@ -139,7 +158,7 @@ mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors,
     char *dir = strdup(path);
     char *slash = dir ? strrchr(dir, '/') : NULL;
     const char *dname = slash ? (slash == dir ? "/" : (*slash = '\0', dir)) : ".";
-    int dfd = open(dname, O_RDONLY | O_DIRECTORY);
+    int dfd = fault(MP_WRITE_OP_DIR_FSYNC, NULL) ? -1 : open(dname, O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) {
         fsync(dfd);
         close(dfd);
@@ -207,55 +226,42 @@ static int by_begin(const void *a, const void *b)
     return (x->begin > y->begin) - (x->begin < y->begin);
 }
 
-static int read_exact(FILE *fp, void *buf, size_t len)
-{
-    return fread(buf, 1, len, fp) == len ? 0 : -1;
-}
-
 #define FAIL(code, ...)                                                                            \
     do {                                                                                           \
         s = mp_set_error(code, __VA_ARGS__);                                                       \
         goto fail;                                                                                 \
     } while (0)
 
-mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
+/* Parse a whole file image of fsize bytes; takes ownership of buf, which
+ * becomes the tensors' storage (freed here on error). */
+static mp_status parse(uint8_t *buf, uint64_t fsize, const char *path, mp_safetensors **out)
 {
     *out = NULL;
     mp_status s = MP_OK;
     json_t *root = NULL;
-    char *hdr = NULL;
     range *ranges = NULL;
     mp_safetensors *f = calloc(1, sizeof *f);
-    FILE *fp = fopen(path, "rb");
-    if (!f) return mp_set_error(MP_ERR_NOMEM, "safetensors: out of memory");
-    if (!fp) {
-        free(f);
-        return mp_set_error(MP_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    if (!f) {
+        free(buf);
+        return mp_set_error(MP_ERR_NOMEM, "safetensors: out of memory");
     }
-    struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode))
-        FAIL(MP_ERR_IO, "'%s' is not a regular file", path);
-    uint64_t fsize = (uint64_t)st.st_size;
-    uint8_t len8[8];
-    if (fsize < 8 || read_exact(fp, len8, 8))
+    f->data = buf;
+    if (fsize < 8)
         FAIL(MP_ERR_FORMAT, "'%s': too short for a safetensors header (%llu bytes)", path,
              (unsigned long long)fsize);
     uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++) hlen |= (uint64_t)len8[i] << (8 * i);
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)buf[i] << (8 * i);
     if (hlen < 2 || hlen > MAX_HEADER || hlen > fsize - 8)
         FAIL(MP_ERR_FORMAT, "'%s': header length %llu is impossible for a file of %llu bytes", path,
              (unsigned long long)hlen, (unsigned long long)fsize);
-    hdr = malloc((size_t)hlen);
-    if (!hdr) FAIL(MP_ERR_NOMEM, "safetensors: out of memory");
-    if (read_exact(fp, hdr, (size_t)hlen))
-        FAIL(MP_ERR_FORMAT, "'%s': cannot read the header", path);
     json_error_t je;
-    root = json_loadb(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     if (!root)
         FAIL(MP_ERR_FORMAT, "'%s': header is not valid JSON (%s at byte %d)", path, je.text,
              je.position);
     if (!json_is_object(root)) FAIL(MP_ERR_FORMAT, "'%s': header is not a JSON object", path);
     uint64_t dsize = fsize - 8 - hlen;
+    const uint8_t *data = buf + 8 + hlen;
     size_t nkeys = json_object_size(root);
     f->tensors = calloc(nkeys + 1, sizeof *f->tensors);
     f->names = calloc(nkeys + 1, sizeof *f->names);
@@ -348,24 +354,57 @@ mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
     if (pos != dsize)
         FAIL(MP_ERR_FORMAT, "'%s': %llu bytes of data after the last tensor", path,
              (unsigned long long)(dsize - pos));
-    f->data = malloc(dsize ? (size_t)dsize : 1);
-    if (!f->data)
-        FAIL(MP_ERR_NOMEM, "safetensors: out of memory for %llu bytes", (unsigned long long)dsize);
-    if (read_exact(fp, f->data, (size_t)dsize)) FAIL(MP_ERR_IO, "'%s': cannot read the data", path);
-    for (int i = 0; i < f->count; i++) f->tensors[ranges[i].index].data = f->data + ranges[i].begin;
+    for (int i = 0; i < f->count; i++) f->tensors[ranges[i].index].data = data + ranges[i].begin;
     free(ranges);
-    free(hdr);
     json_decref(root);
-    fclose(fp);
     *out = f;
     return MP_OK;
 fail:
     free(ranges);
-    free(hdr);
     json_decref(root);
-    fclose(fp);
     mp_safetensors_free(f);
     return s;
+}
+
+mp_status mp_safetensors_parse(const void *image, size_t len, const char *name,
+                               mp_safetensors **out)
+{
+    *out = NULL;
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) return mp_set_error(MP_ERR_NOMEM, "safetensors: out of memory");
+    if (len) memcpy(buf, image, len);
+    return parse(buf, len, name ? name : "(memory)", out);
+}
+
+mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return mp_set_error(MP_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return mp_set_error(MP_ERR_IO, "'%s' is not a regular file", path);
+    }
+    size_t fsize = (size_t)st.st_size;
+    uint8_t *buf = malloc(fsize ? fsize : 1);
+    if (!buf) {
+        close(fd);
+        return mp_set_error(MP_ERR_NOMEM, "'%s': out of memory for %zu bytes", path, fsize);
+    }
+    size_t got = 0;
+    while (got < fsize) {
+        ssize_t r = read(fd, buf + got, fsize - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != fsize) {
+        free(buf);
+        return mp_set_error(MP_ERR_IO, "'%s': cannot read its %zu bytes", path, fsize);
+    }
+    return parse(buf, fsize, path, out);
 }
 
 /* --------------------------------------------------------------- models */
