@@ -41,6 +41,16 @@ const mp_named_tensor *mp_safetensors_find(const mp_safetensors *f, const char *
 /* A __metadata__ value, or NULL. */
 const char *mp_safetensors_metadata(const mp_safetensors *f, const char *key);
 
+/* The model's configuration as JSON: format, version, seed, global policy,
+ * output and the layers (class_name, name, policy, inputs by name, seed and
+ * each kind's settings). malloc'd; free() it. NULL with mp_last_error. */
+char *mp_model_config_json(const mp_model *m);
+/* Create and build (for batches up to max_batch) the model a configuration
+ * describes. Everything is checked first; a model with more than max_params
+ * parameter elements is refused before anything is allocated. */
+mp_status mp_model_from_config(const char *json, int64_t max_batch, int64_t max_params,
+                               mp_model **out);
+
 /* Model weights as `<layer>.kernel` ([in, out]), `<layer>.bias`,
  * `<layer>.gamma`, `<layer>.beta`: float32 masters (or the weights
  * themselves under a pure low-precision policy). */

@@ -168,6 +168,32 @@ bool mp_model_is_built(const mp_model *m);
 int64_t mp_model_max_batch(const mp_model *m);
 /* The compute dtype of the model's first weight layer. */
 mp_dtype mp_model_compute_dtype(const mp_model *m);
+/* A layer's configuration: what it was created with, enough to create it
+ * again (io/model_config.c writes models as JSON from this). */
+typedef struct {
+    mp_layer_kind kind;
+    const char *name;
+    const char *type;   /* Keras class name: "Dense", "InputLayer", ... */
+    const char *policy; /* its policy's name */
+    int ninputs;
+    mp_node inputs[2];
+    int ndim; /* Input: its shape (batch excluded) */
+    int64_t shape[MP_MAX_DIMS];
+    int64_t units;         /* Dense */
+    mp_activation act;     /* Dense, Activation */
+    float rate;            /* Dropout */
+    float epsilon;         /* LayerNormalization */
+    uint64_t seed;         /* initialisers / dropout */
+} mp_layer_config;
+mp_status mp_model_layer_config(const mp_model *m, int layer, mp_layer_config *out);
+/* The seed given to mp_model_new; the output node after build (else -1). */
+uint64_t mp_model_seed(const mp_model *m);
+mp_node mp_model_output(const mp_model *m);
+/* Training forward passes so far: the counter that keys dropout masks.
+ * Checkpoints save and restore it so a resumed run draws the same masks. */
+uint64_t mp_model_forward_count(const mp_model *m);
+void mp_model_set_forward_count(mp_model *m, uint64_t count);
+
 /* Opaque training state (compile/fit) attached to the model and freed with it. */
 void *mp_model_training_state(const mp_model *m);
 void mp_model_set_training_state(mp_model *m, void *state, void (*free_fn)(void *));

@@ -24,6 +24,20 @@ mp_status mp_gz_read(gzFile f, const char *path, void *buf, size_t len, size_t *
  * counted in *len). max_bytes bounds what is accepted. */
 mp_status mp_gz_read_all(const char *path, size_t max_bytes, char **data, size_t *len);
 
+/* The model's parameters as file tensors (masters, or the weights under a
+ * pure low-precision policy); t has room for every parameter. */
+int mp_model_param_tensors(mp_model *m, mp_named_tensor *t);
+/* A float32 copy of file tensor t, checked for the given shape (numel
+ * `want`) and for NaN/inf; NULL with an error naming path and name. */
+float *mp_stage_f32(const mp_named_tensor *t, const char *path, const char *name, int ndim,
+                    const int64_t *shape, int64_t want);
+/* Check and copy every parameter of the model from f into staged[i]
+ * (malloc'd; the caller frees them, also on error), then write them into
+ * the model: loading is all or nothing. */
+mp_status mp_model_stage_weights(mp_model *m, const mp_safetensors *f, const char *path,
+                                 float **staged);
+void mp_model_commit_weights(mp_model *m, float *const *staged);
+
 /* Test hook for atomic writes (mp_safetensors_write): called before each
  * step; a nonzero return is an injected errno and fails that step. Before a
  * write it may also shrink *len to make the write short. NULL: no hook. */

@@ -409,6 +409,86 @@ mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
 
 /* --------------------------------------------------------------- models */
 
+int mp_model_param_tensors(mp_model *m, mp_named_tensor *t)
+{
+    int np = mp_model_num_params(m);
+    for (int i = 0; i < np; i++) {
+        const mp_model_param *p = mp_model_get_param(m, i);
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].name = p->name;
+        t[i].ndim = p->ndim;
+        t[i].shape[0] = p->shape[0];
+        t[i].shape[1] = p->shape[1];
+        t[i].dtype = p->master ? MP_F32 : p->weight_dtype;
+        t[i].data = p->master ? (const void *)p->master : p->weight;
+    }
+    return np;
+}
+
+/* A float32 copy of a file tensor that must have exactly `want` elements
+ * in the given shape and hold only finite values; NULL with an error. */
+float *mp_stage_f32(const mp_named_tensor *t, const char *path, const char *name, int ndim,
+                    const int64_t *shape, int64_t want)
+{
+    bool same = t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+    if (!same) {
+        char have[96] = "[", need[96] = "[";
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", d ? ", " : "",
+                     (long long)t->shape[d]);
+        for (int d = 0; d < ndim; d++)
+            snprintf(need + strlen(need), sizeof need - strlen(need), "%s%lld", d ? ", " : "",
+                     (long long)shape[d]);
+        mp_set_error(MP_ERR_FORMAT, "'%s': tensor '%s' has shape %s], the model needs %s]", path,
+                     name, have, need);
+        return NULL;
+    }
+    float *x = malloc((size_t)(want ? want : 1) * sizeof *x);
+    if (!x) {
+        mp_set_error(MP_ERR_NOMEM, "load: out of memory");
+        return NULL;
+    }
+    mp_convert(x, MP_F32, t->data, t->dtype, (size_t)want);
+    for (int64_t j = 0; j < want; j++)
+        if (!isfinite(x[j])) {
+            mp_set_error(MP_ERR_FORMAT, "'%s': tensor '%s' holds a non-finite value at element %lld",
+                         path, name, (long long)j);
+            free(x);
+            return NULL;
+        }
+    return x;
+}
+
+mp_status mp_model_stage_weights(mp_model *m, const mp_safetensors *f, const char *path,
+                                 float **staged)
+{
+    int np = mp_model_num_params(m);
+    for (int i = 0; i < np; i++) {
+        const mp_model_param *p = mp_model_get_param(m, i);
+        const mp_named_tensor *t = mp_safetensors_find(f, p->name);
+        if (!t)
+            return mp_set_error(MP_ERR_FORMAT, "'%s' has no tensor '%s' for this model", path,
+                                p->name);
+        if (!(staged[i] = mp_stage_f32(t, path, p->name, p->ndim, p->shape, p->n)))
+            return MP_ERR_FORMAT;
+    }
+    return MP_OK;
+}
+
+void mp_model_commit_weights(mp_model *m, float *const *staged)
+{
+    int np = mp_model_num_params(m);
+    for (int i = 0; i < np; i++) {
+        mp_model_param *p = mp_model_get_param(m, i);
+        if (p->master)
+            memcpy(p->master, staged[i], (size_t)p->n * sizeof(float));
+        else
+            mp_convert(p->weight, p->weight_dtype, staged[i], MP_F32, (size_t)p->n);
+    }
+    mp_model_mark_masters_changed(m);
+}
+
 mp_status mp_model_save_weights(mp_model *m, const char *path)
 {
     return mp_model_save_weights_ex(m, path, NULL, NULL, 0);
@@ -417,28 +497,27 @@ mp_status mp_model_save_weights(mp_model *m, const char *path)
 mp_status mp_model_save_weights_ex(mp_model *m, const char *path, const char *const *meta_keys,
                                    const char *const *meta_values, int n_meta)
 {
-    if (n_meta < 0 || n_meta > 62)
+    if (n_meta < 0 || n_meta > 60)
         return mp_set_error(MP_ERR_INVALID, "save: %d metadata entries", n_meta);
     int np = mp_model_num_params(m);
     mp_named_tensor *t = calloc((size_t)(np ? np : 1), sizeof *t);
-    if (!t) return mp_set_error(MP_ERR_NOMEM, "save: out of memory");
-    for (int i = 0; i < np; i++) {
-        const mp_model_param *p = mp_model_get_param(m, i);
-        t[i].name = p->name;
-        t[i].ndim = p->ndim;
-        t[i].shape[0] = p->shape[0];
-        t[i].shape[1] = p->shape[1];
-        t[i].dtype = p->master ? MP_F32 : p->weight_dtype;
-        t[i].data = p->master ? (const void *)p->master : p->weight;
+    char *config = mp_model_config_json(m);
+    if (!t || !config) {
+        free(t);
+        free(config);
+        return mp_set_error(MP_ERR_NOMEM, "save: out of memory");
     }
-    const char *keys[64] = {"format", "mixprec_version"};
-    const char *vals[64] = {"pt", MP_VERSION_STRING};
+    mp_model_param_tensors(m, t);
+    mp_policy g = mp_global_policy();
+    const char *keys[64] = {"format", "mixprec_version", "mixprec.config", "mixprec.global_policy"};
+    const char *vals[64] = {"pt", MP_VERSION_STRING, config, g.name};
     for (int i = 0; i < n_meta; i++) {
-        keys[2 + i] = meta_keys[i];
-        vals[2 + i] = meta_values[i];
+        keys[4 + i] = meta_keys[i];
+        vals[4 + i] = meta_values[i];
     }
-    mp_status s = mp_safetensors_write(path, t, np, keys, vals, 2 + n_meta);
+    mp_status s = mp_safetensors_write(path, t, np, keys, vals, 4 + n_meta);
     free(t);
+    free(config);
     return s;
 }
 
@@ -449,55 +528,11 @@ mp_status mp_model_load_weights(mp_model *m, const char *path)
     if (s) return s;
     int np = mp_model_num_params(m);
     float **staged = calloc((size_t)(np ? np : 1), sizeof *staged);
-    if (!staged) {
-        mp_safetensors_free(f);
-        return mp_set_error(MP_ERR_NOMEM, "load: out of memory");
-    }
+    if (!staged) s = mp_set_error(MP_ERR_NOMEM, "load: out of memory");
     /* stage and check everything first: an error leaves the model as it was */
-    for (int i = 0; i < np && !s; i++) {
-        const mp_model_param *p = mp_model_get_param(m, i);
-        const mp_named_tensor *t = mp_safetensors_find(f, p->name);
-        if (!t) {
-            s = mp_set_error(MP_ERR_FORMAT, "'%s' has no tensor '%s' for this model", path,
-                             p->name);
-            break;
-        }
-        bool same = t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
-                    (p->ndim < 2 || t->shape[1] == p->shape[1]);
-        if (!same) {
-            s = mp_set_error(
-                MP_ERR_FORMAT,
-                "'%s': tensor '%s' has shape %s%lld%s%lld%s, the model needs [%lld%s%lld]", path,
-                p->name, "[", (long long)(t->ndim ? t->shape[0] : 0), t->ndim > 1 ? ", " : "",
-                (long long)(t->ndim > 1 ? t->shape[1] : 0), "]", (long long)p->shape[0],
-                p->ndim > 1 ? ", " : "", (long long)(p->ndim > 1 ? p->shape[1] : 0));
-            break;
-        }
-        staged[i] = malloc((size_t)p->n * sizeof(float));
-        if (!staged[i]) {
-            s = mp_set_error(MP_ERR_NOMEM, "load: out of memory");
-            break;
-        }
-        mp_convert(staged[i], MP_F32, t->data, t->dtype, (size_t)p->n);
-        for (int64_t j = 0; j < p->n; j++)
-            if (!isfinite(staged[i][j])) {
-                s = mp_set_error(MP_ERR_FORMAT,
-                                 "'%s': tensor '%s' holds a non-finite value at element %lld", path,
-                                 p->name, (long long)j);
-                break;
-            }
-    }
-    if (!s) {
-        for (int i = 0; i < np; i++) {
-            mp_model_param *p = mp_model_get_param(m, i);
-            if (p->master)
-                memcpy(p->master, staged[i], (size_t)p->n * sizeof(float));
-            else
-                mp_convert(p->weight, p->weight_dtype, staged[i], MP_F32, (size_t)p->n);
-        }
-        mp_model_mark_masters_changed(m);
-    }
-    for (int i = 0; i < np; i++) free(staged[i]);
+    if (!s) s = mp_model_stage_weights(m, f, path, staged);
+    if (!s) mp_model_commit_weights(m, staged);
+    for (int i = 0; staged && i < np; i++) free(staged[i]);
     free(staged);
     mp_safetensors_free(f);
     return s;

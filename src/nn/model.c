@@ -663,6 +663,33 @@ mp_status mp_activation_from_name(const char *name, mp_activation *out)
                         name ? name : "(null)");
 }
 
+mp_status mp_model_layer_config(const mp_model *m, int layer, mp_layer_config *out)
+{
+    if (layer < 0 || layer >= m->nlayers)
+        return mp_set_error(MP_ERR_INVALID, "model: no layer %d (it has %d)", layer, m->nlayers);
+    const mp_layer *l = &m->layers[layer];
+    memset(out, 0, sizeof *out);
+    out->kind = l->kind;
+    out->name = l->name;
+    out->type = kind_types[l->kind];
+    out->policy = l->policy.name;
+    out->ninputs = l->ninputs;
+    for (int i = 0; i < l->ninputs; i++) out->inputs[i] = l->inputs[i];
+    out->ndim = l->ndim;
+    memcpy(out->shape, l->shape, sizeof out->shape);
+    out->units = l->units;
+    out->act = l->act;
+    out->rate = l->rate;
+    out->epsilon = l->eps;
+    out->seed = l->seed;
+    return MP_OK;
+}
+
+uint64_t mp_model_seed(const mp_model *m) { return m->seed; }
+mp_node mp_model_output(const mp_model *m) { return m->built ? m->output : -1; }
+uint64_t mp_model_forward_count(const mp_model *m) { return m->step; }
+void mp_model_set_forward_count(mp_model *m, uint64_t count) { m->step = count; }
+
 /* ------------------------------------------------- hooks for train/ */
 
 void *mp_model_training_state(const mp_model *m) { return m->training; }
