@@ -77,6 +77,31 @@ typedef struct {
 } mp_history;
 void mp_history_free(mp_history *h);
 
+/* Where a fit stands between two steps: enough to continue it exactly.
+ * Checkpoints carry it; mp_fit_options.resume continues from it. */
+typedef struct {
+    int epoch;     /* 0-based epoch in progress (== epochs when the fit ended) */
+    int64_t batch; /* batches of that epoch already run */
+    int64_t steps; /* training steps run in all epochs (applied + skipped) */
+    /* running figures of the epoch in progress */
+    double loss_sum;           /* sum of loss * batch over finite-loss batches */
+    int64_t loss_samples;      /* samples in loss_sum */
+    int64_t samples, correct;  /* samples seen, argmax hits */
+    int64_t skipped_before;    /* the model's skipped-step count when the epoch began */
+    double seconds;            /* time spent in the epoch so far */
+    double best;               /* early stopping: best monitored value (inf: none yet) */
+    int bad_epochs;
+    /* the settings that fix the data order, checked on resume */
+    int64_t batch_size;
+    bool shuffle;
+    uint64_t seed;
+    double validation_split;
+    int64_t data_count;   /* training samples (after the split) */
+    uint64_t data_hash;   /* of their features and labels */
+    mp_history history;   /* the completed epochs */
+} mp_fit_state;
+void mp_fit_state_free(mp_fit_state *st);
+
 /* Called after each epoch; return false to stop training. */
 typedef bool (*mp_epoch_callback)(const mp_epoch_log *log, void *user);
 
@@ -99,6 +124,17 @@ typedef struct {
     int patience;
     double min_delta;
     const char *monitor;
+    /* checkpoints: every `checkpoint_every` steps (0: never) and when the fit
+     * ends, a full checkpoint (mp_model_save_checkpoint) is written to
+     * checkpoint_dir/ckpt-<steps>.safetensors; only the newest keep_last
+     * are kept (0: all) */
+    int64_t checkpoint_every;
+    const char *checkpoint_dir;
+    int keep_last;
+    /* continue the fit a checkpoint describes (from mp_model_load_checkpoint
+     * or mp_model_from_checkpoint): same data, batch size, shuffle and seed;
+     * `epochs` and max_steps count from the start of the first run */
+    const mp_fit_state *resume;
 } mp_fit_options;
 
 mp_fit_options mp_fit_options_default(void);
@@ -110,6 +146,37 @@ mp_status mp_model_evaluate(mp_model *m, const mp_dataset *data, int64_t batch_s
                             double *accuracy);
 /* Model outputs (float32, [n, outputs]) for n samples of x ([n, input...]). */
 mp_status mp_model_predict(mp_model *m, const float *x, int64_t n, int64_t batch_size, float *out);
+
+/* ----------------------------------------------------------- checkpoints */
+
+/* Options the model was compiled with; MP_ERR_INVALID before compile. */
+mp_status mp_model_get_compile_options(const mp_model *m, mp_compile_options *out);
+
+/* Everything needed to continue training exactly, in one safetensors file
+ * written atomically (mp_safetensors_write):
+ *   tensors   the model's parameters (float32 masters, as
+ *             mp_model_save_weights) and, once compiled, the optimizer's
+ *             state as optimizer/<param>/<slot> (float32);
+ *   metadata  mixprec.config (mp_model_config_json), mixprec.global_policy,
+ *             mixprec.training (compile options, optimizer step count,
+ *             loss-scaler config and state, applied/skipped steps, the
+ *             dropout counter) and, with fit != NULL, mixprec.fit (the
+ *             mp_fit_state: position in the data order, running sums,
+ *             early stopping, history). */
+mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_state *fit);
+/* Restore a checkpoint into a built model with the same parameters. A model
+ * not yet compiled is compiled with the file's options; a compiled one keeps
+ * its options and must use the same optimizer kind. Everything is checked
+ * before anything changes. fit (optional) receives the mixprec.fit state
+ * (zeroed when the file has none; free it with mp_fit_state_free). */
+mp_status mp_model_load_checkpoint(mp_model *m, const char *path, mp_fit_state *fit);
+/* Build the model a checkpoint (or weights file) describes, for batches up
+ * to max_batch, and load it: the file alone is enough. */
+mp_status mp_model_from_checkpoint(const char *path, int64_t max_batch, mp_model **out,
+                                   mp_fit_state *fit);
+/* The newest checkpoint in dir (ckpt-<steps>.safetensors) that reads and
+ * validates, into path; MP_ERR_IO when there is none. */
+mp_status mp_checkpoint_latest(const char *dir, char *path, size_t len);
 
 #ifdef __cplusplus
 }

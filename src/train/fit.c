@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "train/train_internal.h"
 
 static double now(void)
 {
@@ -214,6 +214,59 @@ static mp_status write_csv(const char *path, const mp_history *h)
     return MP_OK;
 }
 
+/* A fingerprint of the training data (features and labels), so a resumed
+ * fit can refuse data other than what it started on. */
+static uint64_t data_hash(const mp_dataset *ds)
+{
+    int64_t n = mp_dataset_count(ds), dim = mp_dataset_dim(ds);
+    const uint32_t *x = (const uint32_t *)mp_dataset_features(ds);
+    const uint32_t *y = (const uint32_t *)mp_dataset_labels(ds);
+    uint64_t h[4] = {1, 2, 3, 4}; /* four independent lanes */
+    int64_t nx = n * dim, i = 0;
+    for (; i + 4 <= nx; i += 4)
+        for (int l = 0; l < 4; l++) h[l] = mp_mix64(h[l] ^ x[i + l]);
+    for (; i < nx; i++) h[0] = mp_mix64(h[0] ^ x[i]);
+    for (i = 0; i < n; i++) h[1] = mp_mix64(h[1] ^ y[i]);
+    return mp_mix64(h[0] ^ mp_mix64(h[1] ^ mp_mix64(h[2] ^ mp_mix64(h[3] ^ (uint64_t)n))));
+}
+
+/* Resuming: the state must describe a fit of this data in this order. */
+static mp_status check_resume(const mp_fit_state *r, const mp_fit_state *now, int64_t nb)
+{
+    if (r->batch_size != now->batch_size || r->shuffle != now->shuffle || r->seed != now->seed ||
+        r->validation_split != now->validation_split)
+        return mp_set_error(MP_ERR_INVALID,
+                            "resume: the checkpoint was made with batch size %lld, shuffle %s, "
+                            "seed %llu, validation split %g; this fit uses %lld, %s, %llu, %g",
+                            (long long)r->batch_size, r->shuffle ? "on" : "off",
+                            (unsigned long long)r->seed, r->validation_split,
+                            (long long)now->batch_size, now->shuffle ? "on" : "off",
+                            (unsigned long long)now->seed, now->validation_split);
+    if (r->data_count != now->data_count || r->data_hash != now->data_hash)
+        return mp_set_error(MP_ERR_INVALID,
+                            "resume: the checkpoint was made on other training data (%lld samples, "
+                            "fingerprint %016llx; this data has %lld, %016llx)",
+                            (long long)r->data_count, (unsigned long long)r->data_hash,
+                            (long long)now->data_count, (unsigned long long)now->data_hash);
+    if (r->batch > nb)
+        return mp_set_error(MP_ERR_INVALID, "resume: batch %lld of an epoch of %lld batches",
+                            (long long)r->batch, (long long)nb);
+    return MP_OK;
+}
+
+static mp_status save_checkpoint(mp_model *m, const mp_fit_options *o, const mp_fit_state *fs,
+                                 FILE *out, bool verbose)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ckpt-%08lld.safetensors", o->checkpoint_dir,
+             (long long)fs->steps);
+    mp_status s = mp_model_save_checkpoint(m, path, fs);
+    if (s) return s;
+    mp_checkpoint_prune(o->checkpoint_dir, o->keep_last);
+    if (verbose) fprintf(out, "%scheckpoint: %s\n", isatty(fileno(out)) ? "\r\033[K" : "", path);
+    return MP_OK;
+}
+
 mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options *opt,
                        mp_history *hist)
 {
@@ -228,6 +281,11 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     if (o.monitor && strcmp(o.monitor, "loss") && strcmp(o.monitor, "val_loss"))
         return mp_set_error(MP_ERR_INVALID, "fit: unknown monitor '%s' (loss or val_loss)",
                             o.monitor);
+    if (o.checkpoint_every < 0 || o.keep_last < 0 ||
+        ((o.checkpoint_every || o.keep_last) && !o.checkpoint_dir))
+        return mp_set_error(MP_ERR_INVALID,
+                            "fit: checkpoint_every %lld / keep_last %d need a checkpoint_dir",
+                            (long long)o.checkpoint_every, o.keep_last);
     if (!o.out) o.out = stdout;
 
     mp_dataset *train = NULL, *val = NULL;
@@ -239,6 +297,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         va = val;
     }
     int64_t n = mp_dataset_count(tr);
+    mp_history h = {0, NULL};
     batcher b;
     if ((s = batcher_init(&b, m, mp_dataset_dim(tr), o.batch_size, n))) goto done;
     if (va && mp_dataset_dim(va) != mp_dataset_dim(tr)) {
@@ -247,37 +306,58 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
                          (long long)mp_dataset_dim(va), (long long)mp_dataset_dim(tr));
         goto done;
     }
-    mp_history h = {0, calloc((size_t)o.epochs, sizeof(mp_epoch_log))};
+    bool watch_val = o.monitor ? !strcmp(o.monitor, "val_loss") : va != NULL;
+    if (watch_val && !va) {
+        s = mp_set_error(MP_ERR_INVALID, "fit: monitor val_loss needs validation data");
+        goto done;
+    }
+    int64_t nb = mp_dataset_batch_count(tr, o.batch_size);
+    /* where the fit stands; a resumed fit starts where its checkpoint was */
+    mp_fit_state fs;
+    memset(&fs, 0, sizeof fs);
+    fs.best = INFINITY;
+    fs.batch_size = o.batch_size;
+    fs.shuffle = o.shuffle;
+    fs.seed = o.seed;
+    fs.validation_split = o.validation_data ? 0 : o.validation_split;
+    fs.data_count = n;
+    fs.data_hash = data_hash(tr);
+    const mp_fit_state *r = o.resume;
+    if (r) {
+        if ((s = check_resume(r, &fs, nb))) goto done;
+        mp_history keep = fs.history;
+        fs = *r;
+        fs.history = keep;
+    }
+    int cap = o.epochs > fs.epoch ? o.epochs : fs.epoch;
+    h.epochs = calloc((size_t)(cap ? cap : 1), sizeof(mp_epoch_log));
     if (!h.epochs) {
         s = mp_set_error(MP_ERR_NOMEM, "fit: out of memory");
         goto done;
     }
-    bool watch_val = o.monitor ? !strcmp(o.monitor, "val_loss") : va != NULL;
-    if (watch_val && !va) {
-        s = mp_set_error(MP_ERR_INVALID, "fit: monitor val_loss needs validation data");
-        free(h.epochs);
-        goto done;
+    if (r) {
+        memcpy(h.epochs, r->history.epochs, (size_t)r->history.count * sizeof(mp_epoch_log));
+        h.count = r->history.count;
     }
-    double best = INFINITY;
-    int bad_epochs = 0;
-    int64_t steps_total = 0;
-    int64_t nb = mp_dataset_batch_count(tr, o.batch_size);
+    fs.history = h; /* shares h's storage for checkpoints */
     progress p = {o.out, isatty(fileno(o.out)) != 0, o.verbose > 0, nb, 0, 0};
-    bool stop = false;
-    for (int ep = 0; ep < o.epochs && !stop; ep++) {
-        mp_epoch_log *log = &h.epochs[ep];
+    bool stop = false, saved = false;
+    while (fs.epoch < o.epochs && !stop) {
+        mp_epoch_log *log = &h.epochs[fs.epoch];
         memset(log, 0, sizeof *log);
-        log->epoch = ep + 1;
-        if (p.on) fprintf(o.out, "Epoch %d/%d\n", ep + 1, o.epochs);
-        p.start = now();
+        log->epoch = fs.epoch + 1;
+        if (fs.batch == 0) {
+            fs.loss_sum = 0;
+            fs.loss_samples = fs.samples = fs.correct = 0;
+            fs.skipped_before = mp_model_steps_skipped(m);
+            fs.seconds = 0;
+        }
+        if (p.on) fprintf(o.out, "Epoch %d/%d\n", fs.epoch + 1, o.epochs);
+        p.start = now() - fs.seconds;
         p.last_draw = 0;
-        if ((s = mp_dataset_order(tr, (uint64_t)ep, o.seed, o.shuffle, b.order))) break;
-        double lsum = 0;
-        int64_t seen = 0, samples = 0, correct = 0, skipped0 = mp_model_steps_skipped(m),
-                done_b = 0;
-        float scale = 1.0f;
-        for (int64_t i = 0; i < n; i += o.batch_size) {
-            if (o.max_steps && steps_total >= o.max_steps) {
+        if ((s = mp_dataset_order(tr, (uint64_t)fs.epoch, o.seed, o.shuffle, b.order))) break;
+        for (int64_t i = fs.batch * o.batch_size; i < n; i += o.batch_size) {
+            if (o.max_steps && fs.steps >= o.max_steps) {
                 stop = true;
                 break;
             }
@@ -285,53 +365,77 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
             if ((s = mp_dataset_gather(tr, b.order + i, c, b.x, b.y))) break;
             mp_tensor x;
             batch_tensor(&b, c, &x);
-            mp_step_result r;
-            if ((s = mp_model_train_step(m, &x, b.y, NULL, &r))) break;
-            steps_total++;
-            done_b++;
-            if (isfinite(r.loss)) { /* a skipped step's NaN loss would poison the mean */
-                lsum += (double)r.loss * (double)c;
-                seen += c;
+            mp_step_result res;
+            if ((s = mp_model_train_step(m, &x, b.y, NULL, &res))) break;
+            fs.steps++;
+            fs.batch++;
+            if (isfinite(res.loss)) { /* a skipped step's NaN loss would poison the mean */
+                fs.loss_sum += (double)res.loss * (double)c;
+                fs.loss_samples += c;
             }
-            correct += r.correct;
-            samples += c;
-            mp_loss_scaler *ls = mp_model_loss_scaler(m);
-            scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
-            draw(&p, done_b, seen ? lsum / (double)seen : NAN, (double)correct / (double)samples,
-                 NULL);
+            fs.correct += res.correct;
+            fs.samples += c;
+            saved = false;
+            if (o.checkpoint_every && fs.steps % o.checkpoint_every == 0) {
+                fs.seconds = now() - p.start;
+                if ((s = save_checkpoint(m, &o, &fs, o.out, p.on))) break;
+                saved = true;
+            }
+            draw(&p, fs.batch,
+                 fs.loss_samples ? fs.loss_sum / (double)fs.loss_samples : NAN,
+                 (double)fs.correct / (double)fs.samples, NULL);
         }
         if (s) break;
-        log->steps = done_b;
+        if (stop) { /* stopped by max_steps inside the epoch: resumable from here */
+            if (o.checkpoint_dir && !saved) {
+                fs.seconds = now() - p.start;
+                s = save_checkpoint(m, &o, &fs, o.out, p.on);
+                saved = true;
+            }
+            if (fs.batch == 0) break; /* nothing of this epoch ran */
+        }
+        mp_loss_scaler *ls = mp_model_loss_scaler(m);
+        log->steps = fs.batch;
         log->seconds = now() - p.start;
-        log->ms_per_step = done_b ? 1e3 * log->seconds / (double)done_b : 0;
-        log->loss = seen ? lsum / (double)seen : NAN;
-        log->accuracy = samples ? (double)correct / (double)samples : NAN;
-        log->loss_scale = scale;
-        log->skipped = mp_model_steps_skipped(m) - skipped0;
+        log->ms_per_step = fs.batch ? 1e3 * log->seconds / (double)fs.batch : 0;
+        log->loss = fs.loss_samples ? fs.loss_sum / (double)fs.loss_samples : NAN;
+        log->accuracy = fs.samples ? (double)fs.correct / (double)fs.samples : NAN;
+        log->loss_scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
+        log->skipped = mp_model_steps_skipped(m) - fs.skipped_before;
         if (va) { /* the epoch's order is spent: its buffers serve validation */
             if ((s = run_eval(m, va, &b, &log->val_loss, &log->val_accuracy))) break;
             log->has_validation = true;
         }
-        h.count = ep + 1;
-        draw(&p, done_b, log->loss, log->accuracy, log);
+        h.count = fs.epoch + 1;
+        draw(&p, fs.batch, log->loss, log->accuracy, log);
+        if (stop) break; /* a partial epoch: logged, but not counted as done */
+        fs.epoch++;
+        fs.batch = 0;
+        fs.history = h;
         if (o.on_epoch_end && !o.on_epoch_end(log, o.user)) stop = true;
         double monitored = watch_val ? log->val_loss : log->loss;
-        if (monitored < best - o.min_delta) {
-            best = monitored;
-            bad_epochs = 0;
-        } else if (o.patience > 0 && ++bad_epochs >= o.patience) {
+        if (monitored < fs.best - o.min_delta) {
+            fs.best = monitored;
+            fs.bad_epochs = 0;
+        } else if (o.patience > 0 && ++fs.bad_epochs >= o.patience) {
             if (p.on)
                 fprintf(o.out, "Early stopping: %s did not improve for %d epochs\n",
                         watch_val ? "val_loss" : "loss", o.patience);
             stop = true;
         }
+        saved = false;
+    }
+    if (!s && o.checkpoint_dir && !saved) {
+        fs.batch = 0;
+        fs.history = h;
+        s = save_checkpoint(m, &o, &fs, o.out, p.on);
     }
     if (!s && o.log_csv) s = write_csv(o.log_csv, &h);
-    if (hist)
+done:
+    if (hist && !s)
         *hist = h;
     else
         free(h.epochs);
-done:
     batcher_free(&b);
     mp_dataset_free(train);
     mp_dataset_free(val);

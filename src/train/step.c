@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "train/train_internal.h"
 
 typedef struct {
     mp_compile_options opts;
@@ -96,6 +96,20 @@ mp_optimizer *mp_model_optimizer(mp_model *m) { return get(m) ? get(m)->opt : NU
 mp_loss_scaler *mp_model_loss_scaler(mp_model *m) { return get(m) ? get(m)->scaler : NULL; }
 int64_t mp_model_steps_applied(const mp_model *m) { return get(m) ? get(m)->applied : 0; }
 int64_t mp_model_steps_skipped(const mp_model *m) { return get(m) ? get(m)->skipped : 0; }
+
+void mp_model_set_step_counts(mp_model *m, int64_t applied, int64_t skipped)
+{
+    if (!get(m)) return;
+    get(m)->applied = applied;
+    get(m)->skipped = skipped;
+}
+
+mp_status mp_model_get_compile_options(const mp_model *m, mp_compile_options *out)
+{
+    if (!get(m)) return mp_set_error(MP_ERR_INVALID, "the model is not compiled");
+    *out = get(m)->opts;
+    return MP_OK;
+}
 
 static int64_t count_correct(training *t, const mp_tensor *y, const int32_t *labels)
 {

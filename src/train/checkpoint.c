@@ -1,0 +1,657 @@
+/* checkpoint.c - training checkpoints: the model's parameters, the
+ * optimizer's moments, the loss scaler, the step counters, the dropout
+ * counter and where a fit stands, in one atomically written safetensors
+ * file, and their exact restoration. Loading checks everything before it
+ * changes anything. */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train/train_internal.h"
+
+#define STATE_VERSION 1
+
+/* ------------------------------------------------------------ JSON helpers */
+
+/* Reals are written with 17 significant digits (jansson's default), which
+ * round-trips every double and so every float exactly. NaN and inf have no
+ * JSON form: they are written as null. */
+static json_t *jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+static json_t *jhex(uint64_t x)
+{
+    char buf[24];
+    snprintf(buf, sizeof buf, "0x%016" PRIx64, x);
+    return json_string(buf);
+}
+
+/* A number, or null for a value that was not finite (read as `nonfinite`). */
+static bool get_num(const json_t *o, const char *k, double nonfinite, double *out)
+{
+    const json_t *v = json_object_get(o, k);
+    if (json_is_null(v)) {
+        *out = nonfinite;
+        return true;
+    }
+    if (!json_is_number(v)) return false;
+    *out = json_number_value(v);
+    return true;
+}
+
+static bool get_f32(const json_t *o, const char *k, float *out)
+{
+    double d;
+    if (!get_num(o, k, NAN, &d) || !isfinite(d) || fabs(d) > 3.4e38) return false;
+    *out = (float)d;
+    return true;
+}
+
+static bool get_i64(const json_t *o, const char *k, int64_t lo, int64_t hi, int64_t *out)
+{
+    const json_t *v = json_object_get(o, k);
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return false;
+    *out = json_integer_value(v);
+    return true;
+}
+
+static bool get_bool(const json_t *o, const char *k, bool *out)
+{
+    const json_t *v = json_object_get(o, k);
+    if (!json_is_boolean(v)) return false;
+    *out = json_is_true(v);
+    return true;
+}
+
+static bool get_hex(const json_t *o, const char *k, uint64_t *out)
+{
+    const char *s = json_string_value(json_object_get(o, k));
+    if (!s || strncmp(s, "0x", 2) || !s[2] || strlen(s) > 18) return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s + 2, &end, 16);
+    if (errno || *end) return false;
+    *out = (uint64_t)v;
+    return true;
+}
+
+#define BAD(...)                                                                                   \
+    do {                                                                                           \
+        s = mp_set_error(MP_ERR_FORMAT, __VA_ARGS__);                                              \
+        goto fail;                                                                                 \
+    } while (0)
+
+/* ------------------------------------------------------- compile options */
+
+static const char *const scaling_names[] = {"auto", "none", "dynamic", "static"};
+static const char *const mode_names[] = {"dynamic", "static"};
+static const char *const rounding_names[] = {"nearest", "stochastic"};
+
+static int name_index(const char *s, const char *const *names, int n)
+{
+    for (int i = 0; s && i < n; i++)
+        if (!strcmp(s, names[i])) return i;
+    return -1;
+}
+
+static json_t *scaler_config_json(const mp_loss_scaler_config *c)
+{
+    return json_pack("{s:o, s:o, s:o, s:I, s:o, s:o, s:s}", "initial_scale",
+                     jnum(c->initial_scale), "growth_factor", jnum(c->growth_factor),
+                     "backoff_factor", jnum(c->backoff_factor), "growth_interval",
+                     (json_int_t)c->growth_interval, "min_scale", jnum(c->min_scale), "max_scale",
+                     jnum(c->max_scale), "mode", mode_names[c->mode == MP_LOSS_SCALE_STATIC]);
+}
+
+static bool scaler_config_parse(const json_t *j, mp_loss_scaler_config *c)
+{
+    int mode = name_index(json_string_value(json_object_get(j, "mode")), mode_names, 2);
+    c->mode = mode == 1 ? MP_LOSS_SCALE_STATIC : MP_LOSS_SCALE_DYNAMIC;
+    return json_is_object(j) && mode >= 0 && get_f32(j, "initial_scale", &c->initial_scale) &&
+           get_f32(j, "growth_factor", &c->growth_factor) &&
+           get_f32(j, "backoff_factor", &c->backoff_factor) &&
+           get_i64(j, "growth_interval", 1, INT64_MAX, &c->growth_interval) &&
+           get_f32(j, "min_scale", &c->min_scale) && get_f32(j, "max_scale", &c->max_scale);
+}
+
+static json_t *compile_json(const mp_compile_options *o)
+{
+    const mp_optimizer_config *c = &o->optimizer;
+    const mp_lr_schedule *l = &c->schedule;
+    json_t *sched = json_pack("{s:i, s:I, s:o, s:I, s:o, s:I, s:o}", "decay", (int)l->decay,
+                              "warmup_steps", (json_int_t)l->warmup_steps, "warmup_start_factor",
+                              jnum(l->warmup_start_factor), "step_size", (json_int_t)l->step_size,
+                              "gamma", jnum(l->gamma), "decay_steps", (json_int_t)l->decay_steps,
+                              "final_lr", jnum(l->final_lr));
+    json_t *opt = json_pack(
+        "{s:s, s:o, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s, s:o}", "kind",
+        mp_optimizer_kind_name(c->kind), "learning_rate", jnum(c->learning_rate), "momentum",
+        jnum(c->momentum), "nesterov", c->nesterov, "beta1", jnum(c->beta1), "beta2",
+        jnum(c->beta2), "epsilon", jnum(c->epsilon), "weight_decay", jnum(c->weight_decay),
+        "clip_norm", jnum(c->clip_norm), "clip_value", jnum(c->clip_value), "schedule", sched,
+        "rounding", rounding_names[c->rounding == MP_ROUND_STOCHASTIC], "seed", jhex(c->seed));
+    return json_pack("{s:o, s:s, s:b, s:s, s:o}", "optimizer", opt, "loss",
+                     mp_loss_name(o->loss), "from_logits", o->from_logits, "loss_scaling",
+                     scaling_names[o->loss_scaling & 3], "scaler", scaler_config_json(&o->scaler));
+}
+
+static bool compile_parse(const json_t *j, mp_compile_options *o)
+{
+    memset(o, 0, sizeof *o);
+    const json_t *opt = json_object_get(j, "optimizer"), *sc = json_object_get(opt, "schedule");
+    mp_optimizer_config *c = &o->optimizer;
+    mp_lr_schedule *l = &c->schedule;
+    const char *kind = json_string_value(json_object_get(opt, "kind"));
+    int k = -1;
+    for (int i = 0; i < 3; i++)
+        if (kind && !strcmp(kind, mp_optimizer_kind_name((mp_optimizer_kind)i))) k = i;
+    int rounding = name_index(json_string_value(json_object_get(opt, "rounding")), rounding_names, 2);
+    int scaling =
+        name_index(json_string_value(json_object_get(j, "loss_scaling")), scaling_names, 4);
+    int64_t decay;
+    if (k < 0 || rounding < 0 || scaling < 0 || !json_is_object(sc)) return false;
+    c->kind = (mp_optimizer_kind)k;
+    c->rounding = rounding ? MP_ROUND_STOCHASTIC : MP_ROUND_NEAREST;
+    o->loss_scaling = (mp_loss_scaling)scaling;
+    if (!(get_f32(opt, "learning_rate", &c->learning_rate) && get_f32(opt, "momentum", &c->momentum) &&
+          get_bool(opt, "nesterov", &c->nesterov) && get_f32(opt, "beta1", &c->beta1) &&
+          get_f32(opt, "beta2", &c->beta2) && get_f32(opt, "epsilon", &c->epsilon) &&
+          get_f32(opt, "weight_decay", &c->weight_decay) &&
+          get_f32(opt, "clip_norm", &c->clip_norm) && get_f32(opt, "clip_value", &c->clip_value) &&
+          get_hex(opt, "seed", &c->seed) && get_i64(sc, "decay", 0, 2, &decay) &&
+          get_i64(sc, "warmup_steps", 0, INT64_MAX, &l->warmup_steps) &&
+          get_f32(sc, "warmup_start_factor", &l->warmup_start_factor) &&
+          get_i64(sc, "step_size", 0, INT64_MAX, &l->step_size) && get_f32(sc, "gamma", &l->gamma) &&
+          get_i64(sc, "decay_steps", 0, INT64_MAX, &l->decay_steps) &&
+          get_f32(sc, "final_lr", &l->final_lr)))
+        return false;
+    l->decay = (mp_lr_decay)decay;
+    return mp_loss_from_name(json_string_value(json_object_get(j, "loss")), &o->loss) == MP_OK &&
+           get_bool(j, "from_logits", &o->from_logits) &&
+           scaler_config_parse(json_object_get(j, "scaler"), &o->scaler);
+}
+
+/* --------------------------------------------------------------- fit state */
+
+void mp_fit_state_free(mp_fit_state *st)
+{
+    if (!st) return;
+    mp_history_free(&st->history);
+    memset(st, 0, sizeof *st);
+}
+
+static json_t *fit_json(const mp_fit_state *f)
+{
+    json_t *hist = json_array();
+    for (int i = 0; i < f->history.count; i++) {
+        const mp_epoch_log *e = &f->history.epochs[i];
+        json_array_append_new(
+            hist, json_pack("{s:i, s:I, s:o, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:I}", "epoch",
+                            e->epoch, "steps", (json_int_t)e->steps, "loss", jnum(e->loss),
+                            "accuracy", jnum(e->accuracy), "has_validation", e->has_validation,
+                            "val_loss", jnum(e->val_loss), "val_accuracy", jnum(e->val_accuracy),
+                            "seconds", jnum(e->seconds), "ms_per_step", jnum(e->ms_per_step),
+                            "loss_scale", jnum(e->loss_scale), "skipped", (json_int_t)e->skipped));
+    }
+    return json_pack("{s:i, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:o, s:o, s:i, s:I, s:b, s:o, s:o, "
+                     "s:I, s:o, s:o}",
+                     "epoch", f->epoch, "batch", (json_int_t)f->batch, "steps",
+                     (json_int_t)f->steps, "loss_sum", jnum(f->loss_sum), "loss_samples",
+                     (json_int_t)f->loss_samples, "samples", (json_int_t)f->samples, "correct",
+                     (json_int_t)f->correct, "skipped_before", (json_int_t)f->skipped_before,
+                     "seconds", jnum(f->seconds), "best", jnum(f->best), "bad_epochs",
+                     f->bad_epochs, "batch_size", (json_int_t)f->batch_size, "shuffle", f->shuffle,
+                     "seed", jhex(f->seed), "validation_split", jnum(f->validation_split),
+                     "data_count", (json_int_t)f->data_count, "data_hash", jhex(f->data_hash),
+                     "history", hist);
+}
+
+#define MAX_EPOCHS 100000000
+
+static mp_status fit_parse(const json_t *j, const char *path, mp_fit_state *f)
+{
+    mp_status s = MP_OK;
+    memset(f, 0, sizeof *f);
+    int64_t epoch, bad;
+    const json_t *hist = json_object_get(j, "history");
+    if (!json_is_object(j) || !get_i64(j, "epoch", 0, MAX_EPOCHS, &epoch) ||
+        !get_i64(j, "batch", 0, INT64_MAX, &f->batch) ||
+        !get_i64(j, "steps", 0, INT64_MAX, &f->steps) ||
+        !get_num(j, "loss_sum", NAN, &f->loss_sum) ||
+        !get_i64(j, "loss_samples", 0, INT64_MAX, &f->loss_samples) ||
+        !get_i64(j, "samples", 0, INT64_MAX, &f->samples) ||
+        !get_i64(j, "correct", 0, INT64_MAX, &f->correct) ||
+        !get_i64(j, "skipped_before", 0, INT64_MAX, &f->skipped_before) ||
+        !get_num(j, "seconds", 0, &f->seconds) || !get_num(j, "best", INFINITY, &f->best) ||
+        !get_i64(j, "bad_epochs", 0, MAX_EPOCHS, &bad) ||
+        !get_i64(j, "batch_size", 1, INT64_MAX, &f->batch_size) ||
+        !get_bool(j, "shuffle", &f->shuffle) || !get_hex(j, "seed", &f->seed) ||
+        !get_num(j, "validation_split", NAN, &f->validation_split) ||
+        !(f->validation_split >= 0 && f->validation_split < 1) ||
+        !get_i64(j, "data_count", 0, INT64_MAX, &f->data_count) ||
+        !get_hex(j, "data_hash", &f->data_hash) || !json_is_array(hist) ||
+        json_array_size(hist) != (size_t)epoch)
+        BAD("'%s': mixprec.fit is incomplete or out of range", path);
+    f->epoch = (int)epoch;
+    f->bad_epochs = (int)bad;
+    if (f->correct > f->samples || f->loss_samples > f->samples)
+        BAD("'%s': mixprec.fit counts are inconsistent", path);
+    f->history.epochs = calloc((size_t)(epoch ? epoch : 1), sizeof *f->history.epochs);
+    if (!f->history.epochs) BAD("'%s': out of memory for the history", path);
+    for (int i = 0; i < f->epoch; i++) {
+        const json_t *e = json_array_get(hist, (size_t)i);
+        mp_epoch_log *l = &f->history.epochs[i];
+        int64_t ep;
+        double scale;
+        if (!get_i64(e, "epoch", i + 1, i + 1, &ep) ||
+            !get_i64(e, "steps", 0, INT64_MAX, &l->steps) || !get_num(e, "loss", NAN, &l->loss) ||
+            !get_num(e, "accuracy", NAN, &l->accuracy) ||
+            !get_bool(e, "has_validation", &l->has_validation) ||
+            !get_num(e, "val_loss", NAN, &l->val_loss) ||
+            !get_num(e, "val_accuracy", NAN, &l->val_accuracy) ||
+            !get_num(e, "seconds", NAN, &l->seconds) ||
+            !get_num(e, "ms_per_step", NAN, &l->ms_per_step) ||
+            !get_num(e, "loss_scale", NAN, &scale) ||
+            !get_i64(e, "skipped", 0, INT64_MAX, &l->skipped))
+            BAD("'%s': mixprec.fit history entry %d is incomplete", path, i + 1);
+        l->epoch = (int)ep;
+        l->loss_scale = (float)scale;
+        f->history.count = i + 1;
+    }
+    return MP_OK;
+fail:
+    mp_fit_state_free(f);
+    return s;
+}
+
+/* -------------------------------------------------------------------- save */
+
+mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_state *fit)
+{
+    mp_optimizer *opt = mp_model_optimizer(m);
+    int np = mp_model_num_params(m), ns = opt ? mp_optimizer_num_slots(opt) : 0;
+    int nt = np * (1 + ns);
+    mp_named_tensor *t = calloc((size_t)(nt ? nt : 1), sizeof *t);
+    char *names = calloc((size_t)(np * ns + 1), 192);
+    char *config = mp_model_config_json(m), *training = NULL, *fitj = NULL;
+    mp_status s = MP_OK;
+    if (!t || !names || !config) {
+        s = mp_set_error(MP_ERR_NOMEM, "checkpoint: out of memory");
+        goto done;
+    }
+    mp_model_param_tensors(m, t);
+    for (int i = 0; i < np; i++)
+        for (int k = 0; k < ns; k++) {
+            mp_named_tensor *x = &t[np + i * ns + k];
+            char *name = names + (size_t)(i * ns + k) * 192;
+            snprintf(name, 192, "optimizer/%s/%s", t[i].name, mp_optimizer_slot_name(opt, k));
+            *x = t[i];
+            x->name = name;
+            x->dtype = MP_F32;
+            x->data = mp_optimizer_slot(opt, i, k, NULL);
+        }
+    if (opt) {
+        mp_compile_options co;
+        mp_model_get_compile_options(m, &co);
+        mp_loss_scaler *ls = mp_model_loss_scaler(m);
+        json_t *scaler = json_null();
+        if (ls) {
+            mp_loss_scaler_config lc;
+            mp_loss_scaler_state st;
+            mp_loss_scaler_get_config(ls, &lc);
+            mp_loss_scaler_get_state(ls, &st);
+            scaler = json_pack("{s:o, s:o, s:I}", "config", scaler_config_json(&lc), "scale",
+                               jnum(st.scale), "counter", (json_int_t)st.counter);
+        }
+        json_t *j = json_pack("{s:i, s:o, s:I, s:o, s:I, s:I, s:o}", "version", STATE_VERSION,
+                              "compile", compile_json(&co), "optimizer_step",
+                              (json_int_t)mp_optimizer_step_count(opt), "loss_scaler", scaler,
+                              "steps_applied", (json_int_t)mp_model_steps_applied(m),
+                              "steps_skipped", (json_int_t)mp_model_steps_skipped(m),
+                              "forward_count", jhex(mp_model_forward_count(m)));
+        training = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        json_decref(j);
+        if (!training) {
+            s = mp_set_error(MP_ERR_NOMEM, "checkpoint: cannot encode the training state");
+            goto done;
+        }
+    }
+    if (fit) {
+        json_t *j = fit_json(fit);
+        fitj = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        json_decref(j);
+        if (!fitj) {
+            s = mp_set_error(MP_ERR_NOMEM, "checkpoint: cannot encode the fit state");
+            goto done;
+        }
+    }
+    mp_policy g = mp_global_policy();
+    const char *keys[6] = {"format", "mixprec_version", "mixprec.config", "mixprec.global_policy"};
+    const char *vals[6] = {"pt", MP_VERSION_STRING, config, g.name};
+    int nm = 4;
+    if (training) keys[nm] = "mixprec.training", vals[nm++] = training;
+    if (fitj) keys[nm] = "mixprec.fit", vals[nm++] = fitj;
+    s = mp_safetensors_write(path, t, opt ? nt : np, keys, vals, nm);
+done:
+    free(t);
+    free(names);
+    free(config);
+    free(training);
+    free(fitj);
+    return s;
+}
+
+/* -------------------------------------------------------------------- load */
+
+/* Everything a checkpoint will change, checked and copied before any of it
+ * is written into the model. */
+typedef struct {
+    int np, ns;
+    float **weights, **slots;
+    bool has_training, compile_now;
+    mp_compile_options co;
+    int64_t opt_step, applied, skipped;
+    uint64_t forward_count;
+    bool has_scaler;
+    mp_loss_scaler_state scaler;
+} staged;
+
+static void staged_free(staged *st)
+{
+    for (int i = 0; st->weights && i < st->np; i++) free(st->weights[i]);
+    for (int i = 0; st->slots && i < st->np * st->ns; i++) free(st->slots[i]);
+    free(st->weights);
+    free(st->slots);
+}
+
+static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char *path, staged *st)
+{
+    mp_status s = MP_OK;
+    const char *text = mp_safetensors_metadata(f, "mixprec.training");
+    json_t *j = NULL;
+    if (!text) return MP_OK; /* weights only */
+    json_error_t je;
+    if (!(j = json_loads(text, JSON_REJECT_DUPLICATES, &je)))
+        BAD("'%s': mixprec.training is not valid JSON (%s)", path, je.text);
+    int64_t version;
+    if (!get_i64(j, "version", STATE_VERSION, STATE_VERSION, &version))
+        BAD("'%s': mixprec.training has an unsupported version", path);
+    if (!compile_parse(json_object_get(j, "compile"), &st->co))
+        BAD("'%s': mixprec.training has incomplete or bad compile options", path);
+    if (!get_i64(j, "optimizer_step", 0, INT64_MAX, &st->opt_step) ||
+        !get_i64(j, "steps_applied", 0, INT64_MAX, &st->applied) ||
+        !get_i64(j, "steps_skipped", 0, INT64_MAX, &st->skipped) ||
+        !get_hex(j, "forward_count", &st->forward_count))
+        BAD("'%s': mixprec.training has bad step counters", path);
+    const json_t *ls = json_object_get(j, "loss_scaler");
+    mp_loss_scaler_config lc;
+    if (!json_is_null(ls)) {
+        double scale;
+        if (!scaler_config_parse(json_object_get(ls, "config"), &lc) ||
+            !get_num(ls, "scale", NAN, &scale) || !(scale > 0 && scale <= 3.4e38) ||
+            !get_i64(ls, "counter", 0, lc.growth_interval - 1, &st->scaler.counter))
+            BAD("'%s': mixprec.training has a bad loss-scaler state", path);
+        st->scaler.scale = (float)scale;
+        st->has_scaler = true;
+    }
+    st->has_training = true;
+
+    /* the optimizer the state goes into: the model's, or one compiled from
+     * the file's options (validated by building it, then dropped) */
+    mp_optimizer *opt = mp_model_optimizer(m);
+    mp_optimizer *probe = NULL;
+    st->compile_now = opt == NULL;
+    if (!opt) {
+        mp_param *pp = calloc((size_t)(st->np ? st->np : 1), sizeof *pp);
+        if (!pp) BAD("'%s': out of memory", path);
+        mp_model_optim_params(m, pp, st->np);
+        probe = mp_optimizer_new(&st->co.optimizer, pp, st->np);
+        free(pp);
+        if (!probe) BAD("'%s': mixprec.training: %s", path, mp_last_error());
+        if (st->has_scaler) {
+            mp_loss_scaler *sc = mp_loss_scaler_new(&lc);
+            if (!sc) {
+                mp_optimizer_free(probe);
+                BAD("'%s': mixprec.training: %s", path, mp_last_error());
+            }
+            mp_loss_scaler_free(sc);
+        }
+        opt = probe;
+    } else {
+        mp_compile_options mine;
+        mp_model_get_compile_options(m, &mine);
+        if (mine.optimizer.kind != st->co.optimizer.kind) {
+            mp_optimizer_free(probe);
+            BAD("'%s' holds %s state; the model is compiled with %s", path,
+                mp_optimizer_kind_name(st->co.optimizer.kind),
+                mp_optimizer_kind_name(mine.optimizer.kind));
+        }
+        if (st->has_scaler != (mp_model_loss_scaler(m) != NULL))
+            BAD("'%s' %s loss-scaler state; the model is compiled %s loss scaling", path,
+                st->has_scaler ? "holds" : "has no", st->has_scaler ? "without" : "with");
+    }
+    st->ns = mp_optimizer_num_slots(opt);
+    st->slots = calloc((size_t)(st->np * st->ns + 1), sizeof *st->slots);
+    if (!st->slots) {
+        mp_optimizer_free(probe);
+        BAD("'%s': out of memory", path);
+    }
+    for (int i = 0; i < st->np && !s; i++)
+        for (int k = 0; k < st->ns && !s; k++) {
+            const mp_model_param *p = mp_model_get_param(m, i);
+            char name[192];
+            snprintf(name, sizeof name, "optimizer/%s/%s", p->name, mp_optimizer_slot_name(opt, k));
+            const mp_named_tensor *t = mp_safetensors_find(f, name);
+            if (!t) {
+                s = mp_set_error(MP_ERR_FORMAT, "'%s' has no optimizer state '%s'", path, name);
+                break;
+            }
+            float *x = mp_stage_f32(t, path, name, p->ndim, p->shape, p->n);
+            if (!x) {
+                s = MP_ERR_FORMAT;
+                break;
+            }
+            st->slots[i * st->ns + k] = x;
+            if (!strcmp(mp_optimizer_slot_name(opt, k), "exp_avg_sq"))
+                for (int64_t e = 0; e < p->n; e++)
+                    if (x[e] < 0) {
+                        s = mp_set_error(MP_ERR_FORMAT, "'%s': '%s' is negative at element %lld",
+                                         path, name, (long long)e);
+                        break;
+                    }
+        }
+    mp_optimizer_free(probe);
+fail:
+    json_decref(j);
+    return s;
+}
+
+static mp_status apply(mp_model *m, const mp_safetensors *f, const char *path, mp_fit_state *fit)
+{
+    staged st;
+    memset(&st, 0, sizeof st);
+    st.np = mp_model_num_params(m);
+    mp_fit_state fs;
+    memset(&fs, 0, sizeof fs);
+    mp_status s = MP_OK;
+    st.weights = calloc((size_t)(st.np ? st.np : 1), sizeof *st.weights);
+    if (!st.weights) BAD("'%s': out of memory", path);
+    if ((s = mp_model_stage_weights(m, f, path, st.weights))) goto fail;
+    if ((s = stage_training(m, f, path, &st))) goto fail;
+    const char *ftext = fit ? mp_safetensors_metadata(f, "mixprec.fit") : NULL;
+    if (ftext) {
+        json_error_t je;
+        json_t *j = json_loads(ftext, JSON_REJECT_DUPLICATES, &je);
+        if (!j) BAD("'%s': mixprec.fit is not valid JSON (%s)", path, je.text);
+        s = fit_parse(j, path, &fs);
+        json_decref(j);
+        if (s) goto fail;
+    }
+    /* everything is checked: now change the model */
+    if (st.compile_now && (s = mp_model_compile(m, &st.co))) goto fail;
+    mp_model_commit_weights(m, st.weights);
+    if (st.has_training) {
+        mp_optimizer *opt = mp_model_optimizer(m);
+        for (int i = 0; i < st.np; i++)
+            for (int k = 0; k < st.ns; k++)
+                memcpy(mp_optimizer_slot(opt, i, k, NULL), st.slots[i * st.ns + k],
+                       (size_t)mp_model_get_param(m, i)->n * sizeof(float));
+        mp_optimizer_set_step_count(opt, st.opt_step);
+        if (st.has_scaler) mp_loss_scaler_set_state(mp_model_loss_scaler(m), &st.scaler);
+        mp_model_set_step_counts(m, st.applied, st.skipped);
+        mp_model_set_forward_count(m, st.forward_count);
+    }
+    if (fit) *fit = fs;
+    staged_free(&st);
+    return MP_OK;
+fail:
+    mp_fit_state_free(&fs);
+    staged_free(&st);
+    return s;
+}
+
+mp_status mp_model_load_checkpoint(mp_model *m, const char *path, mp_fit_state *fit)
+{
+    if (fit) memset(fit, 0, sizeof *fit);
+    if (!mp_model_is_built(m)) return mp_set_error(MP_ERR_INVALID, "load: build the model first");
+    mp_safetensors *f;
+    mp_status s = mp_safetensors_read(path, &f);
+    if (s) return s;
+    s = apply(m, f, path, fit);
+    mp_safetensors_free(f);
+    return s;
+}
+
+mp_status mp_checkpoint_from_image(const mp_safetensors *f, const char *path, int64_t max_batch,
+                                   mp_model **out, mp_fit_state *fit)
+{
+    *out = NULL;
+    if (fit) memset(fit, 0, sizeof *fit);
+    const char *config = mp_safetensors_metadata(f, "mixprec.config");
+    if (!config)
+        return mp_set_error(MP_ERR_FORMAT, "'%s' has no mixprec.config: not a mixprec model file",
+                            path);
+    /* a model cannot have more parameters than the file has bytes of data */
+    int64_t bytes = 0;
+    for (int i = 0; i < mp_safetensors_count(f); i++) {
+        const mp_named_tensor *t = mp_safetensors_tensor(f, i);
+        int64_t n = (int64_t)mp_dtype_size(t->dtype);
+        for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+        bytes += n;
+    }
+    mp_model *m;
+    mp_status s = mp_model_from_config(config, max_batch, bytes, &m);
+    if (s) return mp_set_error(s, "'%s': %s", path, mp_last_error());
+    if ((s = apply(m, f, path, fit))) {
+        mp_model_free(m);
+        return s;
+    }
+    *out = m;
+    return MP_OK;
+}
+
+mp_status mp_model_from_checkpoint(const char *path, int64_t max_batch, mp_model **out,
+                                   mp_fit_state *fit)
+{
+    *out = NULL;
+    if (fit) memset(fit, 0, sizeof *fit);
+    mp_safetensors *f;
+    mp_status s = mp_safetensors_read(path, &f);
+    if (s) return s;
+    s = mp_checkpoint_from_image(f, path, max_batch, out, fit);
+    mp_safetensors_free(f);
+    return s;
+}
+
+/* ------------------------------------------------------------ directories */
+
+/* The steps of a name ckpt-<steps>.safetensors, or -1. */
+static int64_t ckpt_steps(const char *name)
+{
+    if (strncmp(name, "ckpt-", 5)) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(name + 5, &end, 10);
+    if (errno || end == name + 5 || v < 0 || strcmp(end, ".safetensors")) return -1;
+    return v;
+}
+
+int mp_checkpoint_list(const char *dir, mp_checkpoint_entry **out)
+{
+    *out = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t v = ckpt_steps(e->d_name);
+        if (v < 0 || strlen(e->d_name) >= sizeof((*out)->name)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            mp_checkpoint_entry *ne = realloc(*out, (size_t)cap * sizeof *ne);
+            if (!ne) break;
+            *out = ne;
+        }
+        (*out)[n].steps = v;
+        snprintf((*out)[n].name, sizeof (*out)[n].name, "%s", e->d_name);
+        n++;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* ascending steps; a directory holds few */
+        for (int j = i; j > 0 && (*out)[j - 1].steps > (*out)[j].steps; j--) {
+            mp_checkpoint_entry x = (*out)[j];
+            (*out)[j] = (*out)[j - 1];
+            (*out)[j - 1] = x;
+        }
+    return n;
+}
+
+void mp_checkpoint_prune(const char *dir, int keep_last)
+{
+    mp_checkpoint_entry *list;
+    int n = mp_checkpoint_list(dir, &list);
+    char path[4096];
+    for (int i = 0; keep_last > 0 && i < n - keep_last; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, list[i].name);
+        unlink(path);
+    }
+    free(list);
+    /* temporaries a killed writer left behind (only one fit writes here) */
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (!strncmp(e->d_name, "ckpt-", 5) && strstr(e->d_name, ".safetensors.tmp.")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    if (d) closedir(d);
+}
+
+mp_status mp_checkpoint_latest(const char *dir, char *path, size_t len)
+{
+    mp_checkpoint_entry *list;
+    int n = mp_checkpoint_list(dir, &list);
+    if (n < 0)
+        return mp_set_error(MP_ERR_IO, "cannot read directory '%s': %s", dir, strerror(errno));
+    char first_err[256] = "";
+    for (int i = n - 1; i >= 0; i--) {
+        snprintf(path, len, "%s/%s", dir, list[i].name);
+        mp_safetensors *f;
+        if (mp_safetensors_read(path, &f) == MP_OK) {
+            mp_safetensors_free(f);
+            free(list);
+            return MP_OK;
+        }
+        if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", mp_last_error());
+    }
+    free(list);
+    if (first_err[0])
+        return mp_set_error(MP_ERR_IO, "no valid checkpoint in '%s' (newest: %s)", dir, first_err);
+    return mp_set_error(MP_ERR_IO, "no checkpoint (ckpt-<steps>.safetensors) in '%s'", dir);
+}
