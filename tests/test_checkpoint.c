@@ -25,8 +25,7 @@ static mp_dataset *data(int64_t n, uint64_t seed)
     for (int64_t i = 0; i < n; i++) {
         y[i] = (int32_t)(test_rng_u32(&r) % 3);
         for (int j = 0; j < 10; j++)
-            x[i * 10 + j] =
-                (float)((j == y[i] ? 2.0 : 0.0) + test_rng_uniform(&r, -1.7, 1.7));
+            x[i * 10 + j] = (float)((j == y[i] ? 2.0 : 0.0) + test_rng_uniform(&r, -1.7, 1.7));
     }
     mp_dataset *ds;
     assert_int_equal(mp_dataset_from_arrays(x, y, n, 10, 3, &ds), MP_OK);

@@ -50,6 +50,11 @@ char *mp_model_config_json(const mp_model *m);
  * parameter elements is refused before anything is allocated. */
 mp_status mp_model_from_config(const char *json, int64_t max_batch, int64_t max_params,
                                mp_model **out);
+/* The same under another global policy: the layers that followed the saved
+ * global policy get `policy`, explicit per-layer overrides (such as a
+ * float32 softmax) stay, as if the model had been built under it. */
+mp_status mp_model_from_config_ex(const char *json, const char *policy, int64_t max_batch,
+                                  int64_t max_params, mp_model **out);
 
 /* Model weights as `<layer>.kernel` ([in, out]), `<layer>.bias`,
  * `<layer>.gamma`, `<layer>.beta`: float32 masters (or the weights

@@ -179,11 +179,11 @@ typedef struct {
     mp_node inputs[2];
     int ndim; /* Input: its shape (batch excluded) */
     int64_t shape[MP_MAX_DIMS];
-    int64_t units;         /* Dense */
-    mp_activation act;     /* Dense, Activation */
-    float rate;            /* Dropout */
-    float epsilon;         /* LayerNormalization */
-    uint64_t seed;         /* initialisers / dropout */
+    int64_t units;     /* Dense */
+    mp_activation act; /* Dense, Activation */
+    float rate;        /* Dropout */
+    float epsilon;     /* LayerNormalization */
+    uint64_t seed;     /* initialisers / dropout */
 } mp_layer_config;
 mp_status mp_model_layer_config(const mp_model *m, int layer, mp_layer_config *out);
 /* The seed given to mp_model_new; the output node after build (else -1). */

@@ -84,21 +84,22 @@ typedef struct {
     int64_t batch; /* batches of that epoch already run */
     int64_t steps; /* training steps run in all epochs (applied + skipped) */
     /* running figures of the epoch in progress */
-    double loss_sum;           /* sum of loss * batch over finite-loss batches */
-    int64_t loss_samples;      /* samples in loss_sum */
-    int64_t samples, correct;  /* samples seen, argmax hits */
-    int64_t skipped_before;    /* the model's skipped-step count when the epoch began */
-    double seconds;            /* time spent in the epoch so far */
-    double best;               /* early stopping: best monitored value (inf: none yet) */
+    double loss_sum;          /* sum of loss * batch over finite-loss batches */
+    int64_t loss_samples;     /* samples in loss_sum */
+    int64_t samples, correct; /* samples seen, argmax hits */
+    int64_t skipped_before;   /* the model's skipped-step count when the epoch began */
+    double seconds;           /* time spent in the epoch so far */
+    double best;              /* early stopping: best monitored value (inf: none yet) */
     int bad_epochs;
     /* the settings that fix the data order, checked on resume */
+    int epochs; /* the fit's target (informative: a resumed fit may change it) */
     int64_t batch_size;
     bool shuffle;
     uint64_t seed;
     double validation_split;
-    int64_t data_count;   /* training samples (after the split) */
-    uint64_t data_hash;   /* of their features and labels */
-    mp_history history;   /* the completed epochs */
+    int64_t data_count; /* training samples (after the split) */
+    uint64_t data_hash; /* of their features and labels */
+    mp_history history; /* the completed epochs */
 } mp_fit_state;
 void mp_fit_state_free(mp_fit_state *st);
 
@@ -135,6 +136,9 @@ typedef struct {
      * or mp_model_from_checkpoint): same data, batch size, shuffle and seed;
      * `epochs` and max_steps count from the start of the first run */
     const mp_fit_state *resume;
+    /* if not NULL, receives where the fit ended (e.g. for a final
+     * checkpoint); free with mp_fit_state_free */
+    mp_fit_state *state_out;
 } mp_fit_options;
 
 mp_fit_options mp_fit_options_default(void);
@@ -171,7 +175,8 @@ mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_s
  * (zeroed when the file has none; free it with mp_fit_state_free). */
 mp_status mp_model_load_checkpoint(mp_model *m, const char *path, mp_fit_state *fit);
 /* Build the model a checkpoint (or weights file) describes, for batches up
- * to max_batch, and load it: the file alone is enough. */
+ * to max_batch (0: the batch size in its fit state, else 1), and load it:
+ * the file alone is enough. */
 mp_status mp_model_from_checkpoint(const char *path, int64_t max_batch, mp_model **out,
                                    mp_fit_state *fit);
 /* The newest checkpoint in dir (ckpt-<steps>.safetensors) that reads and

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cli/cli.h"
@@ -33,6 +34,12 @@ typedef struct {
     const char *log;
     int patience;
     const char *save, *init_from;
+    bool save_state;
+    int64_t checkpoint_every;
+    const char *checkpoint_dir, *resume;
+    int keep_last;
+    const char *model_flag; /* the first flag that --resume takes from the checkpoint */
+    bool epochs_given;
 } train_args;
 
 static void train_usage(FILE *f)
@@ -62,6 +69,14 @@ static void train_usage(FILE *f)
         "  --log FILE                      write the history as CSV\n"
         "  --init-from FILE.safetensors    start from these weights (<layer>.kernel / .bias)\n"
         "  --save FILE.safetensors         save the trained weights and the model's configuration\n"
+        "  --save-state                    with --save: the full training state too (resumable)\n"
+        "  --checkpoint-dir DIR            write checkpoints DIR/ckpt-<step>.safetensors (and one\n"
+        "                                  at the end)\n"
+        "  --checkpoint-every N            a checkpoint every N steps\n"
+        "  --keep-last K                   keep only the newest K checkpoints\n"
+        "  --resume FILE|DIR               continue the run a checkpoint (or DIR's newest valid\n"
+        "                                  one) describes: model, optimizer, loss scaler, data\n"
+        "                                  order and history come from it; give the same --data\n"
         "  --quiet                         no progress output\n");
 }
 
@@ -209,6 +224,22 @@ static int parse_train_args(int argc, char **argv, train_args *a)
         } else if (!strcmp(f, "--init-from")) {
             NEED_VALUE;
             a->init_from = v;
+        } else if (!strcmp(f, "--save-state")) {
+            a->save_state = true;
+        } else if (!strcmp(f, "--checkpoint-dir")) {
+            NEED_VALUE;
+            a->checkpoint_dir = v;
+        } else if (!strcmp(f, "--checkpoint-every")) {
+            NEED_VALUE;
+            if (!parse_i64(v, 1, INT64_MAX, &a->checkpoint_every))
+                return bad(f, v, "expected a positive integer");
+        } else if (!strcmp(f, "--keep-last")) {
+            NEED_VALUE;
+            if (!parse_i64(v, 1, 1000000, &iv)) return bad(f, v, "expected a positive integer");
+            a->keep_last = (int)iv;
+        } else if (!strcmp(f, "--resume")) {
+            NEED_VALUE;
+            a->resume = v;
         } else if (!strcmp(f, "--loss-scale")) {
             NEED_VALUE;
             if (!strcmp(v, "dynamic"))
@@ -225,7 +256,24 @@ static int parse_train_args(int argc, char **argv, train_args *a)
             return 2;
         }
 #undef NEED_VALUE
+        static const char *const from_checkpoint[] = {
+            "--hidden",     "--activation", "--policy",     "--optimizer",
+            "--lr",         "--seed",       "--batch-size", "--validation-split",
+            "--no-shuffle", "--loss-scale", "--init-from"};
+        for (size_t k = 0; k < sizeof from_checkpoint / sizeof *from_checkpoint; k++)
+            if (!strcmp(f, from_checkpoint[k]) && !a->model_flag) a->model_flag = f;
+        if (!strcmp(f, "--epochs")) a->epochs_given = true;
     }
+    if (a->resume && a->model_flag) {
+        fprintf(stderr,
+                "mixprec train: --resume takes %s from the checkpoint; leave it out (it must not "
+                "change mid-run)\n",
+                a->model_flag + 2);
+        return 2;
+    }
+    if ((a->checkpoint_every || a->keep_last) && !a->checkpoint_dir && !a->resume)
+        return bad("--checkpoint-every/--keep-last", "", "needs --checkpoint-dir DIR");
+    if (a->save_state && !a->save) return bad("--save-state", "", "needs --save FILE");
     if (a->lr < 0) a->lr = a->optimizer == MP_OPTIMIZER_SGD ? 1e-2f : 1e-3f;
     return 0;
 }
@@ -250,6 +298,8 @@ static size_t step_peak_bytes(void)
 }
 
 typedef struct {
+    mp_model *model; /* the trained model (the caller frees it) */
+    const char *policy;
     double test_loss, test_acc, ms_per_step;
     size_t peak, step_peak;
     int64_t skipped;
@@ -291,30 +341,9 @@ static int load_data(const train_args *a, bool train, mp_dataset **out)
     return a->test_data ? load_spec(a->test_data, a->data_dir, false, out) : 0;
 }
 
-/* The model's configuration in the file's metadata, so evaluate/predict can
- * rebuild it from the file alone. */
-static mp_status save_model(mp_model *m, const train_args *a, int64_t inputs, int32_t classes)
+/* The seed MLP from the flags, built and compiled. */
+static mp_model *build_from_flags(const train_args *a, const mp_dataset *train)
 {
-    char hidden[256] = "", in[32], cl[32];
-    size_t off = 0;
-    for (int i = 0; i < a->nhidden && off < sizeof hidden; i++)
-        off += (size_t)snprintf(hidden + off, sizeof hidden - off, i ? ",%lld" : "%lld",
-                                (long long)a->hidden[i]);
-    if (!a->nhidden) snprintf(hidden, sizeof hidden, "none");
-    snprintf(in, sizeof in, "%lld", (long long)inputs);
-    snprintf(cl, sizeof cl, "%d", (int)classes);
-    const char *k[] = {"mixprec.model",      "mixprec.inputs",  "mixprec.hidden",
-                       "mixprec.activation", "mixprec.classes", "mixprec.policy"};
-    const char *v[] = {"mlp", in, hidden, mp_activation_name(a->act), cl, a->policy};
-    return mp_model_save_weights_ex(m, a->save, k, v, 6);
-}
-
-static int run_training(const train_args *a, const mp_dataset *train, const mp_dataset *test,
-                        bool summary, run_result *res)
-{
-    if (a->threads) mp_set_num_threads(a->threads);
-    mp_mem_reset_peaks();
-    size_t base = model_peak_bytes(), step_base = step_peak_bytes();
     mp_set_global_policy(a->policy);
     mp_model *m = mp_model_new(a->seed);
     mp_node x = mp_input(m, 1, (int64_t[]){mp_dataset_dim(train)}, NULL);
@@ -323,10 +352,6 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     /* the final softmax in float32 under every mixed policy (Keras' advice) */
     x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
     mp_set_global_policy("float32");
-    int rc = 1;
-    if (mp_model_build(m, x, a->batch)) goto out;
-    if (a->init_from && mp_model_load_weights(m, a->init_from)) goto out;
-    if (summary) mp_model_summary(m, a->batch, stdout);
     mp_compile_options co = mp_compile_options_default();
     co.optimizer = mp_optimizer_config_default(a->optimizer);
     co.optimizer.learning_rate = a->lr;
@@ -334,17 +359,89 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     co.loss_scaling = a->loss_scaling;
     if (a->loss_scaling == MP_LOSS_SCALING_STATIC)
         co.scaler = mp_loss_scaler_config_static(a->static_scale);
-    if (mp_model_compile(m, &co)) goto out;
+    if (mp_model_build(m, x, a->batch) ||
+        (a->init_from && mp_model_load_weights(m, a->init_from)) || mp_model_compile(m, &co)) {
+        mp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* The checkpoint --resume names: a file, or a directory's newest valid one. */
+static mp_status resume_path(const char *resume, char *path, size_t len, bool *is_dir)
+{
+    struct stat st;
+    *is_dir = stat(resume, &st) == 0 && S_ISDIR(st.st_mode);
+    if (*is_dir) return mp_checkpoint_latest(resume, path, len);
+    snprintf(path, len, "%s", resume);
+    return MP_OK;
+}
+
+/* The policy of the model's first weight layer, for the report. */
+static const char *model_policy(const mp_model *m)
+{
+    for (int i = 0; i < mp_model_num_layers(m); i++) {
+        mp_layer_config c;
+        mp_model_layer_config(m, i, &c);
+        if (c.kind == MP_LAYER_DENSE) return c.policy;
+    }
+    return "float32";
+}
+
+static int run_training(const train_args *a, const mp_dataset *train, const mp_dataset *test,
+                        bool summary, run_result *res)
+{
+    if (a->threads) mp_set_num_threads(a->threads);
+    mp_mem_reset_peaks();
+    size_t base = model_peak_bytes(), step_base = step_peak_bytes();
     mp_fit_options fo = mp_fit_options_default();
-    fo.batch_size = a->batch;
-    fo.epochs = a->epochs;
-    fo.validation_split = a->validation_split;
-    fo.shuffle = a->shuffle;
-    fo.seed = a->seed;
+    mp_fit_state resume, final_state;
+    memset(&resume, 0, sizeof resume);
+    memset(&final_state, 0, sizeof final_state);
+    mp_model *m = NULL;
+    int rc = 1;
+    bool printed = false;
+    if (a->resume) {
+        char path[4096];
+        bool is_dir;
+        if (resume_path(a->resume, path, sizeof path, &is_dir) ||
+            mp_model_from_checkpoint(path, 0, &m, &resume))
+            goto out;
+        if (!resume.batch_size) {
+            fprintf(stderr,
+                    "mixprec: '%s' holds no fit state to resume (write one with --checkpoint-dir "
+                    "or --save-state)\n",
+                    path);
+            printed = true;
+            goto out;
+        }
+        if (!a->quiet)
+            printf("resuming %s: epoch %d, batch %lld, step %lld\n", path, resume.epoch + 1,
+                   (long long)resume.batch, (long long)resume.steps);
+        fo.batch_size = resume.batch_size;
+        fo.shuffle = resume.shuffle;
+        fo.seed = resume.seed;
+        fo.validation_split = resume.validation_split;
+        fo.epochs = a->epochs_given ? a->epochs : resume.epochs;
+        fo.resume = &resume;
+        fo.checkpoint_dir = a->checkpoint_dir ? a->checkpoint_dir : is_dir ? a->resume : NULL;
+    } else {
+        if (!(m = build_from_flags(a, train))) goto out;
+        fo.batch_size = a->batch;
+        fo.epochs = a->epochs;
+        fo.validation_split = a->validation_split;
+        fo.shuffle = a->shuffle;
+        fo.seed = a->seed;
+        fo.checkpoint_dir = a->checkpoint_dir;
+    }
+    if (summary) mp_model_summary(m, fo.batch_size, stdout);
     fo.max_steps = a->max_steps;
     fo.verbose = a->quiet ? 0 : 1;
     fo.log_csv = a->log;
     fo.patience = a->patience;
+    fo.checkpoint_every = a->checkpoint_every;
+    fo.keep_last = a->keep_last;
+    fo.state_out = &final_state;
     mp_history h;
     if (mp_model_fit(m, train, &fo, &h)) goto out;
     double ms = 0;
@@ -358,19 +455,29 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     mp_loss_scaler *ls = mp_model_loss_scaler(m);
     res->scaled = ls != NULL;
     res->scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
+    res->policy = model_policy(m);
     mp_history_free(&h);
     res->test_loss = res->test_acc = NAN;
-    if (test && mp_model_evaluate(m, test, a->batch, &res->test_loss, &res->test_acc)) goto out;
+    if (test && mp_model_evaluate(m, test, fo.batch_size, &res->test_loss, &res->test_acc))
+        goto out;
     res->peak = model_peak_bytes() - base;
     res->step_peak = step_peak_bytes() - step_base;
     if (a->save) {
-        if (save_model(m, a, mp_dataset_dim(train), mp_dataset_classes(train))) goto out;
-        if (!a->quiet) printf("saved weights to %s\n", a->save);
+        mp_status s = a->save_state ? mp_model_save_checkpoint(m, a->save, &final_state)
+                                    : mp_model_save_weights(m, a->save);
+        if (s) goto out;
+        if (!a->quiet)
+            printf("saved %s to %s\n", a->save_state ? "the training state" : "weights", a->save);
     }
     rc = 0;
 out:
-    if (rc) fprintf(stderr, "mixprec: %s\n", mp_last_error());
-    mp_model_free(m);
+    if (rc && !printed) fprintf(stderr, "mixprec: %s\n", mp_last_error());
+    mp_fit_state_free(&resume);
+    mp_fit_state_free(&final_state);
+    if (rc)
+        mp_model_free(m);
+    else
+        res->model = m;
     return rc;
 }
 
@@ -391,10 +498,11 @@ int mp_cli_train(int argc, char **argv)
     run_result r;
     rc = run_training(&a, train, test, !a.quiet, &r);
     if (!rc) {
+        mp_model_free(r.model);
         if (test) printf("test: loss %.4f - accuracy %.4f\n", r.test_loss, r.test_acc);
         printf("policy %s: %.1f ms/step, peak memory %.1f MiB, %lld skipped steps, final loss "
                "scale %s",
-               a.policy, r.ms_per_step, (double)r.peak / (1 << 20), (long long)r.skipped,
+               r.policy, r.ms_per_step, (double)r.peak / (1 << 20), (long long)r.skipped,
                r.scaled ? "" : "none\n");
         if (r.scaled) printf("%g\n", (double)r.scale);
     }
@@ -447,6 +555,7 @@ int mp_cli_demo(int argc, char **argv)
         printf("training under %-15s ...", policies[p]);
         fflush(stdout);
         if ((rc = run_training(&a, train, test, false, &r[p]))) break;
+        mp_model_free(r[p].model);
         printf(" test accuracy %.4f, %.1f ms/step\n", r[p].test_acc, r[p].ms_per_step);
     }
     if (!rc) {
@@ -483,7 +592,8 @@ int mp_cli_demo(int argc, char **argv)
 
 /* ------------------------------------------------- evaluate and predict */
 
-/* Rebuild the MLP a file describes and load its weights. */
+/* Rebuild the model a file describes (its mixprec.config), optionally under
+ * another policy, and load its weights. */
 static mp_model *model_from_file(const char *path, const char *policy_flag, int64_t batch)
 {
     mp_safetensors *f;
@@ -491,48 +601,25 @@ static mp_model *model_from_file(const char *path, const char *policy_flag, int6
         fprintf(stderr, "mixprec: %s\n", mp_last_error());
         return NULL;
     }
-    const char *kind = mp_safetensors_metadata(f, "mixprec.model");
-    const char *in = mp_safetensors_metadata(f, "mixprec.inputs"),
-               *hid = mp_safetensors_metadata(f, "mixprec.hidden");
-    const char *act = mp_safetensors_metadata(f, "mixprec.activation"),
-               *cl = mp_safetensors_metadata(f, "mixprec.classes");
-    const char *pol = policy_flag ? policy_flag : mp_safetensors_metadata(f, "mixprec.policy");
-    int64_t inputs, classes, hidden[16];
-    int nh = 0;
-    mp_activation a;
-    mp_policy p;
-    bool ok = kind && !strcmp(kind, "mlp") && in && hid && act && cl && pol &&
-              parse_i64(in, 1, 1 << 30, &inputs) && parse_i64(cl, 1, 1 << 20, &classes) &&
-              !mp_activation_from_name(act, &a) && !mp_policy_from_name(pol, &p);
-    if (ok && strcmp(hid, "none")) {
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s", hid);
-        for (char *tok = strtok(buf, ","); tok && ok; tok = strtok(NULL, ","))
-            ok = nh < 16 && parse_i64(tok, 1, 1 << 20, &hidden[nh++]);
+    const char *config = mp_safetensors_metadata(f, "mixprec.config");
+    int64_t bytes = 0; /* a model has no more parameters than the file has bytes */
+    for (int i = 0; i < mp_safetensors_count(f); i++) {
+        const mp_named_tensor *t = mp_safetensors_tensor(f, i);
+        int64_t n = (int64_t)mp_dtype_size(t->dtype);
+        for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+        bytes += n;
     }
-    char policy[32] = "";
-    if (ok) snprintf(policy, sizeof policy, "%s", pol); /* the metadata is freed next */
-    mp_safetensors_free(f);
-    if (!ok) {
-        fprintf(stderr,
-                "mixprec: '%s' does not describe a model mixprec train saved (missing or bad "
-                "mixprec.* metadata)\n",
+    mp_model *m = NULL;
+    if (!config)
+        fprintf(stderr, "mixprec: '%s' has no mixprec.config metadata: not a model mixprec saved\n",
                 path);
-        return NULL;
-    }
-    mp_set_global_policy(policy);
-    mp_model *m = mp_model_new(1);
-    mp_node x = mp_input(m, 1, (int64_t[]){inputs}, NULL);
-    for (int i = 0; i < nh; i++) x = mp_dense(m, x, hidden[i], a, NULL);
-    x = mp_dense(m, x, classes, MP_ACT_NONE, NULL);
-    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
-    mp_set_global_policy("float32");
-    if (mp_model_build(m, x, batch) || mp_model_load_weights(m, path) ||
-        mp_model_compile(m, NULL)) {
-        fprintf(stderr, "mixprec: %s\n", mp_last_error());
+    else if (mp_model_from_config_ex(config, policy_flag, batch, bytes, &m) ||
+             mp_model_load_weights(m, path) || mp_model_compile(m, NULL)) {
+        fprintf(stderr, "mixprec: '%s': %s\n", path, mp_last_error());
         mp_model_free(m);
-        return NULL;
+        m = NULL;
     }
+    mp_safetensors_free(f);
     return m;
 }
 

@@ -66,9 +66,14 @@ char *mp_model_config_json(const mp_model *m)
         case MP_LAYER_ACTIVATION:
             json_object_set_new(l, "activation", json_string(mp_activation_name(c.act)));
             break;
-        case MP_LAYER_DROPOUT: json_object_set_new(l, "rate", json_real(c.rate)); break;
-        case MP_LAYER_LAYER_NORM: json_object_set_new(l, "epsilon", json_real(c.epsilon)); break;
-        default: break;
+        case MP_LAYER_DROPOUT:
+            json_object_set_new(l, "rate", json_real(c.rate));
+            break;
+        case MP_LAYER_LAYER_NORM:
+            json_object_set_new(l, "epsilon", json_real(c.epsilon));
+            break;
+        default:
+            break;
         }
         json_array_append_new(layers, l);
     }
@@ -123,6 +128,12 @@ static bool get_float(const json_t *o, const char *key, double lo, double hi, fl
 mp_status mp_model_from_config(const char *text, int64_t max_batch, int64_t max_params,
                                mp_model **out)
 {
+    return mp_model_from_config_ex(text, NULL, max_batch, max_params, out);
+}
+
+mp_status mp_model_from_config_ex(const char *text, const char *policy_override, int64_t max_batch,
+                                  int64_t max_params, mp_model **out)
+{
     *out = NULL;
     if (!text) return mp_set_error(MP_ERR_FORMAT, "model config: missing");
     mp_status s = MP_OK;
@@ -149,6 +160,10 @@ mp_status mp_model_from_config(const char *text, int64_t max_batch, int64_t max_
     mp_policy pol;
     if (gp && mp_policy_from_name(gp, &pol) != MP_OK)
         BAD("model config: global_policy: %s", mp_last_error());
+    if (policy_override && mp_policy_from_name(policy_override, &pol) != MP_OK) {
+        s = MP_ERR_INVALID;
+        goto fail;
+    }
 
     m = mp_model_new(seed);
     if (!m) {
@@ -164,6 +179,7 @@ mp_status mp_model_from_config(const char *text, int64_t max_batch, int64_t max_
         const char *name = json_string_value(json_object_get(lj, "name"));
         const char *policy = json_string_value(json_object_get(lj, "policy"));
         const json_t *inputs = json_object_get(lj, "inputs");
+        if (policy_override && gp && policy && !strcmp(policy, gp)) policy = policy_override;
         mp_layer_options o = {name, policy, 0};
         if (!json_is_object(lj) || !type || !name || !policy || !json_is_array(inputs))
             BAD("model config: layer %zu needs class_name, name, policy and inputs", i);
@@ -222,14 +238,20 @@ mp_status mp_model_from_config(const char *text, int64_t max_batch, int64_t max_
                 BAD("model config: dense '%s' needs units in 1..%lld", name, (long long)MAX_WIDTH);
             node = mp_dense(m, in[0], units, act, &o);
             break;
-        case MP_LAYER_ACTIVATION: node = mp_activation_layer(m, in[0], act, &o); break;
+        case MP_LAYER_ACTIVATION:
+            node = mp_activation_layer(m, in[0], act, &o);
+            break;
         case MP_LAYER_DROPOUT:
             if (!get_float(lj, "rate", 0.0, 1.0, &f))
                 BAD("model config: dropout '%s' needs a rate in [0, 1)", name);
             node = mp_dropout(m, in[0], f, &o);
             break;
-        case MP_LAYER_FLATTEN: node = mp_flatten(m, in[0], &o); break;
-        case MP_LAYER_ADD: node = mp_add(m, in[0], in[1], &o); break;
+        case MP_LAYER_FLATTEN:
+            node = mp_flatten(m, in[0], &o);
+            break;
+        case MP_LAYER_ADD:
+            node = mp_add(m, in[0], in[1], &o);
+            break;
         case MP_LAYER_LAYER_NORM:
             if (!get_float(lj, "epsilon", 0.0, 1.0, &f))
                 BAD("model config: layer normalization '%s' needs an epsilon in [0, 1]", name);

@@ -452,8 +452,9 @@ float *mp_stage_f32(const mp_named_tensor *t, const char *path, const char *name
     mp_convert(x, MP_F32, t->data, t->dtype, (size_t)want);
     for (int64_t j = 0; j < want; j++)
         if (!isfinite(x[j])) {
-            mp_set_error(MP_ERR_FORMAT, "'%s': tensor '%s' holds a non-finite value at element %lld",
-                         path, name, (long long)j);
+            mp_set_error(MP_ERR_FORMAT,
+                         "'%s': tensor '%s' holds a non-finite value at element %lld", path, name,
+                         (long long)j);
             free(x);
             return NULL;
         }

@@ -102,11 +102,11 @@ static int name_index(const char *s, const char *const *names, int n)
 
 static json_t *scaler_config_json(const mp_loss_scaler_config *c)
 {
-    return json_pack("{s:o, s:o, s:o, s:I, s:o, s:o, s:s}", "initial_scale",
-                     jnum(c->initial_scale), "growth_factor", jnum(c->growth_factor),
-                     "backoff_factor", jnum(c->backoff_factor), "growth_interval",
-                     (json_int_t)c->growth_interval, "min_scale", jnum(c->min_scale), "max_scale",
-                     jnum(c->max_scale), "mode", mode_names[c->mode == MP_LOSS_SCALE_STATIC]);
+    return json_pack("{s:o, s:o, s:o, s:I, s:o, s:o, s:s}", "initial_scale", jnum(c->initial_scale),
+                     "growth_factor", jnum(c->growth_factor), "backoff_factor",
+                     jnum(c->backoff_factor), "growth_interval", (json_int_t)c->growth_interval,
+                     "min_scale", jnum(c->min_scale), "max_scale", jnum(c->max_scale), "mode",
+                     mode_names[c->mode == MP_LOSS_SCALE_STATIC]);
 }
 
 static bool scaler_config_parse(const json_t *j, mp_loss_scaler_config *c)
@@ -124,11 +124,11 @@ static json_t *compile_json(const mp_compile_options *o)
 {
     const mp_optimizer_config *c = &o->optimizer;
     const mp_lr_schedule *l = &c->schedule;
-    json_t *sched = json_pack("{s:i, s:I, s:o, s:I, s:o, s:I, s:o}", "decay", (int)l->decay,
-                              "warmup_steps", (json_int_t)l->warmup_steps, "warmup_start_factor",
-                              jnum(l->warmup_start_factor), "step_size", (json_int_t)l->step_size,
-                              "gamma", jnum(l->gamma), "decay_steps", (json_int_t)l->decay_steps,
-                              "final_lr", jnum(l->final_lr));
+    json_t *sched =
+        json_pack("{s:i, s:I, s:o, s:I, s:o, s:I, s:o}", "decay", (int)l->decay, "warmup_steps",
+                  (json_int_t)l->warmup_steps, "warmup_start_factor", jnum(l->warmup_start_factor),
+                  "step_size", (json_int_t)l->step_size, "gamma", jnum(l->gamma), "decay_steps",
+                  (json_int_t)l->decay_steps, "final_lr", jnum(l->final_lr));
     json_t *opt = json_pack(
         "{s:s, s:o, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s, s:o}", "kind",
         mp_optimizer_kind_name(c->kind), "learning_rate", jnum(c->learning_rate), "momentum",
@@ -136,8 +136,8 @@ static json_t *compile_json(const mp_compile_options *o)
         jnum(c->beta2), "epsilon", jnum(c->epsilon), "weight_decay", jnum(c->weight_decay),
         "clip_norm", jnum(c->clip_norm), "clip_value", jnum(c->clip_value), "schedule", sched,
         "rounding", rounding_names[c->rounding == MP_ROUND_STOCHASTIC], "seed", jhex(c->seed));
-    return json_pack("{s:o, s:s, s:b, s:s, s:o}", "optimizer", opt, "loss",
-                     mp_loss_name(o->loss), "from_logits", o->from_logits, "loss_scaling",
+    return json_pack("{s:o, s:s, s:b, s:s, s:o}", "optimizer", opt, "loss", mp_loss_name(o->loss),
+                     "from_logits", o->from_logits, "loss_scaling",
                      scaling_names[o->loss_scaling & 3], "scaler", scaler_config_json(&o->scaler));
 }
 
@@ -151,7 +151,8 @@ static bool compile_parse(const json_t *j, mp_compile_options *o)
     int k = -1;
     for (int i = 0; i < 3; i++)
         if (kind && !strcmp(kind, mp_optimizer_kind_name((mp_optimizer_kind)i))) k = i;
-    int rounding = name_index(json_string_value(json_object_get(opt, "rounding")), rounding_names, 2);
+    int rounding =
+        name_index(json_string_value(json_object_get(opt, "rounding")), rounding_names, 2);
     int scaling =
         name_index(json_string_value(json_object_get(j, "loss_scaling")), scaling_names, 4);
     int64_t decay;
@@ -159,15 +160,16 @@ static bool compile_parse(const json_t *j, mp_compile_options *o)
     c->kind = (mp_optimizer_kind)k;
     c->rounding = rounding ? MP_ROUND_STOCHASTIC : MP_ROUND_NEAREST;
     o->loss_scaling = (mp_loss_scaling)scaling;
-    if (!(get_f32(opt, "learning_rate", &c->learning_rate) && get_f32(opt, "momentum", &c->momentum) &&
-          get_bool(opt, "nesterov", &c->nesterov) && get_f32(opt, "beta1", &c->beta1) &&
-          get_f32(opt, "beta2", &c->beta2) && get_f32(opt, "epsilon", &c->epsilon) &&
-          get_f32(opt, "weight_decay", &c->weight_decay) &&
+    if (!(get_f32(opt, "learning_rate", &c->learning_rate) &&
+          get_f32(opt, "momentum", &c->momentum) && get_bool(opt, "nesterov", &c->nesterov) &&
+          get_f32(opt, "beta1", &c->beta1) && get_f32(opt, "beta2", &c->beta2) &&
+          get_f32(opt, "epsilon", &c->epsilon) && get_f32(opt, "weight_decay", &c->weight_decay) &&
           get_f32(opt, "clip_norm", &c->clip_norm) && get_f32(opt, "clip_value", &c->clip_value) &&
           get_hex(opt, "seed", &c->seed) && get_i64(sc, "decay", 0, 2, &decay) &&
           get_i64(sc, "warmup_steps", 0, INT64_MAX, &l->warmup_steps) &&
           get_f32(sc, "warmup_start_factor", &l->warmup_start_factor) &&
-          get_i64(sc, "step_size", 0, INT64_MAX, &l->step_size) && get_f32(sc, "gamma", &l->gamma) &&
+          get_i64(sc, "step_size", 0, INT64_MAX, &l->step_size) &&
+          get_f32(sc, "gamma", &l->gamma) &&
           get_i64(sc, "decay_steps", 0, INT64_MAX, &l->decay_steps) &&
           get_f32(sc, "final_lr", &l->final_lr)))
         return false;
@@ -200,7 +202,7 @@ static json_t *fit_json(const mp_fit_state *f)
                             "loss_scale", jnum(e->loss_scale), "skipped", (json_int_t)e->skipped));
     }
     return json_pack("{s:i, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:o, s:o, s:i, s:I, s:b, s:o, s:o, "
-                     "s:I, s:o, s:o}",
+                     "s:I, s:o, s:o, s:i}",
                      "epoch", f->epoch, "batch", (json_int_t)f->batch, "steps",
                      (json_int_t)f->steps, "loss_sum", jnum(f->loss_sum), "loss_samples",
                      (json_int_t)f->loss_samples, "samples", (json_int_t)f->samples, "correct",
@@ -209,7 +211,7 @@ static json_t *fit_json(const mp_fit_state *f)
                      f->bad_epochs, "batch_size", (json_int_t)f->batch_size, "shuffle", f->shuffle,
                      "seed", jhex(f->seed), "validation_split", jnum(f->validation_split),
                      "data_count", (json_int_t)f->data_count, "data_hash", jhex(f->data_hash),
-                     "history", hist);
+                     "history", hist, "epochs", f->epochs);
 }
 
 #define MAX_EPOCHS 100000000
@@ -218,7 +220,7 @@ static mp_status fit_parse(const json_t *j, const char *path, mp_fit_state *f)
 {
     mp_status s = MP_OK;
     memset(f, 0, sizeof *f);
-    int64_t epoch, bad;
+    int64_t epoch, bad, epochs;
     const json_t *hist = json_object_get(j, "history");
     if (!json_is_object(j) || !get_i64(j, "epoch", 0, MAX_EPOCHS, &epoch) ||
         !get_i64(j, "batch", 0, INT64_MAX, &f->batch) ||
@@ -231,7 +233,8 @@ static mp_status fit_parse(const json_t *j, const char *path, mp_fit_state *f)
         !get_num(j, "seconds", 0, &f->seconds) || !get_num(j, "best", INFINITY, &f->best) ||
         !get_i64(j, "bad_epochs", 0, MAX_EPOCHS, &bad) ||
         !get_i64(j, "batch_size", 1, INT64_MAX, &f->batch_size) ||
-        !get_bool(j, "shuffle", &f->shuffle) || !get_hex(j, "seed", &f->seed) ||
+        !get_i64(j, "epochs", 0, MAX_EPOCHS, &epochs) || !get_bool(j, "shuffle", &f->shuffle) ||
+        !get_hex(j, "seed", &f->seed) ||
         !get_num(j, "validation_split", NAN, &f->validation_split) ||
         !(f->validation_split >= 0 && f->validation_split < 1) ||
         !get_i64(j, "data_count", 0, INT64_MAX, &f->data_count) ||
@@ -239,6 +242,7 @@ static mp_status fit_parse(const json_t *j, const char *path, mp_fit_state *f)
         json_array_size(hist) != (size_t)epoch)
         BAD("'%s': mixprec.fit is incomplete or out of range", path);
     f->epoch = (int)epoch;
+    f->epochs = (int)epochs;
     f->bad_epochs = (int)bad;
     if (f->correct > f->samples || f->loss_samples > f->samples)
         BAD("'%s': mixprec.fit counts are inconsistent", path);
@@ -309,12 +313,12 @@ mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_s
             scaler = json_pack("{s:o, s:o, s:I}", "config", scaler_config_json(&lc), "scale",
                                jnum(st.scale), "counter", (json_int_t)st.counter);
         }
-        json_t *j = json_pack("{s:i, s:o, s:I, s:o, s:I, s:I, s:o}", "version", STATE_VERSION,
-                              "compile", compile_json(&co), "optimizer_step",
-                              (json_int_t)mp_optimizer_step_count(opt), "loss_scaler", scaler,
-                              "steps_applied", (json_int_t)mp_model_steps_applied(m),
-                              "steps_skipped", (json_int_t)mp_model_steps_skipped(m),
-                              "forward_count", jhex(mp_model_forward_count(m)));
+        json_t *j =
+            json_pack("{s:i, s:o, s:I, s:o, s:I, s:I, s:o}", "version", STATE_VERSION, "compile",
+                      compile_json(&co), "optimizer_step", (json_int_t)mp_optimizer_step_count(opt),
+                      "loss_scaler", scaler, "steps_applied", (json_int_t)mp_model_steps_applied(m),
+                      "steps_skipped", (json_int_t)mp_model_steps_skipped(m), "forward_count",
+                      jhex(mp_model_forward_count(m)));
         training = j ? json_dumps(j, JSON_COMPACT) : NULL;
         json_decref(j);
         if (!training) {
@@ -545,6 +549,14 @@ mp_status mp_checkpoint_from_image(const mp_safetensors *f, const char *path, in
         for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
         bytes += n;
     }
+    if (max_batch <= 0) { /* the fit's batch size, if the file has a fit state */
+        max_batch = 1;
+        const char *ft = mp_safetensors_metadata(f, "mixprec.fit");
+        json_t *j = ft ? json_loads(ft, JSON_REJECT_DUPLICATES, NULL) : NULL;
+        int64_t b;
+        if (j && get_i64(j, "batch_size", 1, (int64_t)1 << 24, &b)) max_batch = b;
+        json_decref(j);
+    }
     mp_model *m;
     mp_status s = mp_model_from_config(config, max_batch, bytes, &m);
     if (s) return mp_set_error(s, "'%s': %s", path, mp_last_error());
@@ -599,7 +611,7 @@ int mp_checkpoint_list(const char *dir, mp_checkpoint_entry **out)
             *out = ne;
         }
         (*out)[n].steps = v;
-        snprintf((*out)[n].name, sizeof (*out)[n].name, "%s", e->d_name);
+        snprintf((*out)[n].name, sizeof(*out)[n].name, "%s", e->d_name);
         n++;
     }
     closedir(d);

@@ -1,10 +1,12 @@
 /* fit.c - Keras-style fit / evaluate / predict over datasets: batches in a
  * seeded per-epoch order, validation, history, early stopping, and the
  * progress line (redrawn in place on a terminal, plain lines otherwise). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -258,6 +260,9 @@ static mp_status save_checkpoint(mp_model *m, const mp_fit_options *o, const mp_
                                  FILE *out, bool verbose)
 {
     char path[4096];
+    if (mkdir(o->checkpoint_dir, 0777) != 0 && errno != EEXIST)
+        return mp_set_error(MP_ERR_IO, "cannot create the checkpoint directory '%s': %s",
+                            o->checkpoint_dir, strerror(errno));
     snprintf(path, sizeof path, "%s/ckpt-%08lld.safetensors", o->checkpoint_dir,
              (long long)fs->steps);
     mp_status s = mp_model_save_checkpoint(m, path, fs);
@@ -316,6 +321,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     mp_fit_state fs;
     memset(&fs, 0, sizeof fs);
     fs.best = INFINITY;
+    fs.epochs = o.epochs;
     fs.batch_size = o.batch_size;
     fs.shuffle = o.shuffle;
     fs.seed = o.seed;
@@ -328,6 +334,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         mp_history keep = fs.history;
         fs = *r;
         fs.history = keep;
+        fs.epochs = o.epochs;
     }
     int cap = o.epochs > fs.epoch ? o.epochs : fs.epoch;
     h.epochs = calloc((size_t)(cap ? cap : 1), sizeof(mp_epoch_log));
@@ -381,8 +388,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
                 if ((s = save_checkpoint(m, &o, &fs, o.out, p.on))) break;
                 saved = true;
             }
-            draw(&p, fs.batch,
-                 fs.loss_samples ? fs.loss_sum / (double)fs.loss_samples : NAN,
+            draw(&p, fs.batch, fs.loss_samples ? fs.loss_sum / (double)fs.loss_samples : NAN,
                  (double)fs.correct / (double)fs.samples, NULL);
         }
         if (s) break;
@@ -426,11 +432,21 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         saved = false;
     }
     if (!s && o.checkpoint_dir && !saved) {
-        fs.batch = 0;
         fs.history = h;
         s = save_checkpoint(m, &o, &fs, o.out, p.on);
     }
     if (!s && o.log_csv) s = write_csv(o.log_csv, &h);
+    if (!s && o.state_out) { /* a copy with its own completed-epoch history */
+        *o.state_out = fs;
+        o.state_out->history.count = fs.epoch < h.count ? fs.epoch : h.count;
+        o.state_out->history.epochs =
+            malloc((size_t)(h.count ? h.count : 1) * sizeof(mp_epoch_log));
+        if (!o.state_out->history.epochs)
+            s = mp_set_error(MP_ERR_NOMEM, "fit: out of memory");
+        else
+            memcpy(o.state_out->history.epochs, h.epochs,
+                   (size_t)o.state_out->history.count * sizeof(mp_epoch_log));
+    }
 done:
     if (hist && !s)
         *hist = h;
