@@ -1,5 +1,6 @@
 /* test_cli.c - the mixprec command line end to end on small generated CSV
- * data: train (with --save and --log), evaluate, predict, --init-from, and
+ * data: train (with --save and --log), evaluate, predict, --init-from,
+ * checkpoints with exact resume through the CLI, inspect, and
  * bad flags, values and files giving one clear line and a non-zero exit.
  * The CLI under test is $MP_CLI (set by tests/run.sh to the build's binary,
  * so the sanitizer run checks it too). */
@@ -113,6 +114,109 @@ static void test_train_save_evaluate_predict(void **state)
     assert_non_null(strstr(output(), "dense.kernel"));
 }
 
+/* The tensors of two safetensors files are identical, byte for byte, and so
+ * is their training state (the fit state differs only in timings). */
+static void assert_same_tensors(const char *a, const char *b)
+{
+    char pa[160], pb[160];
+    snprintf(pa, sizeof pa, "%s/%s", dir, a);
+    snprintf(pb, sizeof pb, "%s/%s", dir, b);
+    mp_safetensors *fa, *fb;
+    assert_int_equal(mp_safetensors_read(pa, &fa), MP_OK);
+    assert_int_equal(mp_safetensors_read(pb, &fb), MP_OK);
+    assert_int_equal(mp_safetensors_count(fa), mp_safetensors_count(fb));
+    for (int i = 0; i < mp_safetensors_count(fa); i++) {
+        const mp_named_tensor *x = mp_safetensors_tensor(fa, i);
+        const mp_named_tensor *y = mp_safetensors_find(fb, x->name);
+        assert_non_null(y);
+        size_t bytes = mp_dtype_size(x->dtype);
+        for (int d = 0; d < x->ndim; d++) bytes *= (size_t)x->shape[d];
+        assert_int_equal(x->dtype, y->dtype);
+        if (memcmp(x->data, y->data, bytes))
+            fail_msg("%s differs between %s and %s", x->name, a, b);
+    }
+    assert_string_equal(mp_safetensors_metadata(fa, "mixprec.training"),
+                        mp_safetensors_metadata(fb, "mixprec.training"));
+    mp_safetensors_free(fa);
+    mp_safetensors_free(fb);
+}
+
+static int count_checkpoints(const char *sub)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ls %s/%s | grep -c '^ckpt-.*\\.safetensors$' > %s/n.txt", dir, sub,
+             dir);
+    if (system(cmd) < 0) return -1;
+    char p[160];
+    snprintf(p, sizeof p, "%s/n.txt", dir);
+    FILE *f = fopen(p, "r");
+    int n = -1;
+    if (f && fscanf(f, "%d", &n) != 1) n = -1;
+    if (f) fclose(f);
+    return n;
+}
+
+/* 180 training samples (200, 10% held out), batch 16: 12 batches an
+ * epoch; 3 epochs = 36 steps. An
+ * interrupted run (--max-steps 20, inside epoch 2) resumed from its
+ * checkpoint directory ends bit-identical to a straight run, in a policy
+ * with dynamic loss scaling. */
+static void test_checkpoint_resume(void **state)
+{
+    (void)state;
+    const char *common = "--data %1$s/train.csv --hidden 12 --epochs 3 --batch-size 16 "
+                         "--validation-split 0.1 --policy mixed_float16 --quiet";
+    char args[512];
+    snprintf(args, sizeof args, "train %s --save %%1$s/straight.st --save-state", common);
+    if (run(args)) fail_msg("%s", output());
+    snprintf(args, sizeof args,
+             "train %s --max-steps 20 --checkpoint-dir %%1$s/ck --checkpoint-every 6 --keep-last 2",
+             common);
+    assert_int_equal(run(args), 0);
+    assert_int_equal(count_checkpoints("ck"), 2); /* steps 18 and 20 */
+    assert_int_equal(run("train --data %1$s/train.csv --resume %1$s/ck --quiet --save "
+                         "%1$s/resumed.st --save-state"),
+                     0);
+    assert_same_tensors("straight.st", "resumed.st");
+    /* the newest checkpoint is the final one, at step 36 */
+    assert_int_equal(run("inspect %1$s/ck/ckpt-00000036.safetensors"), 0);
+    const char *o = output();
+    assert_non_null(strstr(o, "optimizer/dense.kernel/exp_avg_sq"));
+    assert_non_null(strstr(o, "loss scaling   dynamic"));
+    assert_non_null(strstr(o, "36 steps in all"));
+    assert_non_null(strstr(o, "epoch 3 of 3"));
+    assert_non_null(strstr(o, "Total params"));
+
+    /* a torn newest file (as if the disk lost it) is passed over for the
+     * previous valid one */
+    char p[160];
+    snprintf(p, sizeof p, "%s/ck/ckpt-00000099.safetensors", dir);
+    FILE *f = fopen(p, "w");
+    fprintf(f, "garbage");
+    fclose(f);
+    assert_int_equal(run("train --data %1$s/train.csv --resume %1$s/ck --max-steps 36 --quiet"), 0);
+    /* resuming on other data or changing the model is refused */
+    assert_int_equal(run("train --data %1$s/test.csv --resume %1$s/ck --quiet"), 1);
+    assert_non_null(strstr(output(), "other training data"));
+    assert_int_equal(run("train --resume %1$s/ck --batch-size 8"), 2);
+    assert_non_null(strstr(output(), "batch-size"));
+    assert_int_equal(run("train --resume %1$s/nothing-here --quiet"), 1);
+    assert_non_null(strstr(output(), "nothing-here"));
+    /* a weights-only file has no state to resume */
+    assert_int_equal(run("train --data %1$s/train.csv --hidden 4 --epochs 1 --save %1$s/w.st "
+                         "--quiet"),
+                     0);
+    assert_int_equal(run("train --data %1$s/train.csv --resume %1$s/w.st --quiet"), 1);
+    assert_non_null(strstr(output(), "no fit state"));
+    assert_int_equal(run("inspect %1$s/w.st"), 0);
+    assert_non_null(strstr(output(), "training state: none"));
+    assert_int_equal(run("train --checkpoint-every 5"), 2);
+    assert_non_null(strstr(output(), "--checkpoint-dir"));
+    assert_int_equal(run("inspect %1$s/ck/ckpt-00000099.safetensors"), 1);
+    assert_non_null(strstr(output(), "ckpt-00000099"));
+    assert_int_equal(run("inspect"), 2);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -149,6 +253,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_save_evaluate_predict),
+        cmocka_unit_test(test_checkpoint_resume),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests_name("cli", tests, setup, teardown);

@@ -498,13 +498,13 @@ int mp_cli_train(int argc, char **argv)
     run_result r;
     rc = run_training(&a, train, test, !a.quiet, &r);
     if (!rc) {
-        mp_model_free(r.model);
         if (test) printf("test: loss %.4f - accuracy %.4f\n", r.test_loss, r.test_acc);
         printf("policy %s: %.1f ms/step, peak memory %.1f MiB, %lld skipped steps, final loss "
                "scale %s",
                r.policy, r.ms_per_step, (double)r.peak / (1 << 20), (long long)r.skipped,
                r.scaled ? "" : "none\n");
         if (r.scaled) printf("%g\n", (double)r.scale);
+        mp_model_free(r.model); /* r.policy points into it */
     }
     mp_dataset_free(train);
     mp_dataset_free(test);
