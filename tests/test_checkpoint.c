@@ -5,11 +5,14 @@
  * checkpoints with keep_last, loading that is all or nothing, and refusals
  * of a resume on other data or another batch size. */
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -207,11 +210,204 @@ static void test_exact_resume_optimizers_and_boundaries(void **state)
     resume_case("mixed_float16", MP_OPTIMIZER_ADAM, 40);
 }
 
+/* ------------------------------------------------------------ crash safety */
+
+static uint8_t *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n + 1);
+    *len = fread(b, 1, (size_t)n, f);
+    fclose(f);
+    return b;
+}
+
+static bool same_file(const char *path, const uint8_t *want, size_t want_len)
+{
+    size_t n;
+    uint8_t *b = slurp(path, &n);
+    bool same = b && n == want_len && !memcmp(b, want, n);
+    free(b);
+    return same;
+}
+
+/* Files in dir other than the checkpoint itself (temporaries left behind). */
+static int stray_files(const char *dir, const char *keep)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.' && strcmp(e->d_name, keep)) n++;
+    if (d) closedir(d);
+    return n;
+}
+
+/* A model with one kernel over 1 MiB, so its data goes out in several
+ * pieces, trained `steps` steps on fixed data. */
+static mp_model *crash_model(int steps)
+{
+    mp_model *m = mp_model_new(21);
+    mp_node x = mp_input(m, 1, (int64_t[]){256}, NULL);
+    x = mp_dense(m, x, 1200, MP_ACT_RELU, NULL);
+    x = mp_dense(m, x, 3, MP_ACT_NONE, NULL);
+    assert_int_equal(mp_model_build(m, x, 4), MP_OK);
+    mp_compile_options co = mp_compile_options_default();
+    co.from_logits = true;
+    assert_int_equal(mp_model_compile(m, &co), MP_OK);
+    float xs[4 * 256];
+    int32_t ys[4] = {0, 1, 2, 1};
+    for (int i = 0; i < 4 * 256; i++) xs[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    mp_tensor t;
+    mp_tensor_wrap(&t, MP_F32, 2, (int64_t[]){4, 256}, xs);
+    for (int s = 0; s < steps; s++)
+        assert_int_equal(mp_model_train_step(m, &t, ys, NULL, NULL), MP_OK);
+    return m;
+}
+
+typedef struct {
+    int calls, at;    /* act at call number `at` */
+    int err;          /* injected errno (0: kill the process instead) */
+    bool short_write; /* before killing at a write: let half of it through first */
+    bool armed;
+} fault_plan;
+
+static int fault_hook(mp_write_op op, size_t *len, void *user)
+{
+    fault_plan *p = user;
+    int k = p->calls++;
+    if (p->armed) raise(SIGKILL); /* the call after a short write */
+    if (k != p->at) return 0;
+    if (p->err) return p->err;
+    if (op == MP_WRITE_OP_WRITE && p->short_write && len && *len > 1) {
+        *len /= 2;
+        p->armed = true;
+        return 0;
+    }
+    raise(SIGKILL);
+    return 0;
+}
+
+/* Every step of an atomic write fails in turn (EIO, then ENOSPC): each time
+ * the save reports an error naming the file, the previous checkpoint stays
+ * byte for byte, and no temporary is left behind. */
+static void test_write_failures_keep_the_old_checkpoint(void **state)
+{
+    (void)state;
+    char *dir = tmpdir(), path[256];
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
+    mp_model *m1 = crash_model(1), *m2 = crash_model(2);
+    assert_int_equal(mp_model_save_checkpoint(m1, path, NULL), MP_OK);
+    size_t n1;
+    uint8_t *v1 = slurp(path, &n1);
+    int failures = 0;
+    for (int e = 0; e < 2; e++)
+        for (int at = 0;; at++) {
+            fault_plan p = {0, at, e ? ENOSPC : EIO, false, false};
+            mp_write_fault_hook = fault_hook;
+            mp_write_fault_user = &p;
+            mp_status s = mp_model_save_checkpoint(m2, path, NULL);
+            mp_write_fault_hook = NULL;
+            if (p.calls <= at) { /* the write never reached this step: done */
+                assert_int_equal(s, MP_OK);
+                assert_int_equal(mp_model_save_checkpoint(m1, path, NULL), MP_OK);
+                break;
+            }
+            if (s == MP_OK) {
+                /* only a failed directory fsync comes after the rename: the
+                 * new file is in place and the save still counts */
+                assert_false(same_file(path, v1, n1));
+                assert_int_equal(mp_model_save_checkpoint(m1, path, NULL), MP_OK);
+                continue;
+            }
+            failures++;
+            assert_non_null(strstr(mp_last_error(), "ckpt.safetensors"));
+            if (!same_file(path, v1, n1)) fail_msg("failure at step %d changed the file", at);
+            assert_int_equal(stray_files(dir, "ckpt.safetensors"), 0);
+        }
+    assert_true(failures >= 10); /* create, several pieces, fsync, rename */
+    free(v1);
+    mp_model_free(m1);
+    mp_model_free(m2);
+    rmdir_all(dir);
+    free(dir);
+}
+
+/* The writer is killed (SIGKILL) at every step of the write, and in the
+ * middle of every piece of data: afterwards the final name holds either the
+ * complete old checkpoint or the complete new one, never a mix, and it
+ * loads. A temporary may be left behind; pruning removes it. */
+static void test_killed_writer_leaves_old_or_new(void **state)
+{
+    (void)state;
+    char *dir = tmpdir(), path[256];
+    snprintf(path, sizeof path, "%s/ckpt-00000001.safetensors", dir);
+    mp_model *m1 = crash_model(1), *m2 = crash_model(2);
+    assert_int_equal(mp_model_save_checkpoint(m1, path, NULL), MP_OK);
+    size_t n1, n2;
+    uint8_t *v1 = slurp(path, &n1);
+    char other[256];
+    snprintf(other, sizeof other, "%s/new.safetensors", dir);
+    assert_int_equal(mp_model_save_checkpoint(m2, other, NULL), MP_OK);
+    uint8_t *v2 = slurp(other, &n2);
+    unlink(other);
+    int kills = 0, olds = 0, news = 0;
+    for (int at = 0;; at++) {
+        bool done = false;
+        for (int variant = 0; variant < 2; variant++) {
+            fflush(NULL);
+            pid_t pid = fork();
+            assert_true(pid >= 0);
+            if (pid == 0) {
+                fault_plan p = {0, at, 0, variant == 1, false};
+                mp_write_fault_hook = fault_hook;
+                mp_write_fault_user = &p;
+                _exit(mp_model_save_checkpoint(m2, path, NULL) == MP_OK ? 0 : 1);
+            }
+            int st;
+            assert_int_equal(waitpid(pid, &st, 0), pid);
+            if (WIFEXITED(st)) { /* it got through: the kill point was past the end */
+                assert_int_equal(WEXITSTATUS(st), 0);
+                assert_true(same_file(path, v2, n2));
+                done = true;
+                break;
+            }
+            assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+            kills++;
+            bool old = same_file(path, v1, n1), new = same_file(path, v2, n2);
+            if (!old && !new) fail_msg("killed at step %d: the checkpoint is neither version", at);
+            olds += old;
+            news += new;
+            mp_model *back = crash_model(0);
+            assert_int_equal(mp_model_load_checkpoint(back, path, NULL), MP_OK);
+            mp_model_free(back);
+            mp_checkpoint_prune(dir, 0);
+            assert_int_equal(stray_files(dir, "ckpt-00000001.safetensors"), 0);
+            /* back to the old version for the next kill */
+            assert_int_equal(mp_model_save_checkpoint(m1, path, NULL), MP_OK);
+        }
+        if (done) break;
+    }
+    assert_true(kills >= 20);
+    assert_true(olds > 0 && news > 0); /* killed both before and after the rename */
+    free(v1);
+    free(v2);
+    mp_model_free(m1);
+    mp_model_free(m2);
+    rmdir_all(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_resume_every_policy),
         cmocka_unit_test(test_exact_resume_optimizers_and_boundaries),
+        cmocka_unit_test(test_write_failures_keep_the_old_checkpoint),
+        cmocka_unit_test(test_killed_writer_leaves_old_or_new),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
