@@ -210,7 +210,7 @@ static void test_exact_resume_optimizers_and_boundaries(void **state)
     resume_case("mixed_float16", MP_OPTIMIZER_ADAM, 40);
 }
 
-/* ------------------------------------------------------------ crash safety */
+/* --------------------------------------------------------- hostile files */
 
 static uint8_t *slurp(const char *path, size_t *len)
 {
@@ -224,6 +224,214 @@ static uint8_t *slurp(const char *path, size_t *len)
     fclose(f);
     return b;
 }
+
+/* Copy checkpoint src to dst with tensor `name` changed by `edit` (element
+ * index and value) or dropped (edit_index < 0), and metadata `key` replaced
+ * by `value` (if key is not NULL). */
+static void rewrite(const char *src, const char *dst, const char *name, int64_t edit_index,
+                    float value, const char *key, const char *meta)
+{
+    mp_safetensors *f;
+    assert_int_equal(mp_safetensors_read(src, &f), MP_OK);
+    int n = mp_safetensors_count(f), k = 0;
+    mp_named_tensor *t = calloc((size_t)n, sizeof *t);
+    void *copy = NULL;
+    for (int i = 0; i < n; i++) {
+        const mp_named_tensor *x = mp_safetensors_tensor(f, i);
+        if (name && !strcmp(x->name, name)) {
+            if (edit_index < 0) continue;
+            size_t bytes = mp_dtype_size(x->dtype);
+            for (int d = 0; d < x->ndim; d++) bytes *= (size_t)x->shape[d];
+            copy = malloc(bytes);
+            memcpy(copy, x->data, bytes);
+            ((float *)copy)[edit_index] = value;
+            t[k] = *x;
+            t[k++].data = copy;
+            continue;
+        }
+        t[k++] = *x;
+    }
+    const char *keys[8], *vals[8];
+    int nm = 0;
+    const char *known[] = {"format",           "mixprec_version",
+                           "mixprec.config",   "mixprec.global_policy",
+                           "mixprec.training", "mixprec.fit"};
+    for (int i = 0; i < 6; i++) {
+        const char *v = mp_safetensors_metadata(f, known[i]);
+        if (key && !strcmp(key, known[i])) v = meta;
+        if (v) keys[nm] = known[i], vals[nm++] = v;
+    }
+    assert_int_equal(mp_safetensors_write(dst, t, k, keys, vals, nm), MP_OK);
+    free(copy);
+    free(t);
+    mp_safetensors_free(f);
+}
+
+/* A model's complete state as bytes, to show a refused load changed nothing. */
+static uint8_t *snapshot(mp_model *m, size_t *len)
+{
+    char *dir = tmpdir(), path[256];
+    snprintf(path, sizeof path, "%s/s.safetensors", dir);
+    assert_int_equal(mp_model_save_checkpoint(m, path, NULL), MP_OK);
+    uint8_t *b = slurp(path, len);
+    rmdir_all(dir);
+    free(dir);
+    return b;
+}
+
+static void test_refused_loads_change_nothing(void **state)
+{
+    (void)state;
+    char *dir = tmpdir(), good[256], bad[256];
+    snprintf(good, sizeof good, "%s/good.safetensors", dir);
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", dir);
+    mp_model *src = model("mixed_float16", MP_OPTIMIZER_ADAM);
+    mp_dataset *ds = data(64, 3);
+    mp_fit_options fo = fit_opts(6, NULL);
+    assert_int_equal(mp_model_fit(src, ds, &fo, NULL), MP_OK);
+    assert_int_equal(mp_model_save_checkpoint(src, good, NULL), MP_OK);
+
+    mp_model *m = model("mixed_float16", MP_OPTIMIZER_ADAM);
+    size_t n0, n1;
+    uint8_t *before = snapshot(m, &n0);
+    struct {
+        const char *tensor;
+        int64_t index;
+        float value;
+        const char *key, *meta, *expect;
+    } cases[] = {
+        {"optimizer/dense.kernel/exp_avg", 5, NAN, NULL, NULL, "non-finite"},
+        {"optimizer/dense_1.bias/exp_avg_sq", 1, -1.0f, NULL, NULL, "negative"},
+        {"dense_1.kernel", 3, INFINITY, NULL, NULL, "non-finite"},
+        {"optimizer/dense.bias/exp_avg", -1, 0, NULL, NULL, "optimizer/dense.bias/exp_avg"},
+        {"layer_normalization.gamma", -1, 0, NULL, NULL, "layer_normalization.gamma"},
+        {NULL, 0, 0, "mixprec.training", "{\"version\": 1}", "compile options"},
+        {NULL, 0, 0, "mixprec.training", "not json", "not valid JSON"},
+        {NULL, 0, 0, "mixprec.training", "{\"version\": 7}", "unsupported version"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        rewrite(good, bad, cases[c].tensor, cases[c].index, cases[c].value, cases[c].key,
+                cases[c].meta);
+        assert_int_not_equal(mp_model_load_checkpoint(m, bad, NULL), MP_OK);
+        if (!strstr(mp_last_error(), cases[c].expect))
+            fail_msg("case %zu: '%s' does not mention '%s'", c, mp_last_error(), cases[c].expect);
+        uint8_t *after = snapshot(m, &n1);
+        if (n0 != n1 || memcmp(before, after, n0)) fail_msg("case %zu changed the model", c);
+        free(after);
+    }
+    /* a loss-scaler state inconsistent with its config */
+    mp_safetensors *f;
+    assert_int_equal(mp_safetensors_read(good, &f), MP_OK);
+    char *tr = strdup(mp_safetensors_metadata(f, "mixprec.training"));
+    mp_safetensors_free(f);
+    char *counter = strstr(tr, "\"counter\":");
+    assert_non_null(counter);
+    char edited[4096]; /* the counter set to 99: the growth interval is 4 */
+    size_t head = (size_t)(counter - tr) + 10, digits = strspn(counter + 10, "0123456789");
+    snprintf(edited, sizeof edited, "%.*s99%s", (int)head, tr, counter + 10 + digits);
+    rewrite(good, bad, NULL, 0, 0, "mixprec.training", edited);
+    free(tr);
+    assert_int_not_equal(mp_model_load_checkpoint(m, bad, NULL), MP_OK);
+    if (!strstr(mp_last_error(), "loss-scaler")) fail_msg("%s", mp_last_error());
+
+    /* another optimizer kind in a compiled model: refused, naming both */
+    mp_model *sgd = model("mixed_float16", MP_OPTIMIZER_SGD);
+    assert_int_equal(mp_model_load_checkpoint(sgd, good, NULL), MP_ERR_FORMAT);
+    assert_non_null(strstr(mp_last_error(), "adam"));
+    assert_non_null(strstr(mp_last_error(), "sgd"));
+    /* the good file loads, and a model built but not compiled takes the
+     * file's compile options */
+    assert_int_equal(mp_model_load_checkpoint(m, good, NULL), MP_OK);
+    assert_same_state(src, m, "loaded");
+    mp_model *fresh;
+    assert_int_equal(mp_model_from_checkpoint(good, 16, &fresh, NULL), MP_OK);
+    mp_compile_options a, b;
+    assert_int_equal(mp_model_get_compile_options(src, &a), MP_OK);
+    assert_int_equal(mp_model_get_compile_options(fresh, &b), MP_OK);
+    assert_true(a.optimizer.kind == b.optimizer.kind &&
+                f32_bits(a.optimizer.learning_rate) == f32_bits(b.optimizer.learning_rate) &&
+                a.optimizer.schedule.decay == b.optimizer.schedule.decay &&
+                a.optimizer.schedule.decay_steps == b.optimizer.schedule.decay_steps &&
+                a.optimizer.seed == b.optimizer.seed &&
+                a.scaler.growth_interval == b.scaler.growth_interval &&
+                f32_bits(a.scaler.initial_scale) == f32_bits(b.scaler.initial_scale));
+    assert_same_state(src, fresh, "rebuilt");
+
+    /* a resume on other data or with another batch size is refused */
+    mp_fit_state st;
+    char ck[256];
+    fo = fit_opts(3, dir);
+    assert_int_equal(mp_model_fit(src, ds, &fo, NULL), MP_OK);
+    snprintf(ck, sizeof ck, "%s/ckpt-00000003.safetensors", dir);
+    mp_model *r;
+    assert_int_equal(mp_model_from_checkpoint(ck, 16, &r, &st), MP_OK);
+    mp_dataset *other = data(64, 4);
+    fo = fit_opts(6, NULL);
+    fo.resume = &st;
+    assert_int_equal(mp_model_fit(r, other, &fo, NULL), MP_ERR_INVALID);
+    assert_non_null(strstr(mp_last_error(), "other training data"));
+    fo.batch_size = 8;
+    assert_int_equal(mp_model_fit(r, ds, &fo, NULL), MP_ERR_INVALID);
+    assert_non_null(strstr(mp_last_error(), "batch size 16"));
+    mp_fit_state_free(&st);
+    mp_model_free(r);
+    mp_dataset_free(other);
+
+    free(before);
+    mp_model_free(fresh);
+    mp_model_free(sgd);
+    mp_model_free(m);
+    mp_model_free(src);
+    mp_dataset_free(ds);
+    rmdir_all(dir);
+    free(dir);
+}
+
+/* Periodic checkpoints: every N steps plus one at the end, only the newest
+ * keep_last kept, and mp_checkpoint_latest finds the newest valid one. */
+static void test_periodic_checkpoints(void **state)
+{
+    (void)state;
+    char *dir = tmpdir(), path[512];
+    mp_dataset *ds = data(200, 9); /* 160 training samples: 10 batches an epoch */
+    mp_model *m = model("bfloat16", MP_OPTIMIZER_ADAM);
+    mp_fit_options fo = fit_opts(0, dir);
+    fo.epochs = 2;
+    fo.checkpoint_every = 7;
+    fo.keep_last = 2;
+    assert_int_equal(mp_model_fit(m, ds, &fo, NULL), MP_OK);
+    mp_checkpoint_entry *list;
+    int n = mp_checkpoint_list(dir, &list);
+    assert_int_equal(n, 2);
+    assert_int_equal(list[0].steps, 14);
+    assert_int_equal(list[1].steps, 20); /* the final one */
+    free(list);
+    assert_int_equal(mp_checkpoint_latest(dir, path, sizeof path), MP_OK);
+    assert_non_null(strstr(path, "ckpt-00000020"));
+    mp_fit_state st;
+    mp_model *r;
+    assert_int_equal(mp_model_from_checkpoint(path, 0, &r, &st), MP_OK);
+    assert_int_equal(mp_model_max_batch(r), 16); /* max_batch 0: the fit's batch size */
+    assert_int_equal(st.epoch, 2);
+    assert_int_equal(st.history.count, 2);
+    assert_int_equal(st.steps, 20);
+    mp_fit_state_free(&st);
+    mp_model_free(r);
+    /* the newest file torn: the one before it is taken */
+    snprintf(path, sizeof path, "%s/ckpt-00000020.safetensors", dir);
+    FILE *f = fopen(path, "r+b");
+    fseek(f, 0, SEEK_END);
+    assert_int_equal(ftruncate(fileno(f), ftell(f) - 5), 0);
+    fclose(f);
+    assert_int_equal(mp_checkpoint_latest(dir, path, sizeof path), MP_OK);
+    assert_non_null(strstr(path, "ckpt-00000014"));
+    mp_model_free(m);
+    mp_dataset_free(ds);
+    rmdir_all(dir);
+    free(dir);
+}
+
+/* ------------------------------------------------------------ crash safety */
 
 static bool same_file(const char *path, const uint8_t *want, size_t want_len)
 {
@@ -406,6 +614,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_resume_every_policy),
         cmocka_unit_test(test_exact_resume_optimizers_and_boundaries),
+        cmocka_unit_test(test_refused_loads_change_nothing),
+        cmocka_unit_test(test_periodic_checkpoints),
         cmocka_unit_test(test_write_failures_keep_the_old_checkpoint),
         cmocka_unit_test(test_killed_writer_leaves_old_or_new),
     };
