@@ -82,6 +82,21 @@ static size_t tensor_bytes(const mp_named_tensor *t)
     return n;
 }
 
+/* The mode a new file gets: the replaced file's, else 0666 less the umask
+ * (read from /proc, since umask() cannot be read without changing it). */
+static mode_t file_mode(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) == 0) return st.st_mode & 07777;
+    unsigned mask = 022;
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[128];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "Umask: %o", &mask) == 1) break;
+    if (f) fclose(f);
+    return (mode_t)(0666 & ~mask);
+}
+
 mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors, int n,
                                const char *const *meta_keys, const char *const *meta_values,
                                int n_meta)
@@ -135,6 +150,7 @@ mp_status mp_safetensors_write(const char *path, const mp_named_tensor *tensors,
         free(tmp);
         return s;
     }
+    fchmod(fd, file_mode(path)); /* mkstemp makes it 0600 */
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     int bad = write_all(fd, len8, 8) || write_all(fd, hdr, hlen) ||
