@@ -1,4 +1,7 @@
 /* common.c - helpers shared by the cmocka test programs. */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "common.h"
 
 uint64_t test_rng_next(test_rng *r)
@@ -22,4 +25,17 @@ int test_isas(mp_isa out[MP_ISA_COUNT])
     for (int i = 0; i < MP_ISA_COUNT; i++)
         if (mp_isa_supported((mp_isa)i)) out[n++] = (mp_isa)i;
     return n;
+}
+
+int test_scratch_dir(char *buf, size_t len, const char *prefix)
+{
+    snprintf(buf, len, "/tmp/%s_XXXXXX", prefix);
+    return mkdtemp(buf) ? 0 : -1;
+}
+
+int test_remove_tree(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
 }

@@ -37,6 +37,12 @@ static inline float bits_f32(uint32_t u)
     return v.f;
 }
 
+/* A fresh scratch directory /tmp/<prefix>_XXXXXX, written into buf;
+ * 0 on success. */
+int test_scratch_dir(char *buf, size_t len, const char *prefix);
+/* Remove a scratch directory and all it holds; 0 on success. */
+int test_remove_tree(const char *dir);
+
 /* The ISA paths this CPU can run, for looping tests over every path. */
 int test_isas(mp_isa out[MP_ISA_COUNT]);
 

@@ -89,23 +89,9 @@ static mp_fit_options fit_opts(int64_t max_steps, const char *dir)
 
 static char *tmpdir(void)
 {
-    char *d = strdup("/tmp/mp_ckpt_XXXXXX");
-    assert_non_null(mkdtemp(d));
+    char *d = malloc(64);
+    assert_int_equal(test_scratch_dir(d, 64, "mp_ckpt"), 0);
     return d;
-}
-
-static void rmdir_all(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char p[512];
-    while (d && (e = readdir(d)))
-        if (e->d_name[0] != '.') {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    if (d) closedir(d);
-    rmdir(dir);
 }
 
 /* Every bit of the training state of two models. */
@@ -189,7 +175,7 @@ static void resume_case(const char *policy, mp_optimizer_kind kind, int64_t n_st
     mp_model_free(first);
     mp_model_free(resumed);
     mp_dataset_free(ds);
-    rmdir_all(dir);
+    test_remove_tree(dir);
     free(dir);
 }
 
@@ -274,7 +260,7 @@ static uint8_t *snapshot(mp_model *m, size_t *len)
     snprintf(path, sizeof path, "%s/s.safetensors", dir);
     assert_int_equal(mp_model_save_checkpoint(m, path, NULL), MP_OK);
     uint8_t *b = slurp(path, len);
-    rmdir_all(dir);
+    test_remove_tree(dir);
     free(dir);
     return b;
 }
@@ -383,7 +369,7 @@ static void test_refused_loads_change_nothing(void **state)
     mp_model_free(m);
     mp_model_free(src);
     mp_dataset_free(ds);
-    rmdir_all(dir);
+    test_remove_tree(dir);
     free(dir);
 }
 
@@ -427,7 +413,7 @@ static void test_periodic_checkpoints(void **state)
     assert_non_null(strstr(path, "ckpt-00000014"));
     mp_model_free(m);
     mp_dataset_free(ds);
-    rmdir_all(dir);
+    test_remove_tree(dir);
     free(dir);
 }
 
@@ -540,7 +526,7 @@ static void test_write_failures_keep_the_old_checkpoint(void **state)
     free(v1);
     mp_model_free(m1);
     mp_model_free(m2);
-    rmdir_all(dir);
+    test_remove_tree(dir);
     free(dir);
 }
 
@@ -605,7 +591,7 @@ static void test_killed_writer_leaves_old_or_new(void **state)
     free(v2);
     mp_model_free(m1);
     mp_model_free(m2);
-    rmdir_all(dir);
+    test_remove_tree(dir);
     free(dir);
 }
 

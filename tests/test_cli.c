@@ -20,8 +20,7 @@ static int setup(void **state)
     (void)state;
     cli = getenv("MP_CLI");
     if (!cli) cli = "build/mixprec";
-    snprintf(dir, sizeof dir, "/tmp/mp_cli_XXXXXX");
-    if (!mkdtemp(dir)) return -1;
+    if (test_scratch_dir(dir, sizeof dir, "mp_cli")) return -1;
     /* two separable classes in 4 features, train and test files */
     const char *names[2] = {"train.csv", "test.csv"};
     test_rng r = {1};
@@ -44,9 +43,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_remove_tree(dir);
 }
 
 /* Run the CLI with args (a format using %1$s for the directory); output to

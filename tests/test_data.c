@@ -693,8 +693,7 @@ static void test_batches(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/mp_test_data_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return test_scratch_dir(tmpdir, sizeof tmpdir, "mp_test_data");
 }
 
 static int teardown(void **state)

@@ -15,16 +15,13 @@ static char dir[64];
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/mp_st_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return test_scratch_dir(dir, sizeof dir, "mp_st");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_remove_tree(dir);
 }
 
 static const char *path_of(const char *name)
