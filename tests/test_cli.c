@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "train/train_internal.h"
 
 static char dir[64];
 static const char *cli;
@@ -214,6 +215,53 @@ static void test_checkpoint_resume(void **state)
     assert_int_equal(run("inspect"), 2);
 }
 
+/* SIGINT in the middle of training: the step in progress finishes, a
+ * checkpoint is written, the exit status is 130; resuming from it and
+ * running to step K gives the bits of a straight run to step K. */
+static void test_interrupt_and_resume(void **state)
+{
+    (void)state;
+    const char *common = "--data %1$s/train.csv --hidden 12 --epochs 2000 --batch-size 16 "
+                         "--policy mixed_bfloat16 --quiet";
+    char args[512], script[2048];
+    snprintf(args, sizeof args, "train %s --checkpoint-dir %%1$s/ick --checkpoint-every 200",
+             common);
+    char a2[600];
+    snprintf(a2, sizeof a2, args, dir);
+    /* interrupt once the first checkpoint shows training is under way */
+    snprintf(
+        script, sizeof script,
+        "%s %s > %s/int.txt 2>&1 & pid=$!; n=0; while [ ! -e %s/ick/ckpt-00000200.safetensors ] "
+        "&& [ $n -lt 1200 ]; do sleep 0.05; n=$((n+1)); done; kill -INT $pid; wait $pid; echo $? "
+        "> %s/rc.txt",
+        cli, a2, dir, dir, dir);
+    assert_int_equal(system(script), 0);
+    char p[160];
+    snprintf(p, sizeof p, "%s/rc.txt", dir);
+    FILE *f = fopen(p, "r");
+    int rc = -1;
+    assert_int_equal(fscanf(f, "%d", &rc), 1);
+    fclose(f);
+    assert_int_equal(rc, 130);
+    snprintf(p, sizeof p, "%s/ick", dir);
+    mp_checkpoint_entry *list;
+    int n = mp_checkpoint_list(p, &list);
+    assert_true(n >= 2);
+    int64_t stopped = list[n - 1].steps;
+    free(list);
+    assert_true(stopped > 200 && stopped < 24000);
+    int64_t target = stopped + 30;
+    snprintf(args, sizeof args,
+             "train --data %%1$s/train.csv --resume %%1$s/ick --max-steps %lld --save %%1$s/ir.st "
+             "--save-state --quiet",
+             (long long)target);
+    assert_int_equal(run(args), 0);
+    snprintf(args, sizeof args, "train %s --max-steps %lld --save %%1$s/is.st --save-state", common,
+             (long long)target);
+    assert_int_equal(run(args), 0);
+    assert_same_tensors("ir.st", "is.st");
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -251,6 +299,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_save_evaluate_predict),
         cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_interrupt_and_resume),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests_name("cli", tests, setup, teardown);

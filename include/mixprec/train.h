@@ -5,6 +5,8 @@
 #ifndef MIXPREC_TRAIN_H
 #define MIXPREC_TRAIN_H
 
+#include <signal.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -136,6 +138,11 @@ typedef struct {
      * or mp_model_from_checkpoint): same data, batch size, shuffle and seed;
      * `epochs` and max_steps count from the start of the first run */
     const mp_fit_state *resume;
+    /* if not NULL and *interrupt becomes nonzero (e.g. from a SIGINT
+     * handler), the fit stops after the step in progress, as max_steps
+     * would: it writes a checkpoint when checkpoint_dir is set and returns
+     * MP_OK, and state_out says where it stopped */
+    const volatile sig_atomic_t *interrupt;
     /* if not NULL, receives where the fit ended (e.g. for a final
      * checkpoint); free with mp_fit_state_free */
     mp_fit_state *state_out;

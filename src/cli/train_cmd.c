@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -388,6 +389,22 @@ static const char *model_policy(const mp_model *m)
     return "float32";
 }
 
+/* SIGINT/SIGTERM during training: finish the step, checkpoint, stop. A
+ * second signal gets the default action (the handler resets itself). */
+static volatile sig_atomic_t interrupted;
+static void on_signal(int sig) { interrupted = sig; }
+
+static void catch_signals(bool on)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on ? on_signal : SIG_DFL;
+    sa.sa_flags = on ? (int)SA_RESETHAND : 0;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 static int run_training(const train_args *a, const mp_dataset *train, const mp_dataset *test,
                         bool summary, run_result *res)
 {
@@ -442,8 +459,24 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     fo.checkpoint_every = a->checkpoint_every;
     fo.keep_last = a->keep_last;
     fo.state_out = &final_state;
+    fo.interrupt = &interrupted;
     mp_history h;
-    if (mp_model_fit(m, train, &fo, &h)) goto out;
+    interrupted = 0;
+    catch_signals(true);
+    mp_status fs = mp_model_fit(m, train, &fo, &h);
+    catch_signals(false);
+    if (fs) goto out;
+    if (interrupted) {
+        fprintf(stderr, "\nmixprec: interrupted after step %lld; %s%s\n",
+                (long long)final_state.steps,
+                fo.checkpoint_dir ? "resume with: mixprec train --resume " : "",
+                fo.checkpoint_dir ? fo.checkpoint_dir
+                                  : "no --checkpoint-dir, so the run cannot be resumed");
+        mp_history_free(&h);
+        printed = true;
+        rc = 130;
+        goto out;
+    }
     double ms = 0;
     int64_t steps = 0;
     for (int e = 0; e < h.count; e++) {

@@ -364,7 +364,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         p.last_draw = 0;
         if ((s = mp_dataset_order(tr, (uint64_t)fs.epoch, o.seed, o.shuffle, b.order))) break;
         for (int64_t i = fs.batch * o.batch_size; i < n; i += o.batch_size) {
-            if (o.max_steps && fs.steps >= o.max_steps) {
+            if ((o.max_steps && fs.steps >= o.max_steps) || (o.interrupt && *o.interrupt)) {
                 stop = true;
                 break;
             }
@@ -392,7 +392,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
                  (double)fs.correct / (double)fs.samples, NULL);
         }
         if (s) break;
-        if (stop) { /* stopped by max_steps inside the epoch: resumable from here */
+        if (stop) { /* stopped by max_steps or an interrupt: resumable from here */
             if (o.checkpoint_dir && !saved) {
                 fs.seconds = now() - p.start;
                 s = save_checkpoint(m, &o, &fs, o.out, p.on);
