@@ -1,17 +1,23 @@
 /* error.c - per-thread error messages behind mp_last_error(). */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "internal.h"
 
 static _Thread_local char last_error[512];
 
+/* Callers may pass mp_last_error() itself as an argument (wrapping a
+ * lower-level message), so the message is formatted apart and then copied:
+ * vsnprintf must not read the buffer it writes. */
 mp_status mp_set_error(mp_status s, const char *fmt, ...)
 {
+    char buf[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(last_error, buf, sizeof buf);
     return s;
 }
 

@@ -13,8 +13,12 @@
 
 /* ----------------------------------------------------------- errors */
 
-static mp_node fail(mp_model *m, mp_status s, const char *fmt, ...) MP_PRINTF(3, 4);
-static mp_node fail(mp_model *m, mp_status s, const char *fmt, ...)
+/* The same from a layer constructor, which returns a node (-1 on error). */
+#define FAIL_NODE(...) (fail(__VA_ARGS__), (mp_node)-1)
+
+/* Record the model's first error (sticky) and return its status. */
+static mp_status fail(mp_model *m, mp_status s, const char *fmt, ...) MP_PRINTF(3, 4);
+static mp_status fail(mp_model *m, mp_status s, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -22,7 +26,7 @@ static mp_node fail(mp_model *m, mp_status s, const char *fmt, ...)
     va_end(ap);
     m->err = s;
     mp_set_error(s, "%s", m->errmsg);
-    return -1;
+    return s;
 }
 
 static bool sticky(mp_model *m)
@@ -170,12 +174,12 @@ mp_node mp_input(mp_model *m, int ndim, const int64_t *shape, const mp_layer_opt
     mp_layer *l = add_layer(m, MP_LAYER_INPUT, o, NULL, 0);
     if (!l) return -1;
     if (ndim < 1 || ndim > MP_MAX_DIMS - 1)
-        return fail(m, MP_ERR_INVALID, "input: %d dimensions (1..%d allowed)", ndim,
-                    MP_MAX_DIMS - 1);
+        return FAIL_NODE(m, MP_ERR_INVALID, "input: %d dimensions (1..%d allowed)", ndim,
+                         MP_MAX_DIMS - 1);
     for (int i = 0; i < ndim; i++)
         if (shape[i] < 1)
-            return fail(m, MP_ERR_INVALID, "input: dimension %d is %lld (must be >= 1)", i,
-                        (long long)shape[i]);
+            return FAIL_NODE(m, MP_ERR_INVALID, "input: dimension %d is %lld (must be >= 1)", i,
+                             (long long)shape[i]);
     l->ndim = ndim;
     memcpy(l->shape, shape, (size_t)ndim * sizeof *shape);
     /* Inputs arrive as data; Keras keeps them float32 whatever the policy. */
@@ -191,9 +195,9 @@ mp_node mp_dense(mp_model *m, mp_node x, int64_t units, mp_activation act,
     mp_layer *l = add_layer(m, MP_LAYER_DENSE, o, &x, 1);
     if (!l) return -1;
     if (units < 1)
-        return fail(m, MP_ERR_INVALID, "dense '%s': units = %lld", l->name, (long long)units);
+        return FAIL_NODE(m, MP_ERR_INVALID, "dense '%s': units = %lld", l->name, (long long)units);
     if (!valid_activation(act) || act == MP_ACT_SOFTMAX)
-        return fail(
+        return FAIL_NODE(
             m, MP_ERR_INVALID,
             "dense '%s': activation %d cannot be fused (use an Activation layer for softmax)",
             l->name, (int)act);
@@ -210,7 +214,8 @@ mp_node mp_activation_layer(mp_model *m, mp_node x, mp_activation act, const mp_
     mp_layer *l = add_layer(m, MP_LAYER_ACTIVATION, o, &x, 1);
     if (!l) return -1;
     if (!valid_activation(act))
-        return fail(m, MP_ERR_INVALID, "activation '%s': unknown activation %d", l->name, (int)act);
+        return FAIL_NODE(m, MP_ERR_INVALID, "activation '%s': unknown activation %d", l->name,
+                         (int)act);
     l->act = act;
     return commit(m);
 }
@@ -220,8 +225,8 @@ mp_node mp_dropout(mp_model *m, mp_node x, float rate, const mp_layer_options *o
     mp_layer *l = add_layer(m, MP_LAYER_DROPOUT, o, &x, 1);
     if (!l) return -1;
     if (!(rate >= 0.0f && rate < 1.0f))
-        return fail(m, MP_ERR_INVALID, "dropout '%s': rate %g outside [0, 1)", l->name,
-                    (double)rate);
+        return FAIL_NODE(m, MP_ERR_INVALID, "dropout '%s': rate %g outside [0, 1)", l->name,
+                         (double)rate);
     l->rate = rate;
     return commit(m);
 }
@@ -254,8 +259,8 @@ mp_node mp_add(mp_model *m, mp_node a, mp_node b, const mp_layer_options *o)
     const mp_layer *la = &m->layers[a], *lb = &m->layers[b];
     if (la->ndim != lb->ndim || memcmp(la->shape, lb->shape, (size_t)la->ndim * sizeof(int64_t))) {
         char s1[96], s2[96];
-        return fail(m, MP_ERR_INVALID, "add '%s': shapes %s and %s differ", l->name,
-                    shape_str(la, s1, sizeof s1), shape_str(lb, s2, sizeof s2));
+        return FAIL_NODE(m, MP_ERR_INVALID, "add '%s': shapes %s and %s differ", l->name,
+                         shape_str(la, s1, sizeof s1), shape_str(lb, s2, sizeof s2));
     }
     return commit(m);
 }
@@ -265,8 +270,8 @@ mp_node mp_layer_norm(mp_model *m, mp_node x, float epsilon, const mp_layer_opti
     mp_layer *l = add_layer(m, MP_LAYER_LAYER_NORM, o, &x, 1);
     if (!l) return -1;
     if (!(epsilon > 0.0f))
-        return fail(m, MP_ERR_INVALID, "layer_norm '%s': epsilon %g must be > 0", l->name,
-                    (double)epsilon);
+        return FAIL_NODE(m, MP_ERR_INVALID, "layer_norm '%s': epsilon %g must be > 0", l->name,
+                         (double)epsilon);
     l->eps = epsilon;
     int64_t c = layer_cols(l);
     if (add_param(m, l, "gamma", 1, c, 0) || add_param(m, l, "beta", 1, c, 0)) return -1;
