@@ -3,6 +3,7 @@
 #   make test            the test suite (installs missing Debian packages first)
 #   make test SANITIZE=1 the same under AddressSanitizer + UBSan
 #   make test-exhaustive conversions checked on all 2^32 float32 inputs
+#   make fuzz            libFuzzer on the checkpoint loader (FUZZ_SECONDS=60)
 #   make bench           every benchmark (bench-convert, bench-gemm)
 #   make demo            the main job
 #   make install PREFIX=/usr/local
@@ -146,9 +147,12 @@ test-install: all
 	@sh tests/install_test.sh
 
 format:
-	clang-format -i $(LIB_SRC) $(CLI_SRC) $(wildcard src/*/*.h tests/*.c tests/*.h bench/*.c include/*.h)
+	clang-format -i $(LIB_SRC) $(CLI_SRC) $(wildcard src/*/*.h tests/*.c tests/*.h bench/*.c include/*.h include/mixprec/*.h fuzz/*.c)
 
 clean:
 	rm -rf build
+
+# ------------------------------------------------------------------- fuzz
+include mk/fuzz.mk
 
 -include $(shell find build -name '*.d' 2>/dev/null)

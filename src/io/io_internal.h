@@ -2,6 +2,7 @@
 #ifndef MP_IO_INTERNAL_H
 #define MP_IO_INTERNAL_H
 
+#include <jansson.h>
 #include <zlib.h>
 
 #include "core/internal.h"
@@ -23,6 +24,12 @@ mp_status mp_gz_read(gzFile f, const char *path, void *buf, size_t len, size_t *
 /* Read a whole file into a malloc'd buffer with a terminating NUL (not
  * counted in *len). max_bytes bounds what is accepted. */
 mp_status mp_gz_read_all(const char *path, size_t max_bytes, char **data, size_t *len);
+
+/* A uint64 as the JSON string "0x" + 16 hex digits (a JSON number cannot
+ * carry 64 bits through every reader), and back: "0x" and 1 to 16 hex
+ * digits, nothing else. */
+json_t *mp_json_hex(uint64_t x);
+bool mp_json_hex_value(const json_t *j, uint64_t *out);
 
 /* The model's parameters as file tensors (masters, or the weights under a
  * pure low-precision policy); t has room for every parameter. */

@@ -16,17 +16,20 @@
 #define CONFIG_FORMAT "mixprec.model"
 #define CONFIG_VERSION 1
 
-static json_t *seed_json(uint64_t seed)
+json_t *mp_json_hex(uint64_t x)
 {
     char buf[24];
-    snprintf(buf, sizeof buf, "0x%016" PRIx64, seed);
+    snprintf(buf, sizeof buf, "0x%016" PRIx64, x);
     return json_string(buf);
 }
 
-static bool seed_parse(const json_t *j, uint64_t *out)
+bool mp_json_hex_value(const json_t *j, uint64_t *out)
 {
     const char *s = json_string_value(j);
-    if (!s || strncmp(s, "0x", 2) || !s[2] || strlen(s) > 18) return false;
+    /* hex digits only: strtoull alone would also take "0x-1", "0x+1", "0x 1", "0x0x1" */
+    if (!s || strncmp(s, "0x", 2) || !s[2] || strlen(s) > 18 ||
+        strspn(s + 2, "0123456789abcdefABCDEF") != strlen(s + 2))
+        return false;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s + 2, &end, 16);
@@ -45,7 +48,7 @@ char *mp_model_config_json(const mp_model *m)
     for (int i = 0; i < n; i++) {
         mp_model_layer_config(m, i, &c);
         json_t *l = json_pack("{s:s, s:s, s:s, s:o}", "class_name", c.type, "name", c.name,
-                              "policy", c.policy, "seed", seed_json(c.seed));
+                              "policy", c.policy, "seed", mp_json_hex(c.seed));
         json_t *in = json_array();
         for (int k = 0; k < c.ninputs; k++) {
             mp_layer_config src;
@@ -83,7 +86,7 @@ char *mp_model_config_json(const mp_model *m)
         out_name = c.name;
     }
     json_t *root = json_pack("{s:s, s:i, s:o, s:s, s:s, s:o}", "format", CONFIG_FORMAT, "version",
-                             CONFIG_VERSION, "seed", seed_json(mp_model_seed(m)), "global_policy",
+                             CONFIG_VERSION, "seed", mp_json_hex(mp_model_seed(m)), "global_policy",
                              g.name, "output", out_name, "layers", layers);
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
@@ -148,7 +151,7 @@ mp_status mp_model_from_config_ex(const char *text, const char *policy_override,
         BAD("model config: not a %s configuration", CONFIG_FORMAT);
     if (!get_int(root, "version", CONFIG_VERSION, CONFIG_VERSION, &version))
         BAD("model config: unsupported version (this build reads version %d)", CONFIG_VERSION);
-    if (!seed_parse(json_object_get(root, "seed"), &seed))
+    if (!mp_json_hex_value(json_object_get(root, "seed"), &seed))
         BAD("model config: 'seed' must be a hex string 0x...");
     const json_t *layers = json_object_get(root, "layers");
     const char *out_name = json_string_value(json_object_get(root, "output"));
@@ -183,7 +186,7 @@ mp_status mp_model_from_config_ex(const char *text, const char *policy_override,
         mp_layer_options o = {name, policy, 0};
         if (!json_is_object(lj) || !type || !name || !policy || !json_is_array(inputs))
             BAD("model config: layer %zu needs class_name, name, policy and inputs", i);
-        if (!seed_parse(json_object_get(lj, "seed"), &o.seed))
+        if (!mp_json_hex_value(json_object_get(lj, "seed"), &o.seed))
             BAD("model config: layer '%s' needs a hex 'seed'", name);
         int kind = -1;
         for (int k = 0; k < (int)(sizeof type_names / sizeof type_names[0]); k++)

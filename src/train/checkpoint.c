@@ -5,7 +5,7 @@
  * changes anything. */
 #include <dirent.h>
 #include <errno.h>
-#include <inttypes.h>
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,13 +24,6 @@
  * JSON form: they are written as null. */
 static json_t *jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
-static json_t *jhex(uint64_t x)
-{
-    char buf[24];
-    snprintf(buf, sizeof buf, "0x%016" PRIx64, x);
-    return json_string(buf);
-}
-
 /* A number, or null for a value that was not finite (read as `nonfinite`). */
 static bool get_num(const json_t *o, const char *k, double nonfinite, double *out)
 {
@@ -47,7 +40,7 @@ static bool get_num(const json_t *o, const char *k, double nonfinite, double *ou
 static bool get_f32(const json_t *o, const char *k, float *out)
 {
     double d;
-    if (!get_num(o, k, NAN, &d) || !isfinite(d) || fabs(d) > 3.4e38) return false;
+    if (!get_num(o, k, NAN, &d) || !isfinite(d) || fabs(d) > FLT_MAX) return false;
     *out = (float)d;
     return true;
 }
@@ -71,14 +64,7 @@ static bool get_bool(const json_t *o, const char *k, bool *out)
 
 static bool get_hex(const json_t *o, const char *k, uint64_t *out)
 {
-    const char *s = json_string_value(json_object_get(o, k));
-    if (!s || strncmp(s, "0x", 2) || !s[2] || strlen(s) > 18) return false;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s + 2, &end, 16);
-    if (errno || *end) return false;
-    *out = (uint64_t)v;
-    return true;
+    return mp_json_hex_value(json_object_get(o, k), out);
 }
 
 #define BAD(...)                                                                                   \
@@ -129,13 +115,14 @@ static json_t *compile_json(const mp_compile_options *o)
                   (json_int_t)l->warmup_steps, "warmup_start_factor", jnum(l->warmup_start_factor),
                   "step_size", (json_int_t)l->step_size, "gamma", jnum(l->gamma), "decay_steps",
                   (json_int_t)l->decay_steps, "final_lr", jnum(l->final_lr));
-    json_t *opt = json_pack(
-        "{s:s, s:o, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s, s:o}", "kind",
-        mp_optimizer_kind_name(c->kind), "learning_rate", jnum(c->learning_rate), "momentum",
-        jnum(c->momentum), "nesterov", c->nesterov, "beta1", jnum(c->beta1), "beta2",
-        jnum(c->beta2), "epsilon", jnum(c->epsilon), "weight_decay", jnum(c->weight_decay),
-        "clip_norm", jnum(c->clip_norm), "clip_value", jnum(c->clip_value), "schedule", sched,
-        "rounding", rounding_names[c->rounding == MP_ROUND_STOCHASTIC], "seed", jhex(c->seed));
+    json_t *opt =
+        json_pack("{s:s, s:o, s:o, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:s, s:o}", "kind",
+                  mp_optimizer_kind_name(c->kind), "learning_rate", jnum(c->learning_rate),
+                  "momentum", jnum(c->momentum), "nesterov", c->nesterov, "beta1", jnum(c->beta1),
+                  "beta2", jnum(c->beta2), "epsilon", jnum(c->epsilon), "weight_decay",
+                  jnum(c->weight_decay), "clip_norm", jnum(c->clip_norm), "clip_value",
+                  jnum(c->clip_value), "schedule", sched, "rounding",
+                  rounding_names[c->rounding == MP_ROUND_STOCHASTIC], "seed", mp_json_hex(c->seed));
     return json_pack("{s:o, s:s, s:b, s:s, s:o}", "optimizer", opt, "loss", mp_loss_name(o->loss),
                      "from_logits", o->from_logits, "loss_scaling",
                      scaling_names[o->loss_scaling & 3], "scaler", scaler_config_json(&o->scaler));
@@ -209,9 +196,9 @@ static json_t *fit_json(const mp_fit_state *f)
                      (json_int_t)f->correct, "skipped_before", (json_int_t)f->skipped_before,
                      "seconds", jnum(f->seconds), "best", jnum(f->best), "bad_epochs",
                      f->bad_epochs, "batch_size", (json_int_t)f->batch_size, "shuffle", f->shuffle,
-                     "seed", jhex(f->seed), "validation_split", jnum(f->validation_split),
-                     "data_count", (json_int_t)f->data_count, "data_hash", jhex(f->data_hash),
-                     "history", hist, "epochs", f->epochs);
+                     "seed", mp_json_hex(f->seed), "validation_split", jnum(f->validation_split),
+                     "data_count", (json_int_t)f->data_count, "data_hash",
+                     mp_json_hex(f->data_hash), "history", hist, "epochs", f->epochs);
 }
 
 #define MAX_EPOCHS 100000000
@@ -318,7 +305,7 @@ mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_s
                       compile_json(&co), "optimizer_step", (json_int_t)mp_optimizer_step_count(opt),
                       "loss_scaler", scaler, "steps_applied", (json_int_t)mp_model_steps_applied(m),
                       "steps_skipped", (json_int_t)mp_model_steps_skipped(m), "forward_count",
-                      jhex(mp_model_forward_count(m)));
+                      mp_json_hex(mp_model_forward_count(m)));
         training = j ? json_dumps(j, JSON_COMPACT) : NULL;
         json_decref(j);
         if (!training) {
@@ -398,7 +385,7 @@ static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char
     if (!json_is_null(ls)) {
         double scale;
         if (!scaler_config_parse(json_object_get(ls, "config"), &lc) ||
-            !get_num(ls, "scale", NAN, &scale) || !(scale > 0 && scale <= 3.4e38) ||
+            !get_num(ls, "scale", NAN, &scale) || !(scale > 0 && scale <= FLT_MAX) ||
             !get_i64(ls, "counter", 0, lc.growth_interval - 1, &st->scaler.counter))
             BAD("'%s': mixprec.training has a bad loss-scaler state", path);
         st->scaler.scale = (float)scale;
