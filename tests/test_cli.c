@@ -176,6 +176,11 @@ static void test_checkpoint_resume(void **state)
                          "%1$s/resumed.st --save-state"),
                      0);
     assert_same_tensors("straight.st", "resumed.st");
+    /* the resumed run kept the cadence (every 6, keep 2): steps 30, 36 */
+    assert_int_equal(count_checkpoints("ck"), 2);
+    char p0[160];
+    snprintf(p0, sizeof p0, "%s/ck/ckpt-00000030.safetensors", dir);
+    assert_int_equal(access(p0, F_OK), 0);
     /* the newest checkpoint is the final one, at step 36 */
     assert_int_equal(run("inspect %1$s/ck/ckpt-00000036.safetensors"), 0);
     const char *o = output();

@@ -94,7 +94,9 @@ typedef struct {
     double best;              /* early stopping: best monitored value (inf: none yet) */
     int bad_epochs;
     /* the settings that fix the data order, checked on resume */
-    int epochs; /* the fit's target (informative: a resumed fit may change it) */
+    int epochs;               /* the fit's target (informative: a resumed fit may change it) */
+    int64_t checkpoint_every; /* the fit's checkpoint cadence (informative) */
+    int keep_last;
     int64_t batch_size;
     bool shuffle;
     uint64_t seed;

@@ -77,7 +77,8 @@ static void train_usage(FILE *f)
         "  --keep-last K                   keep only the newest K checkpoints\n"
         "  --resume FILE|DIR               continue the run a checkpoint (or DIR's newest valid\n"
         "                                  one) describes: model, optimizer, loss scaler, data\n"
-        "                                  order and history come from it; give the same --data\n"
+        "                                  order, history and checkpoint cadence come from it;\n"
+        "                                  give the same --data\n"
         "  --quiet                         no progress output\n");
 }
 
@@ -456,8 +457,12 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     fo.verbose = a->quiet ? 0 : 1;
     fo.log_csv = a->log;
     fo.patience = a->patience;
-    fo.checkpoint_every = a->checkpoint_every;
-    fo.keep_last = a->keep_last;
+    /* a resumed run that writes checkpoints keeps its cadence unless the
+     * flags change it */
+    bool inherit = a->resume && fo.checkpoint_dir;
+    fo.checkpoint_every =
+        a->checkpoint_every || !inherit ? a->checkpoint_every : resume.checkpoint_every;
+    fo.keep_last = a->keep_last || !inherit ? a->keep_last : resume.keep_last;
     fo.state_out = &final_state;
     fo.interrupt = &interrupted;
     mp_history h;

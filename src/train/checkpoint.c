@@ -188,17 +188,22 @@ static json_t *fit_json(const mp_fit_state *f)
                             "seconds", jnum(e->seconds), "ms_per_step", jnum(e->ms_per_step),
                             "loss_scale", jnum(e->loss_scale), "skipped", (json_int_t)e->skipped));
     }
-    return json_pack("{s:i, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:o, s:o, s:i, s:I, s:b, s:o, s:o, "
-                     "s:I, s:o, s:o, s:i}",
-                     "epoch", f->epoch, "batch", (json_int_t)f->batch, "steps",
-                     (json_int_t)f->steps, "loss_sum", jnum(f->loss_sum), "loss_samples",
-                     (json_int_t)f->loss_samples, "samples", (json_int_t)f->samples, "correct",
-                     (json_int_t)f->correct, "skipped_before", (json_int_t)f->skipped_before,
-                     "seconds", jnum(f->seconds), "best", jnum(f->best), "bad_epochs",
-                     f->bad_epochs, "batch_size", (json_int_t)f->batch_size, "shuffle", f->shuffle,
-                     "seed", mp_json_hex(f->seed), "validation_split", jnum(f->validation_split),
-                     "data_count", (json_int_t)f->data_count, "data_hash",
-                     mp_json_hex(f->data_hash), "history", hist, "epochs", f->epochs);
+    json_t *fit = json_pack(
+        "{s:i, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:o, s:o, s:i, s:I, s:b, s:o, s:o, "
+        "s:I, s:o, s:o, s:i}",
+        "epoch", f->epoch, "batch", (json_int_t)f->batch, "steps", (json_int_t)f->steps, "loss_sum",
+        jnum(f->loss_sum), "loss_samples", (json_int_t)f->loss_samples, "samples",
+        (json_int_t)f->samples, "correct", (json_int_t)f->correct, "skipped_before",
+        (json_int_t)f->skipped_before, "seconds", jnum(f->seconds), "best", jnum(f->best),
+        "bad_epochs", f->bad_epochs, "batch_size", (json_int_t)f->batch_size, "shuffle", f->shuffle,
+        "seed", mp_json_hex(f->seed), "validation_split", jnum(f->validation_split), "data_count",
+        (json_int_t)f->data_count, "data_hash", mp_json_hex(f->data_hash), "history", hist,
+        "epochs", f->epochs);
+    json_t *j = json_pack("{s:I, s:i}", "checkpoint_every", (json_int_t)f->checkpoint_every,
+                          "keep_last", f->keep_last);
+    json_object_update(fit, j);
+    json_decref(j);
+    return fit;
 }
 
 #define MAX_EPOCHS 100000000
@@ -231,6 +236,14 @@ static mp_status fit_parse(const json_t *j, const char *path, mp_fit_state *f)
     f->epoch = (int)epoch;
     f->epochs = (int)epochs;
     f->bad_epochs = (int)bad;
+    /* the checkpoint cadence came later: absent in older files */
+    int64_t every = 0, keep = 0;
+    if ((json_object_get(j, "checkpoint_every") &&
+         !get_i64(j, "checkpoint_every", 0, INT64_MAX, &every)) ||
+        (json_object_get(j, "keep_last") && !get_i64(j, "keep_last", 0, 1000000, &keep)))
+        BAD("'%s': mixprec.fit has a bad checkpoint cadence", path);
+    f->checkpoint_every = every;
+    f->keep_last = (int)keep;
     if (f->correct > f->samples || f->loss_samples > f->samples)
         BAD("'%s': mixprec.fit counts are inconsistent", path);
     f->history.epochs = calloc((size_t)(epoch ? epoch : 1), sizeof *f->history.epochs);

@@ -322,6 +322,8 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     memset(&fs, 0, sizeof fs);
     fs.best = INFINITY;
     fs.epochs = o.epochs;
+    fs.checkpoint_every = o.checkpoint_every;
+    fs.keep_last = o.keep_last;
     fs.batch_size = o.batch_size;
     fs.shuffle = o.shuffle;
     fs.seed = o.seed;
@@ -335,6 +337,8 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         fs = *r;
         fs.history = keep;
         fs.epochs = o.epochs;
+        fs.checkpoint_every = o.checkpoint_every;
+        fs.keep_last = o.keep_last;
     }
     int cap = o.epochs > fs.epoch ? o.epochs : fs.epoch;
     h.epochs = calloc((size_t)(cap ? cap : 1), sizeof(mp_epoch_log));
