@@ -2,10 +2,18 @@
 #ifndef MP_CLI_H
 #define MP_CLI_H
 
+#include "mixprec.h"
+
 int mp_cli_train(int argc, char **argv);
 int mp_cli_demo(int argc, char **argv);
 int mp_cli_evaluate(int argc, char **argv);
 int mp_cli_predict(int argc, char **argv);
 int mp_cli_inspect(int argc, char **argv);
+
+/* Shared by the subcommands: a decimal integer in [lo, hi], all of s. */
+bool mp_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* Load "fashion-mnist[:train|:test]" (from dir, or the default location) or
+ * a CSV path; prints the error and returns the exit status (0 on success). */
+int mp_cli_load_spec(const char *spec, const char *dir, bool default_train, mp_dataset **out);
 
 #endif
