@@ -34,16 +34,17 @@ bool mp_json_hex_value(const json_t *j, uint64_t *out);
 /* The model's parameters as file tensors (masters, or the weights under a
  * pure low-precision policy); t has room for every parameter. */
 int mp_model_param_tensors(mp_model *m, mp_named_tensor *t);
-/* A float32 copy of file tensor t, checked for the given shape (numel
- * `want`) and for NaN/inf; NULL with an error naming path and name. */
-float *mp_stage_f32(const mp_named_tensor *t, const char *path, const char *name, int ndim,
-                    const int64_t *shape, int64_t want);
-/* Check and copy every parameter of the model from f into staged[i]
- * (malloc'd; the caller frees them, also on error), then write them into
- * the model: loading is all or nothing. */
-mp_status mp_model_stage_weights(mp_model *m, const mp_safetensors *f, const char *path,
-                                 float **staged);
-void mp_model_commit_weights(mp_model *m, float *const *staged);
+/* Check file tensor t against the given shape (numel `want`) and for
+ * NaN/inf (and, if asked, negative values) without copying it; the error
+ * names path and name. */
+mp_status mp_check_tensor(const mp_named_tensor *t, const char *path, const char *name, int ndim,
+                          const int64_t *shape, int64_t want, bool nonnegative);
+/* Check every parameter of the model against f, recording its tensor in
+ * found[i]; then write them into the model (converting from the file's
+ * dtype). Loading is all or nothing: check, then commit. */
+mp_status mp_model_check_weights(mp_model *m, const mp_safetensors *f, const char *path,
+                                 const mp_named_tensor **found);
+void mp_model_commit_weights(mp_model *m, const mp_named_tensor *const *found);
 
 /* Test hook for atomic writes (mp_safetensors_write): called before each
  * step; a nonzero return is an injected errno and fails that step. Before a

@@ -189,7 +189,8 @@ struct mp_safetensors {
     mp_named_tensor *tensors;
     char **names;
     int count;
-    uint8_t *data;
+    uint8_t *data; /* the whole file image (mp_region_alloc) */
+    size_t data_bytes;
     char **meta_keys, **meta_values;
     int n_meta;
 };
@@ -206,7 +207,7 @@ void mp_safetensors_free(mp_safetensors *f)
     free(f->tensors);
     free(f->meta_keys);
     free(f->meta_values);
-    free(f->data);
+    mp_region_free(f->data, f->data_bytes);
     free(f);
 }
 
@@ -248,8 +249,9 @@ static int by_begin(const void *a, const void *b)
         goto fail;                                                                                 \
     } while (0)
 
-/* Parse a whole file image of fsize bytes; takes ownership of buf, which
- * becomes the tensors' storage (freed here on error). */
+/* Parse a whole file image of fsize bytes; takes ownership of buf (from
+ * mp_region_alloc), which becomes the tensors' storage (freed here on
+ * error). */
 static mp_status parse(uint8_t *buf, uint64_t fsize, const char *path, mp_safetensors **out)
 {
     *out = NULL;
@@ -258,10 +260,11 @@ static mp_status parse(uint8_t *buf, uint64_t fsize, const char *path, mp_safete
     range *ranges = NULL;
     mp_safetensors *f = calloc(1, sizeof *f);
     if (!f) {
-        free(buf);
+        mp_region_free(buf, (size_t)fsize);
         return mp_set_error(MP_ERR_NOMEM, "safetensors: out of memory");
     }
     f->data = buf;
+    f->data_bytes = (size_t)fsize;
     if (fsize < 8)
         FAIL(MP_ERR_FORMAT, "'%s': too short for a safetensors header (%llu bytes)", path,
              (unsigned long long)fsize);
@@ -386,7 +389,7 @@ mp_status mp_safetensors_parse(const void *image, size_t len, const char *name,
                                mp_safetensors **out)
 {
     *out = NULL;
-    uint8_t *buf = malloc(len ? len : 1);
+    uint8_t *buf = mp_region_alloc(len);
     if (!buf) return mp_set_error(MP_ERR_NOMEM, "safetensors: out of memory");
     if (len) memcpy(buf, image, len);
     return parse(buf, len, name ? name : "(memory)", out);
@@ -403,7 +406,8 @@ mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
         return mp_set_error(MP_ERR_IO, "'%s' is not a regular file", path);
     }
     size_t fsize = (size_t)st.st_size;
-    uint8_t *buf = malloc(fsize ? fsize : 1);
+    /* large files land on huge pages: first touches are costly here */
+    uint8_t *buf = mp_region_alloc(fsize);
     if (!buf) {
         close(fd);
         return mp_set_error(MP_ERR_NOMEM, "'%s': out of memory for %zu bytes", path, fsize);
@@ -417,7 +421,7 @@ mp_status mp_safetensors_read(const char *path, mp_safetensors **out)
     }
     close(fd);
     if (got != fsize) {
-        free(buf);
+        mp_region_free(buf, fsize);
         return mp_set_error(MP_ERR_IO, "'%s': cannot read its %zu bytes", path, fsize);
     }
     return parse(buf, fsize, path, out);
@@ -441,10 +445,8 @@ int mp_model_param_tensors(mp_model *m, mp_named_tensor *t)
     return np;
 }
 
-/* A float32 copy of a file tensor that must have exactly `want` elements
- * in the given shape and hold only finite values; NULL with an error. */
-float *mp_stage_f32(const mp_named_tensor *t, const char *path, const char *name, int ndim,
-                    const int64_t *shape, int64_t want)
+mp_status mp_check_tensor(const mp_named_tensor *t, const char *path, const char *name, int ndim,
+                          const int64_t *shape, int64_t want, bool nonnegative)
 {
     bool same = t->ndim == ndim;
     for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
@@ -456,29 +458,30 @@ float *mp_stage_f32(const mp_named_tensor *t, const char *path, const char *name
         for (int d = 0; d < ndim; d++)
             snprintf(need + strlen(need), sizeof need - strlen(need), "%s%lld", d ? ", " : "",
                      (long long)shape[d]);
-        mp_set_error(MP_ERR_FORMAT, "'%s': tensor '%s' has shape %s], the model needs %s]", path,
-                     name, have, need);
-        return NULL;
+        return mp_set_error(MP_ERR_FORMAT, "'%s': tensor '%s' has shape %s], the model needs %s]",
+                            path, name, have, need);
     }
-    float *x = malloc((size_t)(want ? want : 1) * sizeof *x);
-    if (!x) {
-        mp_set_error(MP_ERR_NOMEM, "load: out of memory");
-        return NULL;
-    }
-    mp_convert(x, MP_F32, t->data, t->dtype, (size_t)want);
-    for (int64_t j = 0; j < want; j++)
-        if (!isfinite(x[j])) {
-            mp_set_error(MP_ERR_FORMAT,
-                         "'%s': tensor '%s' holds a non-finite value at element %lld", path, name,
-                         (long long)j);
-            free(x);
-            return NULL;
+    /* in pieces through a small buffer: the file's data is not copied */
+    float buf[1024];
+    size_t es = mp_dtype_size(t->dtype);
+    for (int64_t j0 = 0; j0 < want; j0 += 1024) {
+        int64_t c = want - j0 < 1024 ? want - j0 : 1024;
+        mp_convert(buf, MP_F32, (const uint8_t *)t->data + (size_t)j0 * es, t->dtype, (size_t)c);
+        for (int64_t j = 0; j < c; j++) {
+            if (!isfinite(buf[j]))
+                return mp_set_error(MP_ERR_FORMAT,
+                                    "'%s': tensor '%s' holds a non-finite value at element %lld",
+                                    path, name, (long long)(j0 + j));
+            if (nonnegative && buf[j] < 0)
+                return mp_set_error(MP_ERR_FORMAT, "'%s': '%s' is negative at element %lld", path,
+                                    name, (long long)(j0 + j));
         }
-    return x;
+    }
+    return MP_OK;
 }
 
-mp_status mp_model_stage_weights(mp_model *m, const mp_safetensors *f, const char *path,
-                                 float **staged)
+mp_status mp_model_check_weights(mp_model *m, const mp_safetensors *f, const char *path,
+                                 const mp_named_tensor **found)
 {
     int np = mp_model_num_params(m);
     for (int i = 0; i < np; i++) {
@@ -487,21 +490,30 @@ mp_status mp_model_stage_weights(mp_model *m, const mp_safetensors *f, const cha
         if (!t)
             return mp_set_error(MP_ERR_FORMAT, "'%s' has no tensor '%s' for this model", path,
                                 p->name);
-        if (!(staged[i] = mp_stage_f32(t, path, p->name, p->ndim, p->shape, p->n)))
-            return MP_ERR_FORMAT;
+        mp_status s = mp_check_tensor(t, path, p->name, p->ndim, p->shape, p->n, false);
+        if (s) return s;
+        found[i] = t;
     }
     return MP_OK;
 }
 
-void mp_model_commit_weights(mp_model *m, float *const *staged)
+void mp_model_commit_weights(mp_model *m, const mp_named_tensor *const *found)
 {
     int np = mp_model_num_params(m);
     for (int i = 0; i < np; i++) {
         mp_model_param *p = mp_model_get_param(m, i);
         if (p->master)
-            memcpy(p->master, staged[i], (size_t)p->n * sizeof(float));
-        else
-            mp_convert(p->weight, p->weight_dtype, staged[i], MP_F32, (size_t)p->n);
+            mp_convert(p->master, MP_F32, found[i]->data, found[i]->dtype, (size_t)p->n);
+        else /* through float32, as every copy from a master is rounded */
+            for (int64_t j0 = 0; j0 < p->n; j0 += 1024) {
+                float buf[1024];
+                int64_t c = p->n - j0 < 1024 ? p->n - j0 : 1024;
+                size_t es = mp_dtype_size(found[i]->dtype), ws = mp_dtype_size(p->weight_dtype);
+                mp_convert(buf, MP_F32, (const uint8_t *)found[i]->data + (size_t)j0 * es,
+                           found[i]->dtype, (size_t)c);
+                mp_convert((uint8_t *)p->weight + (size_t)j0 * ws, p->weight_dtype, buf, MP_F32,
+                           (size_t)c);
+            }
     }
     mp_model_mark_masters_changed(m);
 }
@@ -544,13 +556,12 @@ mp_status mp_model_load_weights(mp_model *m, const char *path)
     mp_status s = mp_safetensors_read(path, &f);
     if (s) return s;
     int np = mp_model_num_params(m);
-    float **staged = calloc((size_t)(np ? np : 1), sizeof *staged);
-    if (!staged) s = mp_set_error(MP_ERR_NOMEM, "load: out of memory");
-    /* stage and check everything first: an error leaves the model as it was */
-    if (!s) s = mp_model_stage_weights(m, f, path, staged);
-    if (!s) mp_model_commit_weights(m, staged);
-    for (int i = 0; staged && i < np; i++) free(staged[i]);
-    free(staged);
+    const mp_named_tensor **found = calloc((size_t)(np ? np : 1), sizeof *found);
+    if (!found) s = mp_set_error(MP_ERR_NOMEM, "load: out of memory");
+    /* check everything first: an error leaves the model as it was */
+    if (!s) s = mp_model_check_weights(m, f, path, found);
+    if (!s) mp_model_commit_weights(m, found);
+    free(found);
     mp_safetensors_free(f);
     return s;
 }

@@ -353,11 +353,11 @@ done:
 
 /* -------------------------------------------------------------------- load */
 
-/* Everything a checkpoint will change, checked and copied before any of it
- * is written into the model. */
+/* Everything a checkpoint will change, checked (in the file's memory, not
+ * copied) before any of it is written into the model. */
 typedef struct {
     int np, ns;
-    float **weights, **slots;
+    const mp_named_tensor **weights, **slots;
     bool has_training, compile_now;
     mp_compile_options co;
     int64_t opt_step, applied, skipped;
@@ -368,8 +368,6 @@ typedef struct {
 
 static void staged_free(staged *st)
 {
-    for (int i = 0; st->weights && i < st->np; i++) free(st->weights[i]);
-    for (int i = 0; st->slots && i < st->np * st->ns; i++) free(st->slots[i]);
     free(st->weights);
     free(st->slots);
 }
@@ -456,19 +454,10 @@ static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char
                 s = mp_set_error(MP_ERR_FORMAT, "'%s' has no optimizer state '%s'", path, name);
                 break;
             }
-            float *x = mp_stage_f32(t, path, name, p->ndim, p->shape, p->n);
-            if (!x) {
-                s = MP_ERR_FORMAT;
-                break;
-            }
-            st->slots[i * st->ns + k] = x;
-            if (!strcmp(mp_optimizer_slot_name(opt, k), "exp_avg_sq"))
-                for (int64_t e = 0; e < p->n; e++)
-                    if (x[e] < 0) {
-                        s = mp_set_error(MP_ERR_FORMAT, "'%s': '%s' is negative at element %lld",
-                                         path, name, (long long)e);
-                        break;
-                    }
+            /* a second moment is a mean of squares: never negative */
+            bool square = !strcmp(mp_optimizer_slot_name(opt, k), "exp_avg_sq");
+            if ((s = mp_check_tensor(t, path, name, p->ndim, p->shape, p->n, square))) break;
+            st->slots[i * st->ns + k] = t;
         }
     mp_optimizer_free(probe);
 fail:
@@ -486,7 +475,7 @@ static mp_status apply(mp_model *m, const mp_safetensors *f, const char *path, m
     mp_status s = MP_OK;
     st.weights = calloc((size_t)(st.np ? st.np : 1), sizeof *st.weights);
     if (!st.weights) BAD("'%s': out of memory", path);
-    if ((s = mp_model_stage_weights(m, f, path, st.weights))) goto fail;
+    if ((s = mp_model_check_weights(m, f, path, st.weights))) goto fail;
     if ((s = stage_training(m, f, path, &st))) goto fail;
     const char *ftext = fit ? mp_safetensors_metadata(f, "mixprec.fit") : NULL;
     if (ftext) {
@@ -503,9 +492,11 @@ static mp_status apply(mp_model *m, const mp_safetensors *f, const char *path, m
     if (st.has_training) {
         mp_optimizer *opt = mp_model_optimizer(m);
         for (int i = 0; i < st.np; i++)
-            for (int k = 0; k < st.ns; k++)
-                memcpy(mp_optimizer_slot(opt, i, k, NULL), st.slots[i * st.ns + k],
-                       (size_t)mp_model_get_param(m, i)->n * sizeof(float));
+            for (int k = 0; k < st.ns; k++) {
+                const mp_named_tensor *t = st.slots[i * st.ns + k];
+                mp_convert(mp_optimizer_slot(opt, i, k, NULL), MP_F32, t->data, t->dtype,
+                           (size_t)mp_model_get_param(m, i)->n);
+            }
         mp_optimizer_set_step_count(opt, st.opt_step);
         if (st.has_scaler) mp_loss_scaler_set_state(mp_model_loss_scaler(m), &st.scaler);
         mp_model_set_step_counts(m, st.applied, st.skipped);
