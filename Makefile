@@ -4,7 +4,7 @@
 #   make test SANITIZE=1 the same under AddressSanitizer + UBSan
 #   make test-exhaustive conversions checked on all 2^32 float32 inputs
 #   make fuzz            libFuzzer on the checkpoint loader (FUZZ_SECONDS=60)
-#   make bench           every benchmark (bench-convert, bench-gemm)
+#   make bench           every benchmark (convert, gemm, step, checkpoint)
 #   make demo            the main job
 #   make install PREFIX=/usr/local
 # WERROR=1 turns warnings into errors (CI sets it).
@@ -44,7 +44,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: bench-step examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: bench-step bench-checkpoint examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -83,7 +83,7 @@ test-exhaustive: $(BUILD)/exhaustive
 	$(BUILD)/exhaustive
 
 # -------------------------------------------------------------- benchmarks
-bench: bench-convert bench-gemm bench-step
+bench: bench-convert bench-gemm bench-step bench-checkpoint
 
 $(BUILD)/bench_convert: $(BUILD)/obj/bench/bench_convert.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
@@ -118,6 +118,12 @@ $(BUILD)/bench_step: $(BUILD)/obj/bench/bench_step.o $(STATIC)
 # PyTorch's step is measured in the same run when python3-torch is installed.
 bench-step: $(BUILD)/bench_step
 	$(BUILD)/bench_step
+
+$(BUILD)/bench_checkpoint: $(BUILD)/obj/bench/bench_checkpoint.o $(STATIC)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+bench-checkpoint: $(BUILD)/bench_checkpoint
+	$(BUILD)/bench_checkpoint
 
 # ------------------------------------------------------------------- demo
 # The main job: the seed MLP on Fashion-MNIST under float32, mixed_bfloat16

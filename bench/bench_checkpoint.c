@@ -1,0 +1,53 @@
+/* bench_checkpoint.c - how long a full training checkpoint of the seed
+ * model (784-4096-4096-10, mixed_bfloat16, Adam: float32 masters and two
+ * moments, 240 MB) takes to save (atomic: temporary, fsync, rename,
+ * directory fsync) and to load (read, validate everything, restore).
+ * Medians of 5; the file goes to $TMPDIR (default /tmp). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "mixprec.h"
+
+int main(void)
+{
+    mp_set_global_policy("mixed_bfloat16");
+    mp_model *m = mp_model_new(1);
+    mp_node x = mp_input(m, 1, (int64_t[]){784}, NULL);
+    x = mp_dense(m, x, 4096, MP_ACT_RELU, NULL);
+    x = mp_dense(m, x, 4096, MP_ACT_RELU, NULL);
+    x = mp_dense(m, x, 10, MP_ACT_NONE, NULL);
+    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+    if (mp_model_build(m, x, 256) || mp_model_compile(m, NULL)) {
+        fprintf(stderr, "bench_checkpoint: %s\n", mp_last_error());
+        return 1;
+    }
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char path[512];
+    snprintf(path, sizeof path, "%s/mixprec_bench_%d.safetensors", tmp, (int)getpid());
+    enum { RUNS = 5 };
+    double save[RUNS], load[RUNS];
+    for (int r = 0; r < RUNS; r++) {
+        double t0 = now();
+        if (mp_model_save_checkpoint(m, path, NULL)) break;
+        double t1 = now();
+        if (mp_model_load_checkpoint(m, path, NULL)) break;
+        save[r] = t1 - t0;
+        load[r] = now() - t1;
+    }
+    struct stat st;
+    int ok = stat(path, &st) == 0;
+    unlink(path);
+    if (!ok || *mp_last_error()) {
+        fprintf(stderr, "bench_checkpoint: %s\n", mp_last_error());
+        return 1;
+    }
+    double mb = (double)st.st_size / 1e6, ms = median(save, RUNS), ml = median(load, RUNS);
+    printf("checkpoint of the seed model (mixed_bfloat16, Adam): %.1f MB in %s\n", mb, tmp);
+    printf("  save %.3f s (%.0f MB/s)   load %.3f s (%.0f MB/s)   medians of %d\n", ms, mb / ms, ml,
+           mb / ml, RUNS);
+    mp_model_free(m);
+    return 0;
+}
