@@ -41,8 +41,8 @@ static const char *const policies[] = {"float32", "mixed_float16", "mixed_bfloat
                                        "bfloat16"};
 
 /* An MLP with dropout (the dropout counter must survive the checkpoint),
- * layer normalization and a float32 softmax. */
-static mp_model *model(const char *policy, mp_optimizer_kind kind)
+ * layer normalization and a float32 softmax, built but not compiled. */
+static mp_model *model_uncompiled(const char *policy)
 {
     mp_set_global_policy(policy);
     mp_model *m = mp_model_new(11);
@@ -54,6 +54,13 @@ static mp_model *model(const char *policy, mp_optimizer_kind kind)
     x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
     mp_set_global_policy("float32");
     assert_int_equal(mp_model_build(m, x, 16), MP_OK);
+    return m;
+}
+
+/* The same, compiled: every piece of training state is in use. */
+static mp_model *model(const char *policy, mp_optimizer_kind kind)
+{
+    mp_model *m = model_uncompiled(policy);
     mp_compile_options co = mp_compile_options_default();
     co.optimizer = mp_optimizer_config_default(kind);
     co.optimizer.learning_rate = kind == MP_OPTIMIZER_SGD ? 0.05f : 3e-3f;
@@ -319,6 +326,28 @@ static void test_refused_loads_change_nothing(void **state)
     free(tr);
     assert_int_not_equal(mp_model_load_checkpoint(m, bad, NULL), MP_OK);
     if (!strstr(mp_last_error(), "loss-scaler")) fail_msg("%s", mp_last_error());
+
+    /* a model built but not compiled takes the file's compile options, and
+     * is left uncompiled when the file is refused */
+    mp_model *u = model_uncompiled("mixed_float16");
+    rewrite(good, bad, "optimizer/dense.kernel/exp_avg", 2, NAN, NULL, NULL);
+    assert_int_not_equal(mp_model_load_checkpoint(u, bad, NULL), MP_OK);
+    mp_compile_options none;
+    assert_int_equal(mp_model_get_compile_options(u, &none), MP_ERR_INVALID);
+    /* compile options without loss scaling next to a scaler state: refused,
+     * not loaded with the state dropped */
+    assert_int_equal(mp_safetensors_read(good, &f), MP_OK);
+    const char *trs = mp_safetensors_metadata(f, "mixprec.training");
+    const char *at = strstr(trs, "\"loss_scaling\":\"dynamic\"");
+    assert_non_null(at);
+    snprintf(edited, sizeof edited, "%.*s\"loss_scaling\":\"none\"%s", (int)(at - trs), trs,
+             at + strlen("\"loss_scaling\":\"dynamic\""));
+    mp_safetensors_free(f);
+    rewrite(good, bad, NULL, 0, 0, "mixprec.training", edited);
+    assert_int_not_equal(mp_model_load_checkpoint(u, bad, NULL), MP_OK);
+    if (!strstr(mp_last_error(), "loss-scaler state")) fail_msg("%s", mp_last_error());
+    assert_int_equal(mp_model_get_compile_options(u, &none), MP_ERR_INVALID);
+    mp_model_free(u);
 
     /* another optimizer kind in a compiled model: refused, naming both */
     mp_model *sgd = model("mixed_float16", MP_OPTIMIZER_SGD);

@@ -358,7 +358,7 @@ done:
 typedef struct {
     int np, ns;
     const mp_named_tensor **weights, **slots;
-    bool has_training, compile_now;
+    bool has_training, compiled_here;
     mp_compile_options co;
     int64_t opt_step, applied, skipped;
     uint64_t forward_count;
@@ -391,59 +391,55 @@ static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char
         !get_i64(j, "steps_skipped", 0, INT64_MAX, &st->skipped) ||
         !get_hex(j, "forward_count", &st->forward_count))
         BAD("'%s': mixprec.training has bad step counters", path);
-    const json_t *ls = json_object_get(j, "loss_scaler");
+    const json_t *lsj = json_object_get(j, "loss_scaler");
     mp_loss_scaler_config lc;
-    if (!json_is_null(ls)) {
+    if (!json_is_null(lsj)) {
         double scale;
-        if (!scaler_config_parse(json_object_get(ls, "config"), &lc) ||
-            !get_num(ls, "scale", NAN, &scale) || !(scale > 0 && scale <= FLT_MAX) ||
-            !get_i64(ls, "counter", 0, lc.growth_interval - 1, &st->scaler.counter))
+        if (!scaler_config_parse(json_object_get(lsj, "config"), &lc) ||
+            !get_num(lsj, "scale", NAN, &scale) || !(scale > 0 && scale <= FLT_MAX) ||
+            !get_i64(lsj, "counter", 0, lc.growth_interval - 1, &st->scaler.counter))
             BAD("'%s': mixprec.training has a bad loss-scaler state", path);
         st->scaler.scale = (float)scale;
         st->has_scaler = true;
     }
     st->has_training = true;
 
-    /* the optimizer the state goes into: the model's, or one compiled from
-     * the file's options (validated by building it, then dropped) */
+    /* the optimizer the state goes into: the model's, or one compiled now
+     * from the file's options (apply() drops it again on a later error) */
     mp_optimizer *opt = mp_model_optimizer(m);
-    mp_optimizer *probe = NULL;
-    st->compile_now = opt == NULL;
     if (!opt) {
-        mp_param *pp = calloc((size_t)(st->np ? st->np : 1), sizeof *pp);
-        if (!pp) BAD("'%s': out of memory", path);
-        mp_model_optim_params(m, pp, st->np);
-        probe = mp_optimizer_new(&st->co.optimizer, pp, st->np);
-        free(pp);
-        if (!probe) BAD("'%s': mixprec.training: %s", path, mp_last_error());
-        if (st->has_scaler) {
-            mp_loss_scaler *sc = mp_loss_scaler_new(&lc);
-            if (!sc) {
-                mp_optimizer_free(probe);
-                BAD("'%s': mixprec.training: %s", path, mp_last_error());
-            }
-            mp_loss_scaler_free(sc);
-        }
-        opt = probe;
+        if (mp_model_compile(m, &st->co) != MP_OK)
+            BAD("'%s': mixprec.training: %s", path, mp_last_error());
+        st->compiled_here = true;
+        opt = mp_model_optimizer(m);
     } else {
         mp_compile_options mine;
         mp_model_get_compile_options(m, &mine);
-        if (mine.optimizer.kind != st->co.optimizer.kind) {
-            mp_optimizer_free(probe);
+        if (mine.optimizer.kind != st->co.optimizer.kind)
             BAD("'%s' holds %s state; the model is compiled with %s", path,
                 mp_optimizer_kind_name(st->co.optimizer.kind),
                 mp_optimizer_kind_name(mine.optimizer.kind));
-        }
-        if (st->has_scaler != (mp_model_loss_scaler(m) != NULL))
-            BAD("'%s' %s loss-scaler state; the model is compiled %s loss scaling", path,
-                st->has_scaler ? "holds" : "has no", st->has_scaler ? "without" : "with");
+    }
+    mp_loss_scaler *ls = mp_model_loss_scaler(m);
+    if (st->has_scaler != (ls != NULL))
+        BAD("'%s' %s loss-scaler state, but the model %s loss scaling", path,
+            st->has_scaler ? "holds" : "has no", st->has_scaler ? "has no" : "uses");
+    if (ls) { /* the file's scaler config must be valid, and its state must suit
+               * the scaler it goes into (set_state's rules) */
+        mp_loss_scaler *probe = mp_loss_scaler_new(&lc);
+        bool ok = probe != NULL;
+        mp_loss_scaler_free(probe);
+        mp_loss_scaler_config mine;
+        mp_loss_scaler_get_config(ls, &mine);
+        probe = ok ? mp_loss_scaler_new(&mine) : NULL;
+        ok = probe && mp_loss_scaler_set_state(probe, &st->scaler) == MP_OK;
+        mp_loss_scaler_free(probe);
+        if (!ok)
+            BAD("'%s': mixprec.training has a bad loss-scaler state (%s)", path, mp_last_error());
     }
     st->ns = mp_optimizer_num_slots(opt);
     st->slots = calloc((size_t)(st->np * st->ns + 1), sizeof *st->slots);
-    if (!st->slots) {
-        mp_optimizer_free(probe);
-        BAD("'%s': out of memory", path);
-    }
+    if (!st->slots) BAD("'%s': out of memory", path);
     for (int i = 0; i < st->np && !s; i++)
         for (int k = 0; k < st->ns && !s; k++) {
             const mp_model_param *p = mp_model_get_param(m, i);
@@ -459,7 +455,6 @@ static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char
             if ((s = mp_check_tensor(t, path, name, p->ndim, p->shape, p->n, square))) break;
             st->slots[i * st->ns + k] = t;
         }
-    mp_optimizer_free(probe);
 fail:
     json_decref(j);
     return s;
@@ -487,7 +482,6 @@ static mp_status apply(mp_model *m, const mp_safetensors *f, const char *path, m
         if (s) goto fail;
     }
     /* everything is checked: now change the model */
-    if (st.compile_now && (s = mp_model_compile(m, &st.co))) goto fail;
     mp_model_commit_weights(m, st.weights);
     if (st.has_training) {
         mp_optimizer *opt = mp_model_optimizer(m);
@@ -506,6 +500,7 @@ static mp_status apply(mp_model *m, const mp_safetensors *f, const char *path, m
     staged_free(&st);
     return MP_OK;
 fail:
+    if (st.compiled_here) mp_model_set_training_state(m, NULL, NULL); /* not compiled, as before */
     mp_fit_state_free(&fs);
     staged_free(&st);
     return s;
