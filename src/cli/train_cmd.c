@@ -79,7 +79,9 @@ static void train_usage(FILE *f)
         "                                  one) describes: model, optimizer, loss scaler, data\n"
         "                                  order, history and checkpoint cadence come from it;\n"
         "                                  give the same --data\n"
-        "  --quiet                         no progress output\n");
+        "  --quiet                         no progress output\n"
+        "Ctrl-C (SIGINT) or SIGTERM while training: the step in progress finishes, a checkpoint\n"
+        "goes to --checkpoint-dir, and mixprec exits with status 130 (a second signal kills).\n");
 }
 
 static int bad(const char *flag, const char *value, const char *why)
