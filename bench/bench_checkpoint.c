@@ -13,17 +13,7 @@
 
 int main(void)
 {
-    mp_set_global_policy("mixed_bfloat16");
-    mp_model *m = mp_model_new(1);
-    mp_node x = mp_input(m, 1, (int64_t[]){784}, NULL);
-    x = mp_dense(m, x, 4096, MP_ACT_RELU, NULL);
-    x = mp_dense(m, x, 4096, MP_ACT_RELU, NULL);
-    x = mp_dense(m, x, 10, MP_ACT_NONE, NULL);
-    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
-    if (mp_model_build(m, x, 256) || mp_model_compile(m, NULL)) {
-        fprintf(stderr, "bench_checkpoint: %s\n", mp_last_error());
-        return 1;
-    }
+    mp_model *m = seed_model("mixed_bfloat16", 256);
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char path[512];
     snprintf(path, sizeof path, "%s/mixprec_bench_%d.safetensors", tmp, (int)getpid());

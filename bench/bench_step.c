@@ -13,23 +13,6 @@
 #define REPS 10
 #define WARMUP 3
 
-static mp_model *seed_model(const char *policy, int64_t batch)
-{
-    mp_set_global_policy(policy);
-    mp_model *m = mp_model_new(1);
-    mp_node x = mp_input(m, 1, (int64_t[]){784}, NULL);
-    x = mp_dense(m, x, 4096, MP_ACT_RELU, NULL);
-    x = mp_dense(m, x, 4096, MP_ACT_RELU, NULL);
-    x = mp_dense(m, x, 10, MP_ACT_NONE, NULL);
-    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
-    mp_set_global_policy("float32");
-    if (mp_model_build(m, x, batch) || mp_model_compile(m, NULL)) {
-        fprintf(stderr, "bench_step: %s\n", mp_last_error());
-        exit(1);
-    }
-    return m;
-}
-
 typedef struct {
     double ms;
     size_t peak[MP_MEM_CATEGORY_COUNT];
