@@ -657,6 +657,38 @@ static void test_dropout(void **state)
     mp_model_free(m2);
 }
 
+/* NaN passes through relu whether it is fused into Dense (the GEMM
+ * epilogue) or a separate Activation layer (the elementwise op): a relu
+ * that turned NaN into 0 would hide an overflow from loss scaling. */
+static void test_relu_passes_nan(void **state)
+{
+    (void)state;
+    const char *policies[] = {"float32", "mixed_bfloat16"};
+    for (int p = 0; p < 2; p++) {
+        mp_set_global_policy(policies[p]);
+        mp_model *m = mp_model_new(2);
+        mp_node in = mp_input(m, 1, (int64_t[]){2}, NULL);
+        mp_node d = mp_dense(m, in, 3, MP_ACT_RELU, NULL);
+        mp_node a = mp_activation_layer(m, in, MP_ACT_RELU, NULL);
+        mp_node out = mp_add(m, mp_dense(m, a, 3, MP_ACT_NONE, NULL), d, NULL);
+        mp_set_global_policy("float32");
+        assert_int_equal(mp_model_build(m, out, 1), MP_OK);
+        float xs[2] = {NAN, 1.0f};
+        mp_tensor x;
+        mp_tensor_wrap(&x, MP_F32, 2, (int64_t[]){1, 2}, xs);
+        const mp_tensor *y;
+        assert_int_equal(mp_model_forward(m, &x, false, &y), MP_OK);
+        float v[3];
+        const mp_tensor *ya = mp_model_node_output(m, a), *yd = mp_model_node_output(m, d);
+        mp_convert(v, MP_F32, ya->data, ya->dtype, 2);
+        assert_true(isnan(v[0]));
+        assert_true(v[1] == 1.0f);
+        mp_convert(v, MP_F32, yd->data, yd->dtype, 3);
+        for (int j = 0; j < 3; j++) assert_true(isnan(v[j]));
+        mp_model_free(m);
+    }
+}
+
 static void test_summary_prints(void **state)
 {
     (void)state;
@@ -694,6 +726,7 @@ int main(void)
         cmocka_unit_test(test_plan_matches_arena),
         cmocka_unit_test(test_seed_model_half_memory),
         cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_relu_passes_nan),
         cmocka_unit_test(test_summary_prints),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);

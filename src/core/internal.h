@@ -49,7 +49,7 @@ static inline uint64_t mp_mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* Bulk conversion kernels of one ISA. A NULL entry falls back to scalar. */
+/* Bulk conversion kernels of one ISA; every entry is set. */
 typedef struct {
     void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);
     void (*f32_to_f16)(uint16_t *dst, const float *src, size_t n);

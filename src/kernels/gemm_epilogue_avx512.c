@@ -23,7 +23,6 @@ MP_TARGET_AVX512 static inline __m512 load_c(const void *c, mp_dtype t, int64_t 
 MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const float *t, int64_t ldt,
                                               int64_t i0, int64_t j0, int64_t mr, int64_t nr)
 {
-    const mp_convert_kernels *cv = mp_convert_kernels_for(MP_ISA_AVX512);
     const __m512 alpha = _mm512_set1_ps(e->alpha), beta = _mm512_set1_ps(e->beta);
     const __m512 zero = _mm512_setzero_ps();
     _Alignas(64) float row[64];
@@ -31,6 +30,9 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
         mp_gemm_epilogue_scalar(e, t, ldt, i0, j0, mr, nr);
         return;
     }
+    /* f32 out with at most relu: stored straight from the vectors */
+    const bool direct = e->c_type == MP_F32 && (e->act == MP_ACT_NONE || e->act == MP_ACT_RELU);
+    const size_t csz = mp_dtype_size(e->c_type);
     for (int64_t i = 0; i < mr; i++) {
         const int64_t ci = (i0 + i) * e->ldc + j0;
         for (int64_t j = 0; j < nr; j += 16) {
@@ -42,24 +44,16 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
             if (e->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, e->bias + j0 + j));
             if (e->act == MP_ACT_RELU)
                 v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_NLE_UQ), v);
-            if (e->c_type == MP_F32 && (e->act == MP_ACT_NONE || e->act == MP_ACT_RELU))
+            if (direct)
                 _mm512_mask_storeu_ps((float *)e->c + ci + j, m, v);
             else
                 _mm512_store_ps(row + j, v);
         }
-        if (e->c_type == MP_F32 && (e->act == MP_ACT_NONE || e->act == MP_ACT_RELU)) continue;
+        if (direct) continue;
         if (e->act == MP_ACT_GELU || e->act == MP_ACT_GELU_TANH)
-            for (int64_t j = 0; j < nr; j++) row[j] = mp_gemm_activate(e->act, row[j]);
-        uint16_t *c16 = (uint16_t *)e->c + ci;
-        if (e->c_type == MP_F32)
-            for (int64_t j = 0; j < nr; j++) ((float *)e->c)[ci + j] = row[j];
-        else if (e->c_type == MP_BF16 && cv->f32_to_bf16)
-            cv->f32_to_bf16(c16, row, (size_t)nr);
-        else if (e->c_type == MP_F16 && cv->f32_to_f16)
-            cv->f32_to_f16(c16, row, (size_t)nr);
-        else
-            for (int64_t j = 0; j < nr; j++)
-                c16[j] = e->c_type == MP_BF16 ? mp_f32_to_bf16(row[j]) : mp_f32_to_f16(row[j]);
+            for (int64_t j = 0; j < nr; j++) row[j] = mp_activate(e->act, row[j]);
+        mp_convert_isa(MP_ISA_AVX512, (char *)e->c + (size_t)ci * csz, e->c_type, row, MP_F32,
+                       (size_t)nr, MP_OVERFLOW_SATURATE);
     }
 }
 

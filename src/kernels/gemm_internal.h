@@ -4,7 +4,7 @@
 #ifndef MP_GEMM_INTERNAL_H
 #define MP_GEMM_INTERNAL_H
 
-#include "core/internal.h"
+#include "kernels/activation.h"
 
 /* Packed formats. Both operands are packed into panels of W rows (W = MR for
  * A, NR for B) along K, zero-padded to full width:
@@ -64,7 +64,6 @@ void mp_gemm_pack_generic(const gemm_operand *op, int64_t w0, int64_t nw, int64_
                           int W, gemm_fmt fmt, void *dst);
 void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                              int64_t j0, int64_t mr, int64_t nr);
-float mp_gemm_activate(mp_activation act, float x);
 extern const gemm_impl mp_gemm_scalar_impl;
 
 #if MP_X86

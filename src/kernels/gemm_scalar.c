@@ -68,24 +68,6 @@ void mp_gemm_pack_generic(const gemm_operand *op, int64_t w0, int64_t nw, int64_
     }
 }
 
-float mp_gemm_activate(mp_activation act, float x)
-{
-    switch (act) {
-    case MP_ACT_NONE:
-        return x;
-    case MP_ACT_RELU:
-        return x > 0.0f ? x : (x == x ? 0.0f : x); /* NaN passes through */
-    case MP_ACT_GELU:
-        return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case MP_ACT_GELU_TANH: {
-        const float c = 0.79788456080286536f; /* sqrt(2/pi) */
-        return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
-    }
-    default:
-        return x; /* the driver only passes the four fused ones */
-    }
-}
-
 /* The order alpha*acc, beta*c, sum, + bias is the one every epilogue uses
  * (without contraction), so all ISA paths round the same way here. */
 void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
@@ -101,7 +83,7 @@ void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt
                 v = v + cb;
             }
             if (e->bias) v = v + e->bias[e->trans ? i0 + i : j0 + j];
-            v = mp_gemm_activate(e->act, v);
+            v = mp_activate(e->act, v);
             switch (e->c_type) {
             case MP_BF16:
                 ((uint16_t *)e->c)[ci] = mp_f32_to_bf16(v);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/activation.h"
 #include "kernels/ops.h"
 
 #define CHUNK 2048
@@ -19,29 +20,7 @@ static inline void store(void *dst, mp_dtype t, size_t off, const float *src, si
     mp_convert((char *)dst + off * mp_dtype_size(t), t, src, MP_F32, n);
 }
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-#define SQRT1_2 0.70710678118654752440f
-#define SQRT2_PI 0.79788456080286535588f /* sqrt(2/pi) */
 #define INV_SQRT_2PI 0.39894228040143267794f
-
-static inline float act_f(mp_activation a, float x)
-{
-    switch (a) {
-    case MP_ACT_RELU:
-        return x > 0.0f ? x : 0.0f;
-    case MP_ACT_GELU:
-        return 0.5f * x * (1.0f + erff(x * SQRT1_2));
-    case MP_ACT_GELU_TANH:
-        return 0.5f * x * (1.0f + tanhf(SQRT2_PI * (x + 0.044715f * x * x * x)));
-    case MP_ACT_SIGMOID:
-        return sigmoidf(x);
-    case MP_ACT_TANH:
-        return tanhf(x);
-    default:
-        return x;
-    }
-}
 
 /* Derivative from x (gelu forms) or from y = act(x) (the others). */
 static inline float act_d(mp_activation a, float s)
@@ -50,12 +29,12 @@ static inline float act_d(mp_activation a, float s)
     case MP_ACT_RELU:
         return s > 0.0f ? 1.0f : 0.0f;
     case MP_ACT_GELU:
-        return 0.5f * (1.0f + erff(s * SQRT1_2)) + s * INV_SQRT_2PI * expf(-0.5f * s * s);
+        return 0.5f * (1.0f + erff(s * MP_SQRT1_2)) + s * INV_SQRT_2PI * expf(-0.5f * s * s);
     case MP_ACT_GELU_TANH: {
-        float u = SQRT2_PI * (s + 0.044715f * s * s * s);
+        float u = MP_SQRT2_PI * (s + 0.044715f * s * s * s);
         float t = tanhf(u);
         return 0.5f * (1.0f + t) +
-               0.5f * s * (1.0f - t * t) * SQRT2_PI * (1.0f + 3.0f * 0.044715f * s * s);
+               0.5f * s * (1.0f - t * t) * MP_SQRT2_PI * (1.0f + 3.0f * 0.044715f * s * s);
     }
     case MP_ACT_SIGMOID:
         return s * (1.0f - s);
@@ -79,7 +58,7 @@ void mp_op_activation(mp_activation act, const void *x, mp_dtype xt, void *y, mp
         float buf[CHUNK];
         size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
         load(buf, x, xt, off, len);
-        for (size_t i = 0; i < len; i++) buf[i] = act_f(act, buf[i]);
+        for (size_t i = 0; i < len; i++) buf[i] = mp_activate(act, buf[i]);
         store(y, yt, off, buf, len);
     }
 }
