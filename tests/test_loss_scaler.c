@@ -523,6 +523,35 @@ static void test_misuse(void **state)
     free(m);
 }
 
+/* mp_grads_all_finite: every position of a gradient long enough to be
+ * scanned in parallel chunks, inf and NaN, a frozen parameter skipped, and
+ * the gradients left as they were. */
+static void test_all_finite(void **state)
+{
+    (void)state;
+    const int64_t n = 100003; /* several scan chunks and a partial one */
+    float *g = malloc((size_t)n * sizeof *g), *h = malloc(8 * sizeof *h);
+    for (int64_t j = 0; j < n; j++) g[j] = (float)(j % 7) - 3.0f;
+    for (int j = 0; j < 8; j++) h[j] = 1e38f;
+    mp_param p[3] = {{"a", NULL, NULL, MP_F32, g, n},
+                     {"frozen", NULL, NULL, MP_F32, NULL, 5},
+                     {"b", NULL, NULL, MP_F32, h, 8}};
+    assert_true(mp_grads_all_finite(p, 3));
+    const int64_t at[] = {0, 1, 16383, 16384, 50000, n - 1};
+    for (size_t k = 0; k < sizeof at / sizeof *at; k++) {
+        float keep = g[at[k]];
+        g[at[k]] = k % 2 ? NAN : -INFINITY;
+        assert_false(mp_grads_all_finite(p, 3));
+        g[at[k]] = keep;
+    }
+    h[7] = INFINITY;
+    assert_false(mp_grads_all_finite(p, 3));
+    assert_true(mp_grads_all_finite(p, 2));
+    assert_true(g[5] == 2.0f && g[n - 1] == (float)((n - 1) % 7) - 3.0f);
+    free(g);
+    free(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -534,6 +563,7 @@ int main(void)
         cmocka_unit_test(test_static_mode),
         cmocka_unit_test(test_invalid_configs_and_state),
         cmocka_unit_test(test_unscale),
+        cmocka_unit_test(test_all_finite),
         cmocka_unit_test(test_skipped_step_leaves_no_trace),
         cmocka_unit_test(test_clipping_after_unscaling),
         cmocka_unit_test(test_accumulation_window_with_scaler),

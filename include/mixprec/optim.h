@@ -137,6 +137,8 @@ int64_t mp_optimizer_step_count(const mp_optimizer *opt);
 mp_status mp_optimizer_set_step_count(mp_optimizer *opt, int64_t steps);
 int mp_optimizer_num_params(const mp_optimizer *opt);
 const mp_param *mp_optimizer_param(const mp_optimizer *opt, int index); /* NULL if out of range */
+/* All its parameters (mp_optimizer_num_params of them), in order. */
+const mp_param *mp_optimizer_params(const mp_optimizer *opt);
 /* SGD without momentum 0, SGD with momentum 1 ("momentum_buffer"),
  * Adam/AdamW 2 ("exp_avg", "exp_avg_sq"). */
 int mp_optimizer_num_slots(const mp_optimizer *opt);
@@ -236,6 +238,9 @@ void mp_loss_scaler_get_config(const mp_loss_scaler *s, mp_loss_scaler_config *o
  * leaves the gradients untouched, so the step is skipped rather than applied
  * with infinite gradients. */
 void mp_grads_unscale(const mp_param *params, int n_params, float scale, bool *found_inf);
+/* Whether every gradient is finite (frozen parameters skipped): one read of
+ * the gradients, in parallel; the answer does not depend on the threads. */
+bool mp_grads_all_finite(const mp_param *params, int n_params);
 
 /* The custom training loop (Keras LossScaleOptimizer):
  *   loss_for_backward = mp_loss_scaler_get_scaled_loss(s, loss)

@@ -148,6 +148,32 @@ void mp_loss_scaler_get_config(const mp_loss_scaler *s, mp_loss_scaler_config *o
     if (s && out) *out = s->cfg;
 }
 
+/* Gradients are scanned in chunks of this many elements, in parallel: an OR
+ * of exponent tests, so the result is the same for any thread count. */
+#define SCAN_CHUNK ((int64_t)1 << 14)
+
+/* Any inf/NaN in g[0, n); if inv != 1 also g *= inv. */
+static bool scan_scale(float *g, int64_t n, float inv)
+{
+    const int64_t chunks = (n + SCAN_CHUNK - 1) / SCAN_CHUNK;
+    uint32_t any = 0;
+#pragma omp parallel for reduction(| : any) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t end = (c + 1) * SCAN_CHUNK < n ? (c + 1) * SCAN_CHUNK : n;
+        uint32_t a = 0;
+        if (inv == 1.0f) /* two loops, so that each one vectorises */
+            for (int64_t j = c * SCAN_CHUNK; j < end; j++)
+                a |= (uint32_t)((mp_f32_bits(g[j]) & 0x7F800000u) == 0x7F800000u);
+        else
+            for (int64_t j = c * SCAN_CHUNK; j < end; j++) {
+                a |= (uint32_t)((mp_f32_bits(g[j]) & 0x7F800000u) == 0x7F800000u);
+                g[j] = g[j] * inv;
+            }
+        any |= a;
+    }
+    return any != 0;
+}
+
 void mp_grads_unscale(const mp_param *params, int n_params, float scale, bool *found_inf)
 {
     float inv = (float)(1.0 / (double)scale);
@@ -158,18 +184,16 @@ void mp_grads_unscale(const mp_param *params, int n_params, float scale, bool *f
         return;
     }
     bool bad = false;
-    for (int i = 0; i < n_params && params; i++) {
-        float *g = params[i].grad;
-        if (!g) continue;
-        uint32_t any = 0;
-        for (int64_t j = 0; j < params[i].n; j++) {
-            uint32_t u = mp_f32_bits(g[j]);
-            any |= (uint32_t)((u & 0x7F800000u) == 0x7F800000u);
-            g[j] = g[j] * inv;
-        }
-        if (any) bad = true;
-    }
+    for (int i = 0; i < n_params && params; i++)
+        if (params[i].grad && scan_scale(params[i].grad, params[i].n, inv)) bad = true;
     if (found_inf && bad) *found_inf = true;
+}
+
+bool mp_grads_all_finite(const mp_param *params, int n_params)
+{
+    for (int i = 0; i < n_params && params; i++)
+        if (params[i].grad && scan_scale(params[i].grad, params[i].n, 1.0f)) return false;
+    return true;
 }
 
 float mp_loss_scaler_get_scaled_loss(const mp_loss_scaler *s, float loss)
@@ -187,9 +211,7 @@ mp_status mp_loss_scaler_get_unscaled_gradients(mp_loss_scaler *s, mp_optimizer 
                             "get_unscaled_gradients called twice for one step: the gradients "
                             "are already unscaled (call apply_gradients first)");
     bool found = false;
-    int n = mp_optimizer_num_params(opt);
-    for (int i = 0; i < n; i++) mp_grads_unscale(mp_optimizer_param(opt, i), 1, s->scale, &found);
-    if (n == 0 && !isfinite((float)(1.0 / (double)s->scale))) found = true;
+    mp_grads_unscale(mp_optimizer_params(opt), mp_optimizer_num_params(opt), s->scale, &found);
     s->found_inf = found;
     s->ph = PHASE_UNSCALED;
     s->unscaled_for = opt;

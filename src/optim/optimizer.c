@@ -384,6 +384,8 @@ mp_status mp_optimizer_set_step_count(mp_optimizer *o, int64_t steps)
 
 int mp_optimizer_num_params(const mp_optimizer *o) { return o ? o->n_params : 0; }
 
+const mp_param *mp_optimizer_params(const mp_optimizer *o) { return o ? o->params : NULL; }
+
 const mp_param *mp_optimizer_param(const mp_optimizer *o, int index)
 {
     if (!o || index < 0 || index >= o->n_params) return NULL;

@@ -11,8 +11,6 @@ typedef struct {
     mp_compile_options opts;
     mp_optimizer *opt;
     mp_loss_scaler *scaler; /* NULL: no loss scaling */
-    mp_param *params;
-    int nparams;
     int64_t applied, skipped;
     float *row; /* one output row in float32, for the accuracy count */
     int64_t row_cap;
@@ -24,7 +22,6 @@ static void training_free(void *p)
     if (!t) return;
     mp_optimizer_free(t->opt);
     mp_loss_scaler_free(t->scaler);
-    free(t->params);
     free(t->row);
     free(t);
 }
@@ -58,14 +55,15 @@ mp_status mp_model_compile(mp_model *m, const mp_compile_options *o)
     training *t = calloc(1, sizeof *t);
     if (!t) return mp_set_error(MP_ERR_NOMEM, "compile: out of memory");
     t->opts = d;
-    t->nparams = mp_model_num_params(m);
-    t->params = calloc((size_t)(t->nparams ? t->nparams : 1), sizeof *t->params);
-    if (!t->params) {
+    int np = mp_model_num_params(m); /* the optimizer keeps its own copy */
+    mp_param *params = calloc((size_t)(np ? np : 1), sizeof *params);
+    if (!params) {
         free(t);
         return mp_set_error(MP_ERR_NOMEM, "compile: out of memory");
     }
-    mp_model_optim_params(m, t->params, t->nparams);
-    t->opt = mp_optimizer_new(&d.optimizer, t->params, t->nparams);
+    mp_model_optim_params(m, params, np);
+    t->opt = mp_optimizer_new(&d.optimizer, params, np);
+    free(params);
     if (!t->opt) {
         training_free(t);
         return MP_ERR_INVALID; /* the optimizer left its message */
@@ -160,9 +158,9 @@ mp_status mp_model_train_step(mp_model *m, const mp_tensor *x, const int32_t *la
         if ((s = mp_loss_scaler_apply_gradients(t->scaler, t->opt, &res.applied))) return s;
     } else {
         /* without scaling a non-finite gradient still must not reach the
-         * weights: check (read-only, the norm is inf/NaN iff one is) and skip
-         * the step as the scaler would */
-        if (isfinite(mp_grad_global_norm(t->params, t->nparams))) {
+         * weights: check (one read-only pass) and skip the step as the
+         * scaler would */
+        if (mp_grads_all_finite(mp_optimizer_params(t->opt), mp_optimizer_num_params(t->opt))) {
             if ((s = mp_optimizer_step(t->opt))) return s;
             res.applied = true;
         }
