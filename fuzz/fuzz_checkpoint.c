@@ -6,7 +6,7 @@
  *                            under another global policy, _ex), and the
  *                            configuration of the model it builds, written
  *                            back and read again (it must round-trip)
- *   mp_checkpoint_from_image the model, its weights, the optimizer state
+ *   mp_model_from_safetensors the model, its weights, the optimizer state
  *                            (mixprec.training + optimizer/<param>/<slot>)
  *                            and the fit state (mixprec.fit)
  *   mp_model_forward         a batch of one zero sample through a loaded
@@ -61,6 +61,7 @@ static void fuzz_walk_file(const mp_safetensors *f)
     int n = mp_safetensors_count(f);
     FUZZ_CHECK(n >= 0);
     volatile uint8_t sink = 0;
+    uint64_t total = 0;
     for (int i = 0; i < n; i++) {
         const mp_named_tensor *t = mp_safetensors_tensor(f, i);
         FUZZ_CHECK(t && t->name && t->ndim >= 0 && t->ndim <= MP_MAX_DIMS);
@@ -73,7 +74,9 @@ static void fuzz_walk_file(const mp_safetensors *f)
         const uint8_t *p = t->data;
         if (bytes) sink ^= (uint8_t)(p[0] ^ p[bytes - 1]);
         for (size_t b = 0; b < bytes; b += 61) sink ^= p[b];
+        total += bytes;
     }
+    FUZZ_CHECK(total == mp_safetensors_data_bytes(f)); /* exact tiling */
     FUZZ_CHECK(mp_safetensors_tensor(f, -1) == NULL && mp_safetensors_tensor(f, n) == NULL);
     (void)sink;
 }
@@ -163,13 +166,13 @@ int mp_fuzz_checkpoint_one(const uint8_t *data, size_t size)
     const char *config = mp_safetensors_metadata(f, "mixprec.config");
     static const char *const policies[] = {NULL,      "float32", "mixed_float16", "mixed_bfloat16",
                                            "float16", "bfloat16"};
-    if (config) fuzz_config(config, (int64_t)size, policies[size % 6]);
+    if (config) fuzz_config(config, (int64_t)mp_safetensors_data_bytes(f), policies[size % 6]);
 
     mp_model *m = (mp_model *)&m;
     mp_fit_state fit;
     memset(&fit, 0xA5, sizeof fit); /* must be zeroed or filled in */
     int result = MP_FUZZ_PARSED;
-    mp_status s = mp_checkpoint_from_image(f, "fuzz-input", 1, &m, &fit);
+    mp_status s = mp_model_from_safetensors(f, "fuzz-input", 1, &m, &fit);
     if (s == MP_OK) {
         FUZZ_CHECK(m != NULL && mp_model_is_built(m));
         FUZZ_CHECK(fit.history.count == fit.epoch && fit.history.count >= 0);

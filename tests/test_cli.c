@@ -290,6 +290,19 @@ static void test_bad_input(void **state)
     assert_non_null(strstr(output(), "line 2"));
     assert_int_equal(run("evaluate %s/missing.safetensors --data %s/test.csv"), 1);
     assert_non_null(strstr(output(), "missing.safetensors"));
+    /* a failed predict leaves an existing output file as it was */
+    snprintf(p, sizeof p, "%s/keep.csv", dir);
+    f = fopen(p, "w");
+    fprintf(f, "precious\n");
+    fclose(f);
+    assert_int_equal(run("predict %1$s/missing.safetensors --data %1$s/test.csv --output "
+                         "%1$s/keep.csv"),
+                     1);
+    char line[64] = "";
+    f = fopen(p, "r");
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    assert_string_equal(line, "precious\n");
     assert_int_equal(run("evaluate"), 2);
     assert_int_equal(run("frobnicate"), 2);
     assert_non_null(strstr(output(), "unknown command"));

@@ -35,6 +35,9 @@ mp_status mp_safetensors_parse(const void *image, size_t len, const char *name,
                                mp_safetensors **out);
 void mp_safetensors_free(mp_safetensors *f);
 int mp_safetensors_count(const mp_safetensors *f);
+/* Bytes of tensor data in the file (the tensors tile it exactly): a bound on
+ * the parameters any model loaded from it can have. */
+uint64_t mp_safetensors_data_bytes(const mp_safetensors *f);
 /* Tensor i (names sorted as in the file's header); NULL if out of range. */
 const mp_named_tensor *mp_safetensors_tensor(const mp_safetensors *f, int i);
 const mp_named_tensor *mp_safetensors_find(const mp_safetensors *f, const char *name);
@@ -67,6 +70,8 @@ mp_status mp_model_save_weights_ex(mp_model *m, const char *path, const char *co
  * must match), check for NaN/inf, then refresh the compute copies. On any
  * error nothing in the model is changed. */
 mp_status mp_model_load_weights(mp_model *m, const char *path);
+/* The same from a file already read (name labels errors). */
+mp_status mp_model_load_weights_from(mp_model *m, const mp_safetensors *f, const char *name);
 
 #ifdef __cplusplus
 }

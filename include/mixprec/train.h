@@ -188,6 +188,10 @@ mp_status mp_model_load_checkpoint(mp_model *m, const char *path, mp_fit_state *
  * the file alone is enough. */
 mp_status mp_model_from_checkpoint(const char *path, int64_t max_batch, mp_model **out,
                                    mp_fit_state *fit);
+/* The same from a file already read (name labels errors). */
+typedef struct mp_safetensors mp_safetensors; /* mixprec/io.h */
+mp_status mp_model_from_safetensors(const mp_safetensors *f, const char *name, int64_t max_batch,
+                                    mp_model **out, mp_fit_state *fit);
 /* The newest checkpoint in dir (ckpt-<steps>.safetensors) that reads and
  * validates, into path; MP_ERR_IO when there is none. */
 mp_status mp_checkpoint_latest(const char *dir, char *path, size_t len);

@@ -9,7 +9,7 @@
 #include "mixprec.h"
 
 /* Rebuild the model a file describes (its mixprec.config), optionally under
- * another policy, and load its weights. */
+ * another policy, and load its weights: one read of the file. */
 static mp_model *model_from_file(const char *path, const char *policy_flag, int64_t batch)
 {
     mp_safetensors *f;
@@ -18,19 +18,13 @@ static mp_model *model_from_file(const char *path, const char *policy_flag, int6
         return NULL;
     }
     const char *config = mp_safetensors_metadata(f, "mixprec.config");
-    int64_t bytes = 0; /* a model has no more parameters than the file has bytes */
-    for (int i = 0; i < mp_safetensors_count(f); i++) {
-        const mp_named_tensor *t = mp_safetensors_tensor(f, i);
-        int64_t n = (int64_t)mp_dtype_size(t->dtype);
-        for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-        bytes += n;
-    }
     mp_model *m = NULL;
     if (!config)
         fprintf(stderr, "mixprec: '%s' has no mixprec.config metadata: not a model mixprec saved\n",
                 path);
-    else if (mp_model_from_config_ex(config, policy_flag, batch, bytes, &m) ||
-             mp_model_load_weights(m, path) || mp_model_compile(m, NULL)) {
+    else if (mp_model_from_config_ex(config, policy_flag, batch,
+                                     (int64_t)mp_safetensors_data_bytes(f), &m) ||
+             mp_model_load_weights_from(m, f, path)) {
         fprintf(stderr, "mixprec: '%s': %s\n", path, mp_last_error());
         mp_model_free(m);
         m = NULL;
@@ -102,59 +96,76 @@ static int parse_infer(const char *cmd, int argc, char **argv, infer_args *a)
     return 0;
 }
 
+/* Flags, data and model of evaluate/predict; the exit status on failure. */
+static int infer_setup(const char *cmd, int argc, char **argv, infer_args *a, mp_dataset **ds,
+                       mp_model **m)
+{
+    *ds = NULL;
+    *m = NULL;
+    int rc = parse_infer(cmd, argc, argv, a);
+    if (rc) return rc == 1 ? -1 : rc; /* -1: --help was printed */
+    if ((rc = mp_cli_load_spec(a->data, a->data_dir, false, ds))) return rc;
+    if (!(*m = model_from_file(a->file, a->policy, a->batch))) {
+        mp_dataset_free(*ds);
+        *ds = NULL;
+        return 1;
+    }
+    return 0;
+}
+
 int mp_cli_evaluate(int argc, char **argv)
 {
     infer_args a;
-    int rc = parse_infer("evaluate", argc, argv, &a);
-    if (rc) return rc == 1 ? 0 : rc;
     mp_dataset *ds;
-    if ((rc = mp_cli_load_spec(a.data, a.data_dir, false, &ds))) return rc;
-    mp_model *m = model_from_file(a.file, a.policy, a.batch);
+    mp_model *m;
+    int rc = infer_setup("evaluate", argc, argv, &a, &ds, &m);
+    if (rc) return rc < 0 ? 0 : rc;
+    /* the loss is all evaluate needs: SGD without momentum keeps no state */
+    mp_compile_options co = mp_compile_options_default();
+    co.optimizer = mp_optimizer_config_default(MP_OPTIMIZER_SGD);
     double loss, acc;
-    if (!m || mp_model_evaluate(m, ds, a.batch, &loss, &acc)) {
-        if (m) fprintf(stderr, "mixprec: %s\n", mp_last_error());
-        mp_model_free(m);
-        mp_dataset_free(ds);
-        return 1;
-    }
-    printf("%lld samples: loss %.4f - accuracy %.4f\n", (long long)mp_dataset_count(ds), loss, acc);
+    rc = mp_model_compile(m, &co) || mp_model_evaluate(m, ds, a.batch, &loss, &acc);
+    if (rc)
+        fprintf(stderr, "mixprec: %s\n", mp_last_error());
+    else
+        printf("%lld samples: loss %.4f - accuracy %.4f\n", (long long)mp_dataset_count(ds), loss,
+               acc);
     mp_model_free(m);
     mp_dataset_free(ds);
-    return 0;
+    return rc;
 }
 
 int mp_cli_predict(int argc, char **argv)
 {
     infer_args a;
-    int rc = parse_infer("predict", argc, argv, &a);
-    if (rc) return rc == 1 ? 0 : rc;
     mp_dataset *ds;
-    if ((rc = mp_cli_load_spec(a.data, a.data_dir, false, &ds))) return rc;
-    mp_model *m = model_from_file(a.file, a.policy, a.batch);
+    mp_model *m;
+    int rc = infer_setup("predict", argc, argv, &a, &ds, &m);
+    if (rc) return rc < 0 ? 0 : rc;
     int64_t n = mp_dataset_count(ds), shape[MP_MAX_DIMS];
-    int64_t classes = m ? (mp_model_output_shape(m, shape), shape[0]) : 1;
+    mp_model_output_shape(m, shape);
+    int64_t classes = shape[0];
     float *out = malloc((size_t)(n * classes) * sizeof *out);
-    FILE *o = a.output ? fopen(a.output, "w") : stdout;
-    if (!m || !out || !o || mp_model_predict(m, mp_dataset_features(ds), n, a.batch, out)) {
-        if (m)
-            fprintf(stderr, "mixprec: %s\n", !o ? "cannot open the output file" : mp_last_error());
-        if (o && o != stdout) fclose(o);
-        free(out);
-        mp_model_free(m);
-        mp_dataset_free(ds);
-        return 1;
+    FILE *o = NULL;
+    if (!out || mp_model_predict(m, mp_dataset_features(ds), n, a.batch, out))
+        fprintf(stderr, "mixprec: %s\n", out ? mp_last_error() : "out of memory");
+    else if (!(o = a.output ? fopen(a.output, "w") : stdout))      /* only now: a failure above */
+        fprintf(stderr, "mixprec: cannot write '%s'\n", a.output); /* keeps an old file */
+    else {
+        fprintf(o, "index,predicted,probability,label\n");
+        for (int64_t i = 0; i < n; i++) {
+            int64_t best = 0;
+            for (int64_t c = 1; c < classes; c++)
+                if (out[i * classes + c] > out[i * classes + best]) best = c;
+            fprintf(o, "%lld,%lld,%.6f,%d\n", (long long)i, (long long)best,
+                    (double)out[i * classes + best], (int)mp_dataset_labels(ds)[i]);
+        }
+        rc = o != stdout && fclose(o) != 0;
+        if (rc) fprintf(stderr, "mixprec: cannot write '%s'\n", a.output);
     }
-    fprintf(o, "index,predicted,probability,label\n");
-    for (int64_t i = 0; i < n; i++) {
-        int64_t best = 0;
-        for (int64_t c = 1; c < classes; c++)
-            if (out[i * classes + c] > out[i * classes + best]) best = c;
-        fprintf(o, "%lld,%lld,%.6f,%d\n", (long long)i, (long long)best,
-                (double)out[i * classes + best], (int)mp_dataset_labels(ds)[i]);
-    }
-    if (o != stdout) fclose(o);
+    if (!o) rc = 1;
     free(out);
     mp_model_free(m);
     mp_dataset_free(ds);
-    return 0;
+    return rc;
 }

@@ -196,23 +196,22 @@ int mp_cli_inspect(int argc, char **argv)
            stat(path, &st) == 0 ? (long long)st.st_size : -1LL);
     print_metadata(f);
     print_tensors(f);
-    bool mixprec_file = mp_safetensors_metadata(f, "mixprec.config") != NULL;
-    mp_safetensors_free(f);
-    if (!mixprec_file) {
-        printf("\nmodel: no mixprec.config metadata (not a model mixprec saved)\n");
-        return 0;
-    }
-    mp_model *m;
+    mp_model *m = NULL;
     mp_fit_state fit;
-    if (mp_model_from_checkpoint(path, 1, &m, &fit)) {
+    int rc = 0;
+    if (!mp_safetensors_metadata(f, "mixprec.config"))
+        printf("\nmodel: no mixprec.config metadata (not a model mixprec saved)\n");
+    else if (mp_model_from_safetensors(f, path, 1, &m, &fit)) {
         printf("\nmodel: cannot be rebuilt and loaded: %s\n", mp_last_error());
-        return 1;
+        rc = 1;
+    } else {
+        printf("\nmodel:\n");
+        mp_model_summary(m, 1, stdout);
+        print_training(m);
+        print_fit(&fit);
+        mp_fit_state_free(&fit);
+        mp_model_free(m);
     }
-    printf("\nmodel:\n");
-    mp_model_summary(m, 1, stdout);
-    print_training(m);
-    print_fit(&fit);
-    mp_fit_state_free(&fit);
-    mp_model_free(m);
-    return 0;
+    mp_safetensors_free(f);
+    return rc;
 }

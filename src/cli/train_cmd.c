@@ -160,7 +160,6 @@ static int parse_train_args(int argc, char **argv, train_args *a)
                     return bad(f, v, "expected sizes like 4096,4096");
                 a->hidden[a->nhidden++] = iv;
             }
-            if (strcmp(v, "none") == 0) a->nhidden = 0;
         } else if (!strcmp(f, "--activation")) {
             NEED_VALUE;
             if (mp_activation_from_name(v, &a->act) || a->act == MP_ACT_SOFTMAX)
@@ -305,8 +304,7 @@ static size_t step_peak_bytes(void)
 }
 
 typedef struct {
-    mp_model *model; /* the trained model (the caller frees it) */
-    const char *policy;
+    char policy[24];
     double test_loss, test_acc, ms_per_step;
     size_t peak, step_peak;
     int64_t skipped;
@@ -497,7 +495,7 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     mp_loss_scaler *ls = mp_model_loss_scaler(m);
     res->scaled = ls != NULL;
     res->scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
-    res->policy = model_policy(m);
+    snprintf(res->policy, sizeof res->policy, "%s", model_policy(m));
     mp_history_free(&h);
     res->test_loss = res->test_acc = NAN;
     if (test && mp_model_evaluate(m, test, fo.batch_size, &res->test_loss, &res->test_acc))
@@ -516,10 +514,7 @@ out:
     if (rc && !printed) fprintf(stderr, "mixprec: %s\n", mp_last_error());
     mp_fit_state_free(&resume);
     mp_fit_state_free(&final_state);
-    if (rc)
-        mp_model_free(m);
-    else
-        res->model = m;
+    mp_model_free(m);
     return rc;
 }
 
@@ -546,7 +541,6 @@ int mp_cli_train(int argc, char **argv)
                r.policy, r.ms_per_step, (double)r.peak / (1 << 20), (long long)r.skipped,
                r.scaled ? "" : "none\n");
         if (r.scaled) printf("%g\n", (double)r.scale);
-        mp_model_free(r.model); /* r.policy points into it */
     }
     mp_dataset_free(train);
     mp_dataset_free(test);
@@ -597,7 +591,6 @@ int mp_cli_demo(int argc, char **argv)
         printf("training under %-15s ...", policies[p]);
         fflush(stdout);
         if ((rc = run_training(&a, train, test, false, &r[p]))) break;
-        mp_model_free(r[p].model);
         printf(" test accuracy %.4f, %.1f ms/step\n", r[p].test_acc, r[p].ms_per_step);
     }
     if (!rc) {

@@ -191,6 +191,7 @@ struct mp_safetensors {
     int count;
     uint8_t *data; /* the whole file image (mp_region_alloc) */
     size_t data_bytes;
+    uint64_t tensor_bytes; /* the data section, exactly tiled by the tensors */
     char **meta_keys, **meta_values;
     int n_meta;
 };
@@ -212,6 +213,7 @@ void mp_safetensors_free(mp_safetensors *f)
 }
 
 int mp_safetensors_count(const mp_safetensors *f) { return f->count; }
+uint64_t mp_safetensors_data_bytes(const mp_safetensors *f) { return f->tensor_bytes; }
 
 const mp_named_tensor *mp_safetensors_tensor(const mp_safetensors *f, int i)
 {
@@ -374,6 +376,7 @@ static mp_status parse(uint8_t *buf, uint64_t fsize, const char *path, mp_safete
         FAIL(MP_ERR_FORMAT, "'%s': %llu bytes of data after the last tensor", path,
              (unsigned long long)(dsize - pos));
     for (int i = 0; i < f->count; i++) f->tensors[ranges[i].index].data = data + ranges[i].begin;
+    f->tensor_bytes = dsize;
     free(ranges);
     json_decref(root);
     *out = f;
@@ -550,18 +553,24 @@ mp_status mp_model_save_weights_ex(mp_model *m, const char *path, const char *co
     return s;
 }
 
+mp_status mp_model_load_weights_from(mp_model *m, const mp_safetensors *f, const char *name)
+{
+    int np = mp_model_num_params(m);
+    const mp_named_tensor **found = calloc((size_t)(np ? np : 1), sizeof *found);
+    if (!found) return mp_set_error(MP_ERR_NOMEM, "load: out of memory");
+    /* check everything first: an error leaves the model as it was */
+    mp_status s = mp_model_check_weights(m, f, name, found);
+    if (!s) mp_model_commit_weights(m, found);
+    free(found);
+    return s;
+}
+
 mp_status mp_model_load_weights(mp_model *m, const char *path)
 {
     mp_safetensors *f;
     mp_status s = mp_safetensors_read(path, &f);
     if (s) return s;
-    int np = mp_model_num_params(m);
-    const mp_named_tensor **found = calloc((size_t)(np ? np : 1), sizeof *found);
-    if (!found) s = mp_set_error(MP_ERR_NOMEM, "load: out of memory");
-    /* check everything first: an error leaves the model as it was */
-    if (!s) s = mp_model_check_weights(m, f, path, found);
-    if (!s) mp_model_commit_weights(m, found);
-    free(found);
+    s = mp_model_load_weights_from(m, f, path);
     mp_safetensors_free(f);
     return s;
 }

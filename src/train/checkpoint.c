@@ -518,8 +518,8 @@ mp_status mp_model_load_checkpoint(mp_model *m, const char *path, mp_fit_state *
     return s;
 }
 
-mp_status mp_checkpoint_from_image(const mp_safetensors *f, const char *path, int64_t max_batch,
-                                   mp_model **out, mp_fit_state *fit)
+mp_status mp_model_from_safetensors(const mp_safetensors *f, const char *path, int64_t max_batch,
+                                    mp_model **out, mp_fit_state *fit)
 {
     *out = NULL;
     if (fit) memset(fit, 0, sizeof *fit);
@@ -527,14 +527,6 @@ mp_status mp_checkpoint_from_image(const mp_safetensors *f, const char *path, in
     if (!config)
         return mp_set_error(MP_ERR_FORMAT, "'%s' has no mixprec.config: not a mixprec model file",
                             path);
-    /* a model cannot have more parameters than the file has bytes of data */
-    int64_t bytes = 0;
-    for (int i = 0; i < mp_safetensors_count(f); i++) {
-        const mp_named_tensor *t = mp_safetensors_tensor(f, i);
-        int64_t n = (int64_t)mp_dtype_size(t->dtype);
-        for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
-        bytes += n;
-    }
     if (max_batch <= 0) { /* the fit's batch size, if the file has a fit state */
         max_batch = 1;
         const char *ft = mp_safetensors_metadata(f, "mixprec.fit");
@@ -544,7 +536,8 @@ mp_status mp_checkpoint_from_image(const mp_safetensors *f, const char *path, in
         json_decref(j);
     }
     mp_model *m;
-    mp_status s = mp_model_from_config(config, max_batch, bytes, &m);
+    mp_status s =
+        mp_model_from_config(config, max_batch, (int64_t)mp_safetensors_data_bytes(f), &m);
     if (s) return mp_set_error(s, "'%s': %s", path, mp_last_error());
     if ((s = apply(m, f, path, fit))) {
         mp_model_free(m);
@@ -562,7 +555,7 @@ mp_status mp_model_from_checkpoint(const char *path, int64_t max_batch, mp_model
     mp_safetensors *f;
     mp_status s = mp_safetensors_read(path, &f);
     if (s) return s;
-    s = mp_checkpoint_from_image(f, path, max_batch, out, fit);
+    s = mp_model_from_safetensors(f, path, max_batch, out, fit);
     mp_safetensors_free(f);
     return s;
 }

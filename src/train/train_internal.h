@@ -8,11 +8,6 @@
 /* Restore the applied/skipped step counts of a compiled model. */
 void mp_model_set_step_counts(mp_model *m, int64_t applied, int64_t skipped);
 
-/* Build and load the model a parsed checkpoint describes (the fuzz target
- * enters here too). */
-mp_status mp_checkpoint_from_image(const mp_safetensors *f, const char *path, int64_t max_batch,
-                                   mp_model **out, mp_fit_state *fit);
-
 /* Checkpoints in a directory: ckpt-<steps>.safetensors, ascending steps. */
 typedef struct {
     int64_t steps;
