@@ -314,7 +314,12 @@ static void test_convert_any_pair(void **state)
                 assert_memory_equal(b, c, N * mp_dtype_size((mp_dtype)d));
             }
         }
-    mp_convert(a, MP_F32, a, MP_F32, 0); /* n == 0 is a no-op */
+    /* n == 0 writes nothing, between any pair of types */
+    memset(c, 0x5A, sizeof c);
+    memcpy(b, c, sizeof c);
+    mp_convert(c, MP_BF16, x, MP_F32, 0);
+    mp_convert(c, MP_F32, a, MP_F8E4M3, 0);
+    assert_memory_equal(b, c, sizeof c);
 }
 
 /* --------------------------------------------------------------- facts */

@@ -193,11 +193,15 @@ static void test_nan_batch_is_skipped(void **state)
         assert_true(res.applied);
         int np = mp_model_num_params(m);
         float **saved = calloc((size_t)np * 3, sizeof *saved);
+        void **copies = calloc((size_t)np, sizeof *copies); /* the compute copies */
         mp_optimizer *opt = mp_model_optimizer(m);
         for (int i = 0; i < np; i++) {
             mp_model_param *p = mp_model_get_param(m, i);
             saved[3 * i] = malloc((size_t)p->n * 4);
             memcpy(saved[3 * i], p->master, (size_t)p->n * 4);
+            size_t wb = (size_t)p->n * mp_dtype_size(p->weight_dtype);
+            copies[i] = malloc(wb);
+            memcpy(copies[i], p->weight, wb);
             for (int s = 0; s < 2; s++) {
                 saved[3 * i + 1 + s] = malloc((size_t)p->n * 4);
                 memcpy(saved[3 * i + 1 + s], mp_optimizer_slot(opt, i, s, NULL), (size_t)p->n * 4);
@@ -212,12 +216,16 @@ static void test_nan_batch_is_skipped(void **state)
         for (int i = 0; i < np; i++) {
             mp_model_param *p = mp_model_get_param(m, i);
             assert_memory_equal(saved[3 * i], p->master, (size_t)p->n * 4);
+            assert_memory_equal(copies[i], p->weight,
+                                (size_t)p->n * mp_dtype_size(p->weight_dtype));
+            free(copies[i]);
             for (int s = 0; s < 2; s++)
                 assert_memory_equal(saved[3 * i + 1 + s], mp_optimizer_slot(opt, i, s, NULL),
                                     (size_t)p->n * 4);
             free(saved[3 * i]), free(saved[3 * i + 1]), free(saved[3 * i + 2]);
         }
         free(saved);
+        free(copies);
         if (pi == 1)
             assert_true(mp_loss_scaler_scale(mp_model_loss_scaler(m)) == 16384.0f); /* backed off */
         mp_tensor_release(&x);
