@@ -284,8 +284,7 @@ static void time_jobs(const job *jobs, int nj, double budget, double *gflops)
     for (int i = 0; i < nj; i++) {
         const double flops =
             2.0 * (double)jobs[i].s->m * (double)jobs[i].s->n * (double)jobs[i].s->k;
-        qsort(ts[i], (size_t)n, sizeof ts[i][0], cmp_double);
-        gflops[i] = flops / ts[i][n / 2] * 1e-9;
+        gflops[i] = flops / median(ts[i], (size_t)n) * 1e-9;
     }
 }
 
@@ -408,10 +407,13 @@ int main(void)
         }
     }
     printf("(summary: geometric means over the big shapes, the fc1/fc2 products and 2048^3)\n");
-    printf("summary: bf16_vs_onednn_bf16=%.2f f32_vs_openblas=%.2f bf16_peak_fraction=%.2f "
+    /* a ratio without its peer in this run is n/a, never a number */
+    char rb[16] = "n/a", rf[16] = "n/a";
+    if (n_bf) snprintf(rb, sizeof rb, "%.2f", exp(sum_lr_bf / n_bf));
+    if (n_f32) snprintf(rf, sizeof rf, "%.2f", exp(sum_lr_f32 / n_f32));
+    printf("summary: bf16_vs_onednn_bf16=%s f32_vs_openblas=%s bf16_peak_fraction=%.2f "
            "f32_peak_fraction=%.2f\n",
-           n_bf ? exp(sum_lr_bf / n_bf) : 0.0, n_f32 ? exp(sum_lr_f32 / n_f32) : 0.0,
-           pk_bf16 > 0 ? exp(sum_lpf_bf / n_big) : 0.0,
+           rb, rf, pk_bf16 > 0 ? exp(sum_lpf_bf / n_big) : 0.0,
            pk_f32 > 0 ? exp(sum_lpf_f32 / n_big) : 0.0);
     return 0;
 }

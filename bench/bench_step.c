@@ -93,17 +93,20 @@ int main(void)
 
     /* the peer, in the same run */
     double tf32 = 0, tbf16 = 0;
-    FILE *py =
-        popen("env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
-              "/usr/bin/python3 bench/step_torch.py 2 2>/dev/null",
-              "r");
+    /* with as many threads as ours */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd,
+             "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+             "/usr/bin/python3 bench/step_torch.py %d 2>/dev/null",
+             mp_num_threads());
+    FILE *py = popen(cmd, "r");
     if (py) {
         char line[256] = "";
         if (fgets(line, sizeof line, py) &&
             sscanf(line, "torch_f32_ms=%lf torch_bf16_ms=%lf", &tf32, &tbf16) == 2)
-            printf("\nPyTorch (python3-torch, 2 threads): float32 %.1f ms/step, bf16 autocast %.1f "
-                   "ms/step\n",
-                   tf32, tbf16);
+            printf("\nPyTorch (python3-torch, %d threads): float32 %.1f ms/step, bf16 autocast "
+                   "%.1f ms/step\n",
+                   mp_num_threads(), tf32, tbf16);
         else
             printf("\nPyTorch: not available (apt-get install python3-torch to compare)\n");
         pclose(py);

@@ -1,6 +1,7 @@
 """step_torch.py - the peer for bench_step: one training step (forward, loss,
 backward, Adam update) of the seed MLP 784 -> 4096 -> 4096 -> 10 at batch
-1024 in PyTorch, float32 and with bfloat16 autocast, 2 threads. Prints
+1024 in PyTorch, float32 and with bfloat16 autocast, with the thread count given
+(default 2; bench_step passes its own). Prints
 `torch_f32_ms=X torch_bf16_ms=Y` (medians after warm-up)."""
 import statistics
 import sys
