@@ -44,10 +44,18 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: bench-step bench-checkpoint examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: deps-build bench-step bench-checkpoint examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
+
+# Every object waits for the build packages (order-only: never a rebuild), so
+# plain `make` on a fresh machine says what to install instead of failing
+# on a missing header.
+deps-build:
+	@sh scripts/deps.sh build
+
+$(LIB_OBJ) $(CLI_OBJ) $(TEST_COMMON): | deps-build
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -11,7 +11,7 @@
 #   make fuzz-corpus             regenerate tests/fuzz/corpus/valid-* and
 #                                tests/fuzz/regress/bad-* (fuzz/make_corpus.c)
 # The normal test suite runs the same entry point over the same files:
-# tests/test_fuzz_regress.c includes $(FUZZ_REGRESS_SRC).
+# tests/test_fuzz_regress.c includes fuzz/fuzz_checkpoint.c.
 # Needs clang, libclang-rt-dev (libFuzzer's runtime) and libomp-dev (clang's
 # -fopenmp); Debian 12: apt-get install clang libclang-rt-dev libomp-dev.
 
@@ -20,7 +20,6 @@ FUZZ_SECONDS     ?= 60
 FUZZ_ARGS        ?=
 FUZZ_DIR         := build/fuzz
 FUZZ_BIN         := $(FUZZ_DIR)/fuzz_checkpoint
-FUZZ_REGRESS_SRC := fuzz/fuzz_checkpoint.c
 FUZZ_SEEDS       := tests/fuzz/corpus
 FUZZ_REGRESS     := tests/fuzz/regress
 FUZZ_CFLAGS      := -std=c11 -D_DEFAULT_SOURCE -g -O1 -fno-omit-frame-pointer -fopenmp \
