@@ -229,6 +229,10 @@ typedef struct {
 } mp_loss_scaler_state;
 void mp_loss_scaler_get_state(const mp_loss_scaler *s, mp_loss_scaler_state *out);
 mp_status mp_loss_scaler_set_state(mp_loss_scaler *s, const mp_loss_scaler_state *st);
+/* The checks mp_loss_scaler_new and set_state apply, without a scaler. */
+mp_status mp_loss_scaler_config_validate(const mp_loss_scaler_config *cfg);
+mp_status mp_loss_scaler_state_check(const mp_loss_scaler_config *cfg,
+                                     const mp_loss_scaler_state *st);
 void mp_loss_scaler_get_config(const mp_loss_scaler *s, mp_loss_scaler_config *out);
 
 /* Unscale gradients in place: g *= (float)(1.0 / (double)scale), and report

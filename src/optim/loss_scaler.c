@@ -53,7 +53,7 @@ mp_loss_scaler_config mp_loss_scaler_config_static(float scale)
 
 bool mp_loss_scaling_default_for(mp_dtype compute_dtype) { return compute_dtype == MP_F16; }
 
-static mp_status validate(const mp_loss_scaler_config *c)
+mp_status mp_loss_scaler_config_validate(const mp_loss_scaler_config *c)
 {
     if ((unsigned)c->mode > MP_LOSS_SCALE_STATIC)
         return mp_set_error(MP_ERR_INVALID, "loss scaler: unknown mode %d", (int)c->mode);
@@ -85,7 +85,7 @@ static mp_status validate(const mp_loss_scaler_config *c)
 mp_loss_scaler *mp_loss_scaler_new(const mp_loss_scaler_config *cfg)
 {
     mp_loss_scaler_config c = cfg ? *cfg : mp_loss_scaler_config_keras();
-    if (validate(&c) != MP_OK) return NULL;
+    if (mp_loss_scaler_config_validate(&c) != MP_OK) return NULL;
     mp_loss_scaler *s = calloc(1, sizeof *s);
     if (!s) {
         mp_set_error(MP_ERR_NOMEM, "mp_loss_scaler_new: out of memory");
@@ -125,16 +125,23 @@ void mp_loss_scaler_get_state(const mp_loss_scaler *s, mp_loss_scaler_state *out
     out->counter = s->counter;
 }
 
-mp_status mp_loss_scaler_set_state(mp_loss_scaler *s, const mp_loss_scaler_state *st)
+mp_status mp_loss_scaler_state_check(const mp_loss_scaler_config *c, const mp_loss_scaler_state *st)
 {
-    if (!s || !st) return mp_set_error(MP_ERR_INVALID, "mp_loss_scaler_set_state: NULL argument");
     if (!(st->scale > 0.0f) || !isfinite(st->scale))
         return mp_set_error(MP_ERR_INVALID, "loss scaler state: scale %g must be finite and > 0",
                             (double)st->scale);
-    int64_t limit = s->cfg.mode == MP_LOSS_SCALE_STATIC ? 1 : s->cfg.growth_interval;
+    int64_t limit = c->mode == MP_LOSS_SCALE_STATIC ? 1 : c->growth_interval;
     if (st->counter < 0 || st->counter >= limit)
         return mp_set_error(MP_ERR_INVALID, "loss scaler state: counter %lld not in [0, %lld)",
                             (long long)st->counter, (long long)limit);
+    return MP_OK;
+}
+
+mp_status mp_loss_scaler_set_state(mp_loss_scaler *s, const mp_loss_scaler_state *st)
+{
+    if (!s || !st) return mp_set_error(MP_ERR_INVALID, "mp_loss_scaler_set_state: NULL argument");
+    mp_status e = mp_loss_scaler_state_check(&s->cfg, st);
+    if (e) return e;
     s->scale = st->scale;
     s->counter = st->counter;
     s->ph = PHASE_READY;

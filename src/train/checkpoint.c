@@ -17,6 +17,13 @@
 
 #define STATE_VERSION 1
 
+/* Optimizer state tensors are named optimizer/<param>/<slot>. */
+#define SLOT_NAME_MAX 192
+static void slot_name(char *buf, const char *param, const mp_optimizer *opt, int slot)
+{
+    snprintf(buf, SLOT_NAME_MAX, "optimizer/%s/%s", param, mp_optimizer_slot_name(opt, slot));
+}
+
 /* ------------------------------------------------------------ JSON helpers */
 
 /* Reals are written with 17 significant digits (jansson's default), which
@@ -188,9 +195,9 @@ static json_t *fit_json(const mp_fit_state *f)
                             "seconds", jnum(e->seconds), "ms_per_step", jnum(e->ms_per_step),
                             "loss_scale", jnum(e->loss_scale), "skipped", (json_int_t)e->skipped));
     }
-    json_t *fit = json_pack(
+    return json_pack(
         "{s:i, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:o, s:o, s:i, s:I, s:b, s:o, s:o, "
-        "s:I, s:o, s:o, s:i}",
+        "s:I, s:o, s:o, s:i, s:I, s:i}",
         "epoch", f->epoch, "batch", (json_int_t)f->batch, "steps", (json_int_t)f->steps, "loss_sum",
         jnum(f->loss_sum), "loss_samples", (json_int_t)f->loss_samples, "samples",
         (json_int_t)f->samples, "correct", (json_int_t)f->correct, "skipped_before",
@@ -198,12 +205,8 @@ static json_t *fit_json(const mp_fit_state *f)
         "bad_epochs", f->bad_epochs, "batch_size", (json_int_t)f->batch_size, "shuffle", f->shuffle,
         "seed", mp_json_hex(f->seed), "validation_split", jnum(f->validation_split), "data_count",
         (json_int_t)f->data_count, "data_hash", mp_json_hex(f->data_hash), "history", hist,
-        "epochs", f->epochs);
-    json_t *j = json_pack("{s:I, s:i}", "checkpoint_every", (json_int_t)f->checkpoint_every,
-                          "keep_last", f->keep_last);
-    json_object_update(fit, j);
-    json_decref(j);
-    return fit;
+        "epochs", f->epochs, "checkpoint_every", (json_int_t)f->checkpoint_every, "keep_last",
+        f->keep_last);
 }
 
 #define MAX_EPOCHS 100000000
@@ -282,7 +285,7 @@ mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_s
     int np = mp_model_num_params(m), ns = opt ? mp_optimizer_num_slots(opt) : 0;
     int nt = np * (1 + ns);
     mp_named_tensor *t = calloc((size_t)(nt ? nt : 1), sizeof *t);
-    char *names = calloc((size_t)(np * ns + 1), 192);
+    char *names = calloc((size_t)(np * ns + 1), SLOT_NAME_MAX);
     char *config = mp_model_config_json(m), *training = NULL, *fitj = NULL;
     mp_status s = MP_OK;
     if (!t || !names || !config) {
@@ -293,8 +296,8 @@ mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_s
     for (int i = 0; i < np; i++)
         for (int k = 0; k < ns; k++) {
             mp_named_tensor *x = &t[np + i * ns + k];
-            char *name = names + (size_t)(i * ns + k) * 192;
-            snprintf(name, 192, "optimizer/%s/%s", t[i].name, mp_optimizer_slot_name(opt, k));
+            char *name = names + (size_t)(i * ns + k) * SLOT_NAME_MAX;
+            slot_name(name, t[i].name, opt, k);
             *x = t[i];
             x->name = name;
             x->dtype = MP_F32;
@@ -425,16 +428,10 @@ static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char
         BAD("'%s' %s loss-scaler state, but the model %s loss scaling", path,
             st->has_scaler ? "holds" : "has no", st->has_scaler ? "has no" : "uses");
     if (ls) { /* the file's scaler config must be valid, and its state must suit
-               * the scaler it goes into (set_state's rules) */
-        mp_loss_scaler *probe = mp_loss_scaler_new(&lc);
-        bool ok = probe != NULL;
-        mp_loss_scaler_free(probe);
+               * the scaler it goes into */
         mp_loss_scaler_config mine;
         mp_loss_scaler_get_config(ls, &mine);
-        probe = ok ? mp_loss_scaler_new(&mine) : NULL;
-        ok = probe && mp_loss_scaler_set_state(probe, &st->scaler) == MP_OK;
-        mp_loss_scaler_free(probe);
-        if (!ok)
+        if (mp_loss_scaler_config_validate(&lc) || mp_loss_scaler_state_check(&mine, &st->scaler))
             BAD("'%s': mixprec.training has a bad loss-scaler state (%s)", path, mp_last_error());
     }
     st->ns = mp_optimizer_num_slots(opt);
@@ -443,8 +440,8 @@ static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char
     for (int i = 0; i < st->np && !s; i++)
         for (int k = 0; k < st->ns && !s; k++) {
             const mp_model_param *p = mp_model_get_param(m, i);
-            char name[192];
-            snprintf(name, sizeof name, "optimizer/%s/%s", p->name, mp_optimizer_slot_name(opt, k));
+            char name[SLOT_NAME_MAX];
+            slot_name(name, p->name, opt, k);
             const mp_named_tensor *t = mp_safetensors_find(f, name);
             if (!t) {
                 s = mp_set_error(MP_ERR_FORMAT, "'%s' has no optimizer state '%s'", path, name);

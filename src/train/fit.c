@@ -256,19 +256,23 @@ static mp_status check_resume(const mp_fit_state *r, const mp_fit_state *now, in
     return MP_OK;
 }
 
+/* fs with its history: the completed epochs of the fit's log. */
 static mp_status save_checkpoint(mp_model *m, const mp_fit_options *o, const mp_fit_state *fs,
-                                 FILE *out, bool verbose)
+                                 mp_epoch_log *log, bool verbose)
 {
+    mp_fit_state view = *fs;
+    view.history = (mp_history){fs->epoch, log};
     char path[4096];
     if (mkdir(o->checkpoint_dir, 0777) != 0 && errno != EEXIST)
         return mp_set_error(MP_ERR_IO, "cannot create the checkpoint directory '%s': %s",
                             o->checkpoint_dir, strerror(errno));
     snprintf(path, sizeof path, "%s/ckpt-%08lld.safetensors", o->checkpoint_dir,
              (long long)fs->steps);
-    mp_status s = mp_model_save_checkpoint(m, path, fs);
+    mp_status s = mp_model_save_checkpoint(m, path, &view);
     if (s) return s;
     mp_checkpoint_prune(o->checkpoint_dir, o->keep_last);
-    if (verbose) fprintf(out, "%scheckpoint: %s\n", isatty(fileno(out)) ? "\r\033[K" : "", path);
+    if (verbose)
+        fprintf(o->out, "%scheckpoint: %s\n", isatty(fileno(o->out)) ? "\r\033[K" : "", path);
     return MP_OK;
 }
 
@@ -321,9 +325,6 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     mp_fit_state fs;
     memset(&fs, 0, sizeof fs);
     fs.best = INFINITY;
-    fs.epochs = o.epochs;
-    fs.checkpoint_every = o.checkpoint_every;
-    fs.keep_last = o.keep_last;
     fs.batch_size = o.batch_size;
     fs.shuffle = o.shuffle;
     fs.seed = o.seed;
@@ -333,13 +334,12 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     const mp_fit_state *r = o.resume;
     if (r) {
         if ((s = check_resume(r, &fs, nb))) goto done;
-        mp_history keep = fs.history;
         fs = *r;
-        fs.history = keep;
-        fs.epochs = o.epochs;
-        fs.checkpoint_every = o.checkpoint_every;
-        fs.keep_last = o.keep_last;
     }
+    fs.epochs = o.epochs;
+    fs.checkpoint_every = o.checkpoint_every;
+    fs.keep_last = o.keep_last;
+    fs.history = (mp_history){0, NULL}; /* the completed part of h, where it is written */
     int cap = o.epochs > fs.epoch ? o.epochs : fs.epoch;
     h.epochs = calloc((size_t)(cap ? cap : 1), sizeof(mp_epoch_log));
     if (!h.epochs) {
@@ -350,7 +350,6 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         memcpy(h.epochs, r->history.epochs, (size_t)r->history.count * sizeof(mp_epoch_log));
         h.count = r->history.count;
     }
-    fs.history = h; /* shares h's storage for checkpoints */
     progress p = {o.out, isatty(fileno(o.out)) != 0, o.verbose > 0, nb, 0, 0};
     bool stop = false, saved = false;
     while (fs.epoch < o.epochs && !stop) {
@@ -389,7 +388,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
             saved = false;
             if (o.checkpoint_every && fs.steps % o.checkpoint_every == 0) {
                 fs.seconds = now() - p.start;
-                if ((s = save_checkpoint(m, &o, &fs, o.out, p.on))) break;
+                if ((s = save_checkpoint(m, &o, &fs, h.epochs, p.on))) break;
                 saved = true;
             }
             draw(&p, fs.batch, fs.loss_samples ? fs.loss_sum / (double)fs.loss_samples : NAN,
@@ -399,7 +398,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         if (stop) { /* stopped by max_steps or an interrupt: resumable from here */
             if (o.checkpoint_dir && !saved) {
                 fs.seconds = now() - p.start;
-                s = save_checkpoint(m, &o, &fs, o.out, p.on);
+                s = save_checkpoint(m, &o, &fs, h.epochs, p.on);
                 saved = true;
             }
             if (fs.batch == 0) break; /* nothing of this epoch ran */
@@ -421,7 +420,6 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         if (stop) break; /* a partial epoch: logged, but not counted as done */
         fs.epoch++;
         fs.batch = 0;
-        fs.history = h;
         if (o.on_epoch_end && !o.on_epoch_end(log, o.user)) stop = true;
         double monitored = watch_val ? log->val_loss : log->loss;
         if (monitored < fs.best - o.min_delta) {
@@ -435,16 +433,13 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         }
         saved = false;
     }
-    if (!s && o.checkpoint_dir && !saved) {
-        fs.history = h;
-        s = save_checkpoint(m, &o, &fs, o.out, p.on);
-    }
+    if (!s && o.checkpoint_dir && !saved) s = save_checkpoint(m, &o, &fs, h.epochs, p.on);
     if (!s && o.log_csv) s = write_csv(o.log_csv, &h);
     if (!s && o.state_out) { /* a copy with its own completed-epoch history */
         *o.state_out = fs;
-        o.state_out->history.count = fs.epoch < h.count ? fs.epoch : h.count;
+        o.state_out->history.count = fs.epoch;
         o.state_out->history.epochs =
-            malloc((size_t)(h.count ? h.count : 1) * sizeof(mp_epoch_log));
+            malloc((size_t)(fs.epoch ? fs.epoch : 1) * sizeof(mp_epoch_log));
         if (!o.state_out->history.epochs)
             s = mp_set_error(MP_ERR_NOMEM, "fit: out of memory");
         else
