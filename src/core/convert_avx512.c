@@ -249,8 +249,7 @@ MP_TARGET_AVX512 static inline void fp8_encode_loop(uint8_t *dst, const float *s
 MP_TARGET_AVX512 static void v_f32_to_fp8(uint8_t *dst, const float *src, size_t n, mp_dtype t,
                                           mp_overflow ov)
 {
-    static const mp_fp8_format e4m3 = {3, 7, 0x7E, 0x7F, 0x7F, 0x7F};
-    static const mp_fp8_format e5m2 = {2, 15, 0x7B, 0x7C, 0x7C, 0x7E};
+    const mp_fp8_format e4m3 = mp_fp8_e4m3, e5m2 = mp_fp8_e5m2;
     if (t == MP_F8E4M3 && ov == MP_OVERFLOW_SATURATE)
         STREAMED(fp8_encode_loop, dst, src, n, 1, e4m3, MP_OVERFLOW_SATURATE);
     else if (t == MP_F8E4M3)

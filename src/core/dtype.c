@@ -114,16 +114,9 @@ uint16_t mp_f32_to_f16(float x)
     return (uint16_t)(sign | r);
 }
 
-static const mp_fp8_format fp8_formats[2] = {
-    /* E4M3: 0x7F is NaN, there is no infinity. */
-    {.mbits = 3, .bias = 7, .max_enc = 0x7E, .ovf_nonsat = 0x7F, .inf_enc = 0x7F, .nan_enc = 0x7F},
-    /* E5M2: IEEE-like. */
-    {.mbits = 2, .bias = 15, .max_enc = 0x7B, .ovf_nonsat = 0x7C, .inf_enc = 0x7C, .nan_enc = 0x7E},
-};
-
 const mp_fp8_format *mp_fp8_format_of(mp_dtype t)
 {
-    return t == MP_F8E4M3 ? &fp8_formats[0] : t == MP_F8E5M2 ? &fp8_formats[1] : NULL;
+    return t == MP_F8E4M3 ? &mp_fp8_e4m3 : t == MP_F8E5M2 ? &mp_fp8_e5m2 : NULL;
 }
 
 static inline uint8_t encode_fp8(float x, const mp_fp8_format *f, mp_overflow ov)
@@ -139,10 +132,10 @@ static inline uint8_t encode_fp8(float x, const mp_fp8_format *f, mp_overflow ov
     return (uint8_t)(sign | r);
 }
 
-uint8_t mp_f32_to_e4m3_ex(float x, mp_overflow ov) { return encode_fp8(x, &fp8_formats[0], ov); }
-uint8_t mp_f32_to_e5m2_ex(float x, mp_overflow ov) { return encode_fp8(x, &fp8_formats[1], ov); }
-uint8_t mp_f32_to_e4m3(float x) { return encode_fp8(x, &fp8_formats[0], MP_OVERFLOW_SATURATE); }
-uint8_t mp_f32_to_e5m2(float x) { return encode_fp8(x, &fp8_formats[1], MP_OVERFLOW_SATURATE); }
+uint8_t mp_f32_to_e4m3_ex(float x, mp_overflow ov) { return encode_fp8(x, &mp_fp8_e4m3, ov); }
+uint8_t mp_f32_to_e5m2_ex(float x, mp_overflow ov) { return encode_fp8(x, &mp_fp8_e5m2, ov); }
+uint8_t mp_f32_to_e4m3(float x) { return encode_fp8(x, &mp_fp8_e4m3, MP_OVERFLOW_SATURATE); }
+uint8_t mp_f32_to_e5m2(float x) { return encode_fp8(x, &mp_fp8_e5m2, MP_OVERFLOW_SATURATE); }
 
 /* ------------------------------------------------------------- decoding */
 

@@ -78,6 +78,13 @@ typedef struct {
     uint32_t inf_enc;    /* what +inf becomes in saturating mode */
     uint32_t nan_enc;    /* canonical NaN magnitude */
 } mp_fp8_format;
+/* The two OCP formats, as constants the SIMD paths can fold. */
+static const mp_fp8_format mp_fp8_e4m3 = {/* 0x7F is NaN, there is no infinity */
+                                          .mbits = 3,         .bias = 7,       .max_enc = 0x7E,
+                                          .ovf_nonsat = 0x7F, .inf_enc = 0x7F, .nan_enc = 0x7F};
+static const mp_fp8_format mp_fp8_e5m2 = {/* IEEE-like */
+                                          .mbits = 2,         .bias = 15,      .max_enc = 0x7B,
+                                          .ovf_nonsat = 0x7C, .inf_enc = 0x7C, .nan_enc = 0x7E};
 const mp_fp8_format *mp_fp8_format_of(mp_dtype t);
 
 /* Tracked huge-page-friendly allocation used by the arena. */

@@ -101,9 +101,8 @@ size_t mp_layer_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t ba
 
 /* ------------------------------------------------------------ helpers */
 
-static mp_status nomem(mp_model *m, const mp_layer *l, const char *what)
+static mp_status nomem(const mp_layer *l, const char *what)
 {
-    (void)m;
     return mp_set_error(MP_ERR_NOMEM, "layer '%s': cannot allocate %s (%s)", l->name, what,
                         mp_last_error());
 }
@@ -130,7 +129,7 @@ static mp_status input_as_compute(mp_model *m, mp_layer *l, int j, mp_arena *a, 
         out->owns_data = false;
         return MP_OK;
     }
-    if (alloc_like(m, src, a, c, out)) return nomem(m, l, "an input copy");
+    if (alloc_like(m, src, a, c, out)) return nomem(l, "an input copy");
     mp_convert(out->data, c, src->out.data, src->out.dtype, (size_t)mp_tensor_numel(out));
     return MP_OK;
 }
@@ -148,11 +147,11 @@ static mp_status dense_forward(mp_model *m, mp_layer *l)
     mp_model_param *w = param(m, l, 0), *b = param(m, l, 1);
     if (input_as_compute(m, l, 0, m->act, from_input_layer(m, l, 0), &l->in_saved))
         return MP_ERR_NOMEM;
-    if (alloc_like(m, l, m->act, c, &l->out)) return nomem(m, l, "its output");
+    if (alloc_like(m, l, m->act, c, &l->out)) return nomem(l, "its output");
     const float *bias = b->master;
     if (!bias) { /* pure low-precision policy: widen the bias for the epilogue */
         float *tmp = mp_arena_alloc(m->ws, (size_t)l->units * sizeof(float));
-        if (!tmp) return nomem(m, l, "a bias copy");
+        if (!tmp) return nomem(l, "a bias copy");
         mp_convert(tmp, MP_F32, b->weight, b->weight_dtype, (size_t)l->units);
         bias = tmp;
     }
@@ -160,7 +159,7 @@ static mp_status dense_forward(mp_model *m, mp_layer *l)
     bool fuse = l->act == MP_ACT_NONE || l->act == MP_ACT_RELU;
     mp_tensor *z = &l->out;
     if (mp_op_activation_grad_needs_input(l->act)) {
-        if (alloc_like(m, l, m->act, c, &l->pre)) return nomem(m, l, "its pre-activation");
+        if (alloc_like(m, l, m->act, c, &l->pre)) return nomem(l, "its pre-activation");
         z = &l->pre;
     }
     mp_gemm_args g = mp_gemm_args_default();
@@ -193,7 +192,7 @@ static mp_status activation_forward(mp_model *m, mp_layer *l)
     if (input_as_compute(m, l, 0, keep ? m->act : m->ws, keep && from_input_layer(m, l, 0), &x))
         return MP_ERR_NOMEM;
     if (keep) l->in_saved = x;
-    if (alloc_like(m, l, m->act, c, &l->out)) return nomem(m, l, "its output");
+    if (alloc_like(m, l, m->act, c, &l->out)) return nomem(l, "its output");
     int64_t cols = layer_cols(l), n = mp_tensor_numel(&l->out);
     if (l->act == MP_ACT_SOFTMAX)
         mp_op_softmax(x.data, c, l->out.data, c, n / cols, cols);
@@ -206,7 +205,7 @@ static mp_status dropout_forward(mp_model *m, mp_layer *l, bool training)
 {
     mp_dtype c = l->policy.compute;
     const mp_tensor *x = &m->layers[l->inputs[0]].out;
-    if (alloc_like(m, l, m->act, c, &l->out)) return nomem(m, l, "its output");
+    if (alloc_like(m, l, m->act, c, &l->out)) return nomem(l, "its output");
     size_t n = (size_t)mp_tensor_numel(&l->out);
     l->mask = NULL;
     if (!training || l->rate == 0.0f) {
@@ -214,7 +213,7 @@ static mp_status dropout_forward(mp_model *m, mp_layer *l, bool training)
         return MP_OK;
     }
     l->mask = mp_arena_alloc(m->act, n);
-    if (!l->mask) return nomem(m, l, "its mask");
+    if (!l->mask) return nomem(l, "its mask");
     /* keep with probability 1 - rate: 24 random bits per element from a
      * counter-based hash of (layer seed, step, index) */
     uint64_t key = mp_mix64(l->seed ^ mp_mix64(m->step + 1));
@@ -250,7 +249,7 @@ static mp_status add_forward(mp_model *m, mp_layer *l)
     mp_tensor a, b;
     if (input_as_compute(m, l, 0, m->ws, false, &a) || input_as_compute(m, l, 1, m->ws, false, &b))
         return MP_ERR_NOMEM;
-    if (alloc_like(m, l, m->act, c, &l->out)) return nomem(m, l, "its output");
+    if (alloc_like(m, l, m->act, c, &l->out)) return nomem(l, "its output");
     mp_op_add(a.data, c, b.data, c, l->out.data, c, (size_t)mp_tensor_numel(&l->out));
     return MP_OK;
 }
@@ -260,11 +259,11 @@ static mp_status layer_norm_forward(mp_model *m, mp_layer *l)
     mp_dtype c = l->policy.compute;
     if (input_as_compute(m, l, 0, m->act, from_input_layer(m, l, 0), &l->in_saved))
         return MP_ERR_NOMEM;
-    if (alloc_like(m, l, m->act, c, &l->out)) return nomem(m, l, "its output");
+    if (alloc_like(m, l, m->act, c, &l->out)) return nomem(l, "its output");
     int64_t cols = layer_cols(l), rows = mp_tensor_numel(&l->out) / cols;
     l->mean = mp_arena_alloc(m->act, (size_t)rows * sizeof(float));
     l->rstd = mp_arena_alloc(m->act, (size_t)rows * sizeof(float));
-    if (!l->mean || !l->rstd) return nomem(m, l, "its statistics");
+    if (!l->mean || !l->rstd) return nomem(l, "its statistics");
     mp_op_layer_norm(l->in_saved.data, c, param(m, l, 0)->master, param(m, l, 1)->master, l->eps,
                      l->out.data, c, l->mean, l->rstd, rows, cols);
     return MP_OK;
@@ -304,7 +303,7 @@ static mp_status input_grad(mp_model *m, mp_layer *l, int j, mp_tensor *dx, bool
     mp_layer *src = &m->layers[l->inputs[j]];
     *direct = !src->has_grad && src->out_dtype == l->policy.compute;
     mp_tensor *t = *direct ? &src->grad : dx;
-    if (alloc_like(m, src, m->ws, l->policy.compute, t)) return nomem(m, l, "an input gradient");
+    if (alloc_like(m, src, m->ws, l->policy.compute, t)) return nomem(l, "an input gradient");
     if (*direct) {
         src->has_grad = true;
         *dx = *t;
@@ -326,7 +325,7 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
     const mp_tensor *g = &l->grad;
     mp_tensor dz = *g;
     if (l->act != MP_ACT_NONE) {
-        if (alloc_like(m, l, m->ws, c, &dz)) return nomem(m, l, "its pre-activation gradient");
+        if (alloc_like(m, l, m->ws, c, &dz)) return nomem(l, "its pre-activation gradient");
         const mp_tensor *saved = mp_op_activation_grad_needs_input(l->act) ? &l->pre : &l->out;
         mp_op_activation_grad(l->act, saved->data, c, g->data, g->dtype, dz.data, c,
                               (size_t)mp_tensor_numel(&dz));
@@ -384,8 +383,7 @@ static mp_status layer_norm_backward(mp_model *m, mp_layer *l, bool accumulate)
     mp_tensor dx;
     bool direct = false;
     if (from_input_layer(m, l, 0)) { /* dgamma/dbeta still need the pass; dx is dropped */
-        if (alloc_like(m, &m->layers[l->inputs[0]], m->ws, c, &dx))
-            return nomem(m, l, "a gradient");
+        if (alloc_like(m, &m->layers[l->inputs[0]], m->ws, c, &dx)) return nomem(l, "a gradient");
     } else if (input_grad(m, l, 0, &dx, &direct)) {
         return MP_ERR_NOMEM;
     }

@@ -316,10 +316,10 @@ static mp_status init_params(mp_model *m, mp_layer *l)
         else
             for (int64_t i = 0; i < p->n; i++) init[i] = !strcmp(suffix, "gamma") ? 1.0f : 0.0f;
         p->grad = zalloc((size_t)p->n * sizeof(float), MP_MEM_GRADS);
-        if (f32_only || vt == MP_F32) {
+        const bool want_master = f32_only || vt == MP_F32;
+        if (want_master) {
             p->master = mp_alloc((size_t)p->n * sizeof(float), MP_MEM_MASTER);
             if (p->master) memcpy(p->master, init, (size_t)p->n * sizeof(float));
-            s->master_dtype = MP_F32;
             if (f32_only || !mixed) {
                 p->weight = p->master;
                 p->weight_dtype = MP_F32;
@@ -332,12 +332,11 @@ static mp_status init_params(mp_model *m, mp_layer *l)
             /* pure low-precision policy: the weights themselves are low precision */
             p->master = NULL;
             p->weight_dtype = vt;
-            s->master_dtype = vt;
             p->weight = mp_alloc((size_t)p->n * mp_dtype_size(vt), MP_MEM_WEIGHTS);
             if (p->weight) mp_convert(p->weight, vt, init, MP_F32, (size_t)p->n);
         }
         mp_free(init);
-        if (!p->grad || !p->weight || (s->master_dtype == MP_F32 && !p->master))
+        if (!p->grad || !p->weight || (want_master && !p->master))
             return fail(m, MP_ERR_NOMEM, "model: cannot allocate parameter %s", p->name);
     }
     return MP_OK;

@@ -34,7 +34,6 @@ typedef struct {
 typedef struct {
     mp_model_param p;
     char name[80];
-    mp_dtype master_dtype; /* F32, or the compute dtype under a pure policy */
 } param_slot;
 
 struct mp_model {
