@@ -32,7 +32,7 @@ endif
 CFLAGS_ALL := -std=c11 -D_DEFAULT_SOURCE $(OPT) $(WARN) -fopenmp -fPIC -Iinclude -Isrc $(CFLAGS)
 LDLIBS_ALL := -fopenmp -ljansson -lz -lm $(LDSAN) $(LDFLAGS)
 
-LIB_SRC  := $(wildcard src/core/*.c src/kernels/*.c src/nn/*.c src/optim/*.c src/io/*.c src/train/*.c)
+LIB_SRC  := $(wildcard src/core/*.c src/kernels/*.c src/nn/*.c src/nn/layers/*.c src/optim/*.c src/io/*.c src/train/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_SRC  := $(wildcard src/cli/*.c)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)

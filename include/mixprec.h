@@ -42,8 +42,11 @@ typedef enum {
     MP_BF16 = 2,
     MP_F8E4M3 = 3, /* OCP FP8 E4M3 ("fn"): bias 7, no inf, NaN = S.1111.111 */
     MP_F8E5M2 = 4, /* OCP FP8 E5M2: IEEE-like, bias 15 */
+    /* Integer data (token ids, class indices as inputs): not a conversion
+     * format; only layers that read integers take it. */
+    MP_I32 = 32,
 } mp_dtype;
-#define MP_DTYPE_COUNT 5
+#define MP_DTYPE_COUNT 5 /* the floating formats, 0 .. 4 */
 
 const char *mp_dtype_name(mp_dtype t); /* "float32", "float16", ... */
 size_t mp_dtype_size(mp_dtype t);      /* bytes per element */

@@ -44,20 +44,29 @@ const mp_named_tensor *mp_safetensors_find(const mp_safetensors *f, const char *
 /* A __metadata__ value, or NULL. */
 const char *mp_safetensors_metadata(const mp_safetensors *f, const char *key);
 
-/* The model's configuration as JSON: format, version, seed, global policy,
- * output and the layers (class_name, name, policy, inputs by name, seed and
- * each kind's settings). malloc'd; free() it. NULL with mp_last_error. */
+/* The model's configuration as JSON (version 2; the README's "Model files"
+ * gives the schema): format, version, seed, the model's policy, output and
+ * the layers (class_name, name, inputs by name, seed, the policy when it is
+ * the layer's own, initializer overrides and each kind's settings).
+ * malloc'd; free() it. NULL with mp_last_error. */
 char *mp_model_config_json(const mp_model *m);
 /* Create and build (for batches up to max_batch) the model a configuration
  * describes. Everything is checked first; a model with more than max_params
  * parameter elements is refused before anything is allocated. */
 mp_status mp_model_from_config(const char *json, int64_t max_batch, int64_t max_params,
                                mp_model **out);
-/* The same under another global policy: the layers that followed the saved
- * global policy get `policy`, explicit per-layer overrides (such as a
- * float32 softmax) stay, as if the model had been built under it. */
+/* The same under another policy: the layers that followed the model's
+ * policy get `policy`, explicit per-layer overrides (such as a float32
+ * softmax) stay, as if the model had been built under it. */
 mp_status mp_model_from_config_ex(const char *json, const char *policy, int64_t max_batch,
                                   int64_t max_params, mp_model **out);
+/* A model from a JSON file a person wrote (the same schema; "seed",
+ * "policy", "output" and layer seeds may be left out: `seed` stands in for
+ * the model seed, the global policy for the model's, the last layer is the
+ * output). `policy`, when not NULL, replaces the model's policy as in
+ * mp_model_from_config_ex. Errors name the file, the layer and the field. */
+mp_status mp_model_from_config_file(const char *path, const char *policy, uint64_t seed,
+                                    int64_t max_batch, mp_model **out);
 
 /* Model weights as `<layer>.kernel` ([in, out]), `<layer>.bias`,
  * `<layer>.gamma`, `<layer>.beta`: float32 masters (or the weights

@@ -33,20 +33,46 @@ bool mp_policy_is_mixed(const mp_policy *p);
 const char *mp_activation_name(mp_activation a);
 mp_status mp_activation_from_name(const char *name, mp_activation *out);
 
+/* What a parameter is for. The role names the tensor ("<layer>.<role>" for
+ * the first of its role in a layer) and picks its default initializer:
+ * kernels glorot_uniform, embeddings uniform, gamma and moving_variance ones,
+ * the others zeros. Moving statistics are non-trainable state. */
 typedef enum {
-    MP_LAYER_INPUT,
-    MP_LAYER_DENSE,
-    MP_LAYER_ACTIVATION,
-    MP_LAYER_DROPOUT,
-    MP_LAYER_FLATTEN,
-    MP_LAYER_ADD,
-    MP_LAYER_LAYER_NORM,
-} mp_layer_kind;
+    MP_ROLE_KERNEL = 0,
+    MP_ROLE_BIAS = 1,
+    MP_ROLE_GAMMA = 2,
+    MP_ROLE_BETA = 3,
+    MP_ROLE_EMBEDDINGS = 4,
+    MP_ROLE_MOVING_MEAN = 5,
+    MP_ROLE_MOVING_VARIANCE = 6,
+} mp_param_role;
+#define MP_ROLE_COUNT 7
+const char *mp_param_role_name(mp_param_role r);
+
+/* Initializers, with Keras's names and fan computation: for a shape
+ * [..., fan_in_axis, fan_out_axis] the receptive field is the product of the
+ * leading dimensions, fan_in = shape[-2] * receptive, fan_out = shape[-1] *
+ * receptive (a conv kernel [kh, kw, in, out] gets kh*kw*in and kh*kw*out);
+ * a 1-D shape has fan_in = fan_out = its length. */
+typedef enum {
+    MP_INIT_DEFAULT = 0, /* the role's default */
+    MP_INIT_ZEROS = 1,
+    MP_INIT_ONES = 2,
+    MP_INIT_GLOROT_UNIFORM = 3, /* U(-l, l), l = sqrt(6 / (fan_in + fan_out)) */
+    MP_INIT_HE_UNIFORM = 4,     /* l = sqrt(6 / fan_in) */
+    MP_INIT_LECUN_UNIFORM = 5,  /* l = sqrt(3 / fan_in) */
+    MP_INIT_UNIFORM = 6,        /* U(-0.05, 0.05), Keras's "uniform" */
+} mp_initializer;
+#define MP_INIT_COUNT 7
+const char *mp_initializer_name(mp_initializer i);
+mp_status mp_initializer_from_name(const char *name, mp_initializer *out);
 
 typedef struct {
     const char *name;   /* NULL: Keras-style default (dense, dense_1, ...) */
     const char *policy; /* NULL: the global policy when the layer is added */
     uint64_t seed;      /* initialisers / dropout; 0: derived from the model seed */
+    /* per role: MP_INIT_DEFAULT keeps the role's default */
+    mp_initializer initializers[MP_ROLE_COUNT];
 } mp_layer_options;
 
 typedef struct mp_model mp_model;
@@ -55,24 +81,46 @@ typedef struct mp_model mp_model;
 typedef int32_t mp_node;
 
 mp_model *mp_model_new(uint64_t seed);
+/* A model whose layers without an explicit policy take `policy` instead of
+ * the global policy (NULL with mp_last_error for an unknown name). */
+mp_model *mp_model_new_with_policy(uint64_t seed, const char *policy);
 void mp_model_free(mp_model *m);
 
-/* Shapes exclude the batch dimension. */
+/* Layers, with Keras's class names, in the order of nn/layers/. Shapes
+ * exclude the batch dimension. A layer computes in its policy's compute
+ * dtype and casts floating inputs to it. */
+
+/* InputLayer: float32 data (mp_input) or another dtype: MP_I32 for token ids
+ * and class indices, which only layers that read integers accept. */
 mp_node mp_input(mp_model *m, int ndim, const int64_t *shape, const mp_layer_options *o);
+mp_node mp_input_ex(mp_model *m, int ndim, const int64_t *shape, mp_dtype dtype,
+                    const mp_layer_options *o);
+/* Dense: y = act(x W + b) over the last axis; W [in, units]. Softmax needs
+ * its own Activation layer. */
 mp_node mp_dense(mp_model *m, mp_node x, int64_t units, mp_activation act,
                  const mp_layer_options *o);
 mp_node mp_activation_layer(mp_model *m, mp_node x, mp_activation act, const mp_layer_options *o);
+/* Dropout: in training, zero with probability rate and scale the rest by
+ * 1 / (1 - rate); the mask is keyed by (layer seed, forward count). */
 mp_node mp_dropout(mp_model *m, mp_node x, float rate, const mp_layer_options *o);
+/* Flatten and Reshape move no data (a view) unless the input is user data or
+ * in another dtype. Reshape: one dimension may be -1 (inferred). */
 mp_node mp_flatten(mp_model *m, mp_node x, const mp_layer_options *o);
+mp_node mp_reshape(mp_model *m, mp_node x, int ndim, const int64_t *shape,
+                   const mp_layer_options *o);
+/* Add: the elementwise sum of two or more inputs of one shape. */
 mp_node mp_add(mp_model *m, mp_node a, mp_node b, const mp_layer_options *o);
+mp_node mp_add_n(mp_model *m, int n, const mp_node *inputs, const mp_layer_options *o);
+/* LayerNormalization over the last axis; statistics and gamma/beta float32. */
 mp_node mp_layer_norm(mp_model *m, mp_node x, float epsilon, const mp_layer_options *o);
 
-/* Fix the model's output, allocate and initialise parameters (Glorot uniform
- * kernels, zero biases, unit LayerNorm scales) and size the per-step arenas
- * for batches of up to max_batch. */
+/* Fix the model's output, allocate and initialise parameters and state (each
+ * by its role's initializer unless the layer overrides it) and size the
+ * per-step arenas for batches of up to max_batch. */
 mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch);
 
-/* Forward pass. x: [batch, input shape...] in any float dtype; it must stay
+/* Forward pass. x: [batch, input shape...] in any float dtype (in MP_I32 for
+ * an integer Input); it must stay
  * valid until backward. *out points into the model's arena (valid until the
  * next forward). training enables dropout. */
 mp_status mp_model_forward(mp_model *m, const mp_tensor *x, bool training, const mp_tensor **out);
@@ -118,14 +166,20 @@ mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float sc
 
 typedef struct {
     const char *name;
-    mp_layer_kind kind;
+    const char *type; /* Keras class name: "Dense", "InputLayer", ... */
     mp_policy policy;
+    bool policy_explicit; /* given to this layer (kept when a saved model is
+                           * rebuilt under another policy) */
+    int ninputs;
+    const mp_node *inputs;
     mp_dtype output_dtype;
     int ndim; /* of the output, batch excluded */
     int64_t shape[MP_MAX_DIMS];
-    int64_t params;     /* number of parameter elements */
-    size_t param_bytes; /* masters + compute copies */
-    size_t saved_bytes; /* activation arena bytes per forward at batch */
+    int64_t params;         /* trainable parameter elements */
+    int64_t state;          /* non-trainable state elements (moving statistics) */
+    size_t param_bytes;     /* masters + compute copies + state */
+    size_t saved_bytes;     /* activation arena bytes per forward at batch */
+    size_t workspace_bytes; /* upper bound of its backward's workspace at batch */
 } mp_layer_info;
 
 int mp_model_num_layers(const mp_model *m);
@@ -134,16 +188,20 @@ mp_status mp_model_layer_info(const mp_model *m, int layer, int64_t batch, mp_la
 /* Keras-like summary with the precision plan and per-category memory totals. */
 mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out);
 
-/* Parameters, in creation order. */
+/* Parameters and non-trainable state, in creation order. State (trainable
+ * false) has no gradient and no optimizer slot, is float32 under every
+ * policy, and is saved and restored with the parameters. */
 typedef struct {
-    const char *name; /* "<layer>.kernel", "<layer>.bias", "<layer>.gamma", "<layer>.beta" */
+    const char *name; /* "<layer>.kernel", "<layer>.bias", "<layer>.moving_mean", ... */
+    mp_param_role role;
+    bool trainable;
     int ndim;
-    int64_t shape[2];
+    int64_t shape[MP_MAX_DIMS];
     int64_t n;
     float *master; /* float32 master (NULL under a pure low-precision policy) */
     void *weight;  /* what the forward pass reads, in weight_dtype (== master for float32) */
     mp_dtype weight_dtype;
-    float *grad; /* float32 gradient */
+    float *grad; /* float32 gradient (NULL for state) */
 } mp_model_param;
 
 int mp_model_num_params(const mp_model *m);
@@ -168,24 +226,9 @@ bool mp_model_is_built(const mp_model *m);
 int64_t mp_model_max_batch(const mp_model *m);
 /* The compute dtype of the model's first weight layer. */
 mp_dtype mp_model_compute_dtype(const mp_model *m);
-/* A layer's configuration: what it was created with, enough to create it
- * again (io/model_config.c writes models as JSON from this). */
-typedef struct {
-    mp_layer_kind kind;
-    const char *name;
-    const char *type;   /* Keras class name: "Dense", "InputLayer", ... */
-    const char *policy; /* its policy's name */
-    int ninputs;
-    mp_node inputs[2];
-    int ndim; /* Input: its shape (batch excluded) */
-    int64_t shape[MP_MAX_DIMS];
-    int64_t units;     /* Dense */
-    mp_activation act; /* Dense, Activation */
-    float rate;        /* Dropout */
-    float epsilon;     /* LayerNormalization */
-    uint64_t seed;     /* initialisers / dropout */
-} mp_layer_config;
-mp_status mp_model_layer_config(const mp_model *m, int layer, mp_layer_config *out);
+/* The policy the model was built under: that of its layers without an
+ * explicit policy (the global policy when its first layer was added). */
+mp_policy mp_model_policy(const mp_model *m);
 /* The seed given to mp_model_new; the output node after build (else -1). */
 uint64_t mp_model_seed(const mp_model *m);
 mp_node mp_model_output(const mp_model *m);

@@ -381,17 +381,6 @@ static mp_status resume_path(const char *resume, char *path, size_t len, bool *i
     return MP_OK;
 }
 
-/* The policy of the model's first weight layer, for the report. */
-static const char *model_policy(const mp_model *m)
-{
-    for (int i = 0; i < mp_model_num_layers(m); i++) {
-        mp_layer_config c;
-        mp_model_layer_config(m, i, &c);
-        if (c.kind == MP_LAYER_DENSE) return c.policy;
-    }
-    return "float32";
-}
-
 /* SIGINT/SIGTERM during training: finish the step, checkpoint, stop. A
  * second signal gets the default action (the handler resets itself). */
 static volatile sig_atomic_t interrupted;
@@ -495,7 +484,7 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     mp_loss_scaler *ls = mp_model_loss_scaler(m);
     res->scaled = ls != NULL;
     res->scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
-    snprintf(res->policy, sizeof res->policy, "%s", model_policy(m));
+    snprintf(res->policy, sizeof res->policy, "%s", mp_model_policy(m).name);
     mp_history_free(&h);
     res->test_loss = res->test_acc = NAN;
     if (test && mp_model_evaluate(m, test, fo.batch_size, &res->test_loss, &res->test_acc))

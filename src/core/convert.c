@@ -2,6 +2,7 @@
  * to the conversion kernels of the active ISA. Pairs that involve no float32
  * go through a small float32 buffer: decoding is exact, so the result is
  * still a single rounding. */
+#include <assert.h>
 #include <string.h>
 
 #include "internal.h"
@@ -34,6 +35,9 @@ static void encode(const mp_convert_kernels *k, void *dst, mp_dtype t, const flo
     case MP_F8E5M2:
         k->f32_to_fp8(dst, src, n, t, ov);
         break;
+    case MP_I32: /* integer data is never a rounding target */
+        assert(!"mp_convert: int32 is not a conversion target");
+        break;
     }
 }
 
@@ -52,6 +56,9 @@ static void decode(const mp_convert_kernels *k, float *dst, const void *src, mp_
     case MP_F8E4M3:
     case MP_F8E5M2:
         k->fp8_to_f32(dst, src, n, t);
+        break;
+    case MP_I32: /* exact below 2^24 in magnitude, else rounded to nearest even */
+        for (size_t i = 0; i < n; i++) dst[i] = (float)((const int32_t *)src)[i];
         break;
     }
 }

@@ -19,10 +19,15 @@ static const struct {
 
 const char *mp_dtype_name(mp_dtype t)
 {
+    if (t == MP_I32) return "int32";
     return (unsigned)t < MP_DTYPE_COUNT ? dtype_names[t].name : "unknown";
 }
 
-size_t mp_dtype_size(mp_dtype t) { return (unsigned)t < MP_DTYPE_COUNT ? dtype_names[t].size : 0; }
+size_t mp_dtype_size(mp_dtype t)
+{
+    if (t == MP_I32) return 4;
+    return (unsigned)t < MP_DTYPE_COUNT ? dtype_names[t].size : 0;
+}
 
 mp_status mp_dtype_from_name(const char *name, mp_dtype *out)
 {
@@ -37,10 +42,14 @@ mp_status mp_dtype_from_name(const char *name, mp_dtype *out)
             *out = MP_F8E4M3;
             return MP_OK;
         }
+        if (strcmp(name, "int32") == 0) {
+            *out = MP_I32;
+            return MP_OK;
+        }
     }
     return mp_set_error(MP_ERR_INVALID,
-                        "unknown dtype '%s' (expected float32, float16, bfloat16, float8_e4m3 "
-                        "or float8_e5m2)",
+                        "unknown dtype '%s' (expected float32, float16, bfloat16, float8_e4m3, "
+                        "float8_e5m2 or int32)",
                         name ? name : "(null)");
 }
 
@@ -62,6 +71,8 @@ void mp_dtype_get_info(mp_dtype t, mp_dtype_info *info)
         break;
     case MP_F8E5M2:
         *info = (mp_dtype_info){8, 2, 5, 15, true, 0x1p-2f, 57344.0f, 0x1p-14f, 0x1p-16f, 0};
+        break;
+    case MP_I32: /* not a floating format: all zero */
         break;
     }
     info->unit_roundoff = info->epsilon * 0.5f;

@@ -7,7 +7,7 @@
 
 static mp_status check_shape(mp_dtype dtype, int ndim, const int64_t *shape, size_t *bytes)
 {
-    if ((unsigned)dtype >= MP_DTYPE_COUNT)
+    if ((unsigned)dtype >= MP_DTYPE_COUNT && dtype != MP_I32)
         return mp_set_error(MP_ERR_INVALID, "tensor: unknown dtype %d", (int)dtype);
     if (ndim < 0 || ndim > MP_MAX_DIMS)
         return mp_set_error(MP_ERR_INVALID, "tensor: %d dimensions (0..%d allowed)", ndim,

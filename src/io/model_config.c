@@ -1,20 +1,24 @@
-/* model_config.c - a model's configuration as JSON (Keras-like: a list of
- * layers with their class, name, policy, inputs and settings) and models
- * rebuilt from it. Checkpoints carry it in their __metadata__ so a file
- * alone can rebuild its model. Reading trusts nothing: every field is
+/* model_config.c - a model's configuration as JSON (Keras-like: the model's
+ * policy, seed and output, and a list of layers with their class, name,
+ * inputs, seed, explicit policy and settings) and models rebuilt from it.
+ * Checkpoints carry it in their __metadata__ so a file alone can rebuild its
+ * model; `mixprec train --model FILE` builds from a hand-written one. Each
+ * layer's settings are its kind's (ops->to_json / from_json): this file
+ * handles what every layer has. Reading trusts nothing: every field is
  * type- and range-checked, and the sizes are bounded before anything is
- * allocated. */
+ * allocated. Version 1 files (no model policy, every layer's policy
+ * written) still load. */
 #include <errno.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "io/io_internal.h"
+#include "nn/layer.h"
 
 #define CONFIG_FORMAT "mixprec.model"
-#define CONFIG_VERSION 1
+#define CONFIG_VERSION 2
 
 json_t *mp_json_hex(uint64_t x)
 {
@@ -38,66 +42,49 @@ bool mp_json_hex_value(const json_t *j, uint64_t *out)
     return true;
 }
 
+/* ---------------------------------------------------------------- writing */
+
+static json_t *layer_json(const mp_model *m, const mp_layer *l)
+{
+    json_t *o = json_pack("{s:s, s:s}", "class_name", l->ops->class_name, "name", l->name);
+    json_t *in = json_array();
+    for (int k = 0; k < l->ninputs; k++)
+        json_array_append_new(in, json_string(m->layers[l->inputs[k]].name));
+    json_object_set_new(o, "inputs", in);
+    if (l->policy_explicit) json_object_set_new(o, "policy", json_string(l->policy.name));
+    json_object_set_new(o, "seed", mp_json_hex(l->seed));
+    for (int r = 0; r < MP_ROLE_COUNT; r++)
+        if (l->init[r]) {
+            char key[48];
+            snprintf(key, sizeof key, "%s_initializer", mp_param_role_name((mp_param_role)r));
+            json_object_set_new(o, key, json_string(mp_initializer_name(l->init[r])));
+        }
+    if (l->ops->to_json) l->ops->to_json(l, o);
+    return o;
+}
+
 char *mp_model_config_json(const mp_model *m)
 {
     json_t *layers = json_array();
-    mp_policy g = mp_global_policy();
+    for (int i = 0; i < m->nlayers; i++)
+        json_array_append_new(layers, layer_json(m, &m->layers[i]));
     mp_node outn = mp_model_output(m);
-    int n = mp_model_num_layers(m);
-    mp_layer_config c;
-    for (int i = 0; i < n; i++) {
-        mp_model_layer_config(m, i, &c);
-        json_t *l = json_pack("{s:s, s:s, s:s, s:o}", "class_name", c.type, "name", c.name,
-                              "policy", c.policy, "seed", mp_json_hex(c.seed));
-        json_t *in = json_array();
-        for (int k = 0; k < c.ninputs; k++) {
-            mp_layer_config src;
-            mp_model_layer_config(m, c.inputs[k], &src);
-            json_array_append_new(in, json_string(src.name));
-        }
-        json_object_set_new(l, "inputs", in);
-        switch (c.kind) {
-        case MP_LAYER_INPUT: {
-            json_t *sh = json_array();
-            for (int d = 0; d < c.ndim; d++) json_array_append_new(sh, json_integer(c.shape[d]));
-            json_object_set_new(l, "shape", sh);
-            break;
-        }
-        case MP_LAYER_DENSE:
-            json_object_set_new(l, "units", json_integer(c.units));
-            /* fallthrough */
-        case MP_LAYER_ACTIVATION:
-            json_object_set_new(l, "activation", json_string(mp_activation_name(c.act)));
-            break;
-        case MP_LAYER_DROPOUT:
-            json_object_set_new(l, "rate", json_real(c.rate));
-            break;
-        case MP_LAYER_LAYER_NORM:
-            json_object_set_new(l, "epsilon", json_real(c.epsilon));
-            break;
-        default:
-            break;
-        }
-        json_array_append_new(layers, l);
-    }
-    const char *out_name = "";
-    if (outn >= 0) {
-        mp_model_layer_config(m, outn, &c);
-        out_name = c.name;
-    }
-    json_t *root = json_pack("{s:s, s:i, s:o, s:s, s:s, s:o}", "format", CONFIG_FORMAT, "version",
-                             CONFIG_VERSION, "seed", mp_json_hex(mp_model_seed(m)), "global_policy",
-                             g.name, "output", out_name, "layers", layers);
+    json_t *root =
+        json_pack("{s:s, s:i, s:o, s:s, s:s, s:o}", "format", CONFIG_FORMAT, "version",
+                  CONFIG_VERSION, "seed", mp_json_hex(m->seed), "policy", mp_model_policy(m).name,
+                  "output", outn >= 0 ? m->layers[outn].name : "", "layers", layers);
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     if (!s) mp_set_error(MP_ERR_NOMEM, "model config: cannot encode the JSON");
     return s;
 }
 
+/* ---------------------------------------------------------------- reading */
+
 /* Bounds a configuration must respect before anything is allocated. */
 #define MAX_LAYERS 4096
-#define MAX_WIDTH ((int64_t)1 << 26)       /* elements per sample of any layer's output */
-#define MAX_ACTIVATIONS ((int64_t)1 << 27) /* summed over the layers */
+#define MAX_ACTIVATIONS ((int64_t)1 << 27) /* elements per sample, summed over the layers */
+#define MAX_INPUTS 64
 
 #define BAD(...)                                                                                   \
     do {                                                                                           \
@@ -105,37 +92,119 @@ char *mp_model_config_json(const mp_model *m)
         goto fail;                                                                                 \
     } while (0)
 
-static const char *const type_names[] = {"InputLayer", "Dense", "Activation",        "Dropout",
-                                         "Flatten",    "Add",   "LayerNormalization"};
+static const char *const common_fields[] = {"class_name", "name", "inputs", "policy", "seed", NULL};
 
-static bool get_int(const json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out)
+static bool listed(const char *const *list, const char *key)
 {
-    const json_t *v = json_object_get(o, key);
-    if (!json_is_integer(v)) return false;
-    json_int_t x = json_integer_value(v);
-    if (x < lo || x > hi) return false;
-    *out = x;
-    return true;
+    for (; list && *list; list++)
+        if (!strcmp(*list, key)) return true;
+    return false;
 }
 
-static bool get_float(const json_t *o, const char *key, double lo, double hi, float *out)
+/* Is key "<role>_initializer"? Then its role. */
+static bool initializer_key(const char *key, int *role)
 {
-    const json_t *v = json_object_get(o, key);
-    if (!json_is_number(v)) return false;
-    double x = json_number_value(v);
-    if (!(x >= lo && x <= hi)) return false;
-    *out = (float)x;
-    return true;
+    for (int r = 0; r < MP_ROLE_COUNT; r++) {
+        const char *name = mp_param_role_name((mp_param_role)r);
+        size_t n = strlen(name);
+        if (!strncmp(key, name, n) && !strcmp(key + n, "_initializer")) {
+            *role = r;
+            return true;
+        }
+    }
+    return false;
 }
 
-mp_status mp_model_from_config(const char *text, int64_t max_batch, int64_t max_params,
-                               mp_model **out)
+/* A version-1 file wrote every layer's policy and no model policy: take the
+ * most common policy of the computing layers as the model's, the others as
+ * explicit overrides. */
+static const char *v1_model_policy(const json_t *layers)
 {
-    return mp_model_from_config_ex(text, NULL, max_batch, max_params, out);
+    const char *best = NULL;
+    size_t best_n = 0, i, k;
+    const json_t *a, *b;
+    json_array_foreach(layers, i, a)
+    {
+        const char *p = json_string_value(json_object_get(a, "policy"));
+        if (!p || json_array_size(json_object_get(a, "inputs")) == 0) continue;
+        size_t n = 0;
+        json_array_foreach(layers, k, b)
+        {
+            const char *q = json_string_value(json_object_get(b, "policy"));
+            n += q && !strcmp(p, q) && json_array_size(json_object_get(b, "inputs")) > 0;
+        }
+        if (n > best_n) {
+            best = p;
+            best_n = n;
+        }
+    }
+    return best;
 }
 
-mp_status mp_model_from_config_ex(const char *text, const char *policy_override, int64_t max_batch,
-                                  int64_t max_params, mp_model **out)
+/* Create layer i of the file in m. */
+static mp_status add_layer(mp_model *m, const json_t *lj, size_t i, int version,
+                           const char *model_policy)
+{
+    mp_status s = MP_OK;
+    void *config = NULL;
+    const char *type = json_string_value(json_object_get(lj, "class_name"));
+    const char *name = json_string_value(json_object_get(lj, "name"));
+    const json_t *inputs = json_object_get(lj, "inputs");
+    const json_t *pj = json_object_get(lj, "policy");
+    if (!json_is_object(lj) || !type || !name || !json_is_array(inputs))
+        BAD("model config: layer %zu needs class_name, name and inputs", i);
+    const mp_layer_ops *ops = mp_layer_ops_find(type);
+    if (!ops) BAD("model config: layer '%s' has unknown class_name '%s'", name, type);
+    mp_layer_options o = {.name = name};
+    const char *policy = json_string_value(pj);
+    if ((pj && !policy) || (version == 1 && !policy))
+        BAD("model config: layer '%s': 'policy' must be a policy name", name);
+    /* in version 1 a layer in the model's policy followed it; with --policy
+     * it follows the new one */
+    if (policy && !(version == 1 && !strcmp(policy, model_policy))) o.policy = policy;
+    const json_t *seed = json_object_get(lj, "seed");
+    if ((seed || version == 1) && !mp_json_hex_value(seed, &o.seed))
+        BAD("model config: layer '%s': 'seed' must be a hex string 0x...", name);
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)lj, key, v)
+    {
+        int role;
+        if (initializer_key(key, &role)) {
+            if (mp_initializer_from_name(json_string_value(v), &o.initializers[role]))
+                BAD("model config: layer '%s': '%s': %s", name, key, mp_last_error());
+        } else if (!listed(common_fields, key) && !listed(ops->fields, key)) {
+            BAD("model config: layer '%s' (%s): unknown field '%s'", name, type, key);
+        }
+    }
+    size_t n = json_array_size(inputs);
+    if (n > MAX_INPUTS)
+        BAD("model config: layer '%s' lists %zu inputs (at most %d)", name, n, MAX_INPUTS);
+    mp_node in[MAX_INPUTS];
+    for (size_t k = 0; k < n; k++) {
+        const char *src = json_string_value(json_array_get(inputs, k));
+        in[k] = -1;
+        for (int j = 0; src && j < m->nlayers; j++)
+            if (!strcmp(m->layers[j].name, src)) in[k] = j;
+        if (in[k] < 0)
+            BAD("model config: layer '%s' takes input '%s', which is not an earlier layer", name,
+                src ? src : "(not a string)");
+    }
+    if (!(config = calloc(1, ops->config_size ? ops->config_size : 1))) {
+        s = mp_set_error(MP_ERR_NOMEM, "model config: out of memory");
+        goto fail;
+    }
+    if (ops->from_json && (s = ops->from_json(lj, config)))
+        BAD("model config: layer '%s' (%s): %s", name, type, mp_last_error());
+    if (mp_layer_create(m, ops, in, (int)n, config, &o) < 0) /* the layer's own checks */
+        BAD("model config: %s", mp_last_error());
+fail:
+    free(config);
+    return s;
+}
+
+static mp_status from_config(const char *text, const char *policy_override, uint64_t seed_default,
+                             int64_t max_batch, int64_t max_params, mp_model **out)
 {
     *out = NULL;
     if (!text) return mp_set_error(MP_ERR_FORMAT, "model config: missing");
@@ -143,144 +212,67 @@ mp_status mp_model_from_config_ex(const char *text, const char *policy_override,
     mp_model *m = NULL;
     json_error_t je;
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return mp_set_error(MP_ERR_FORMAT, "model config: not valid JSON (%s)", je.text);
+    if (!root)
+        return mp_set_error(MP_ERR_FORMAT, "model config: not valid JSON (line %d: %s)", je.line,
+                            je.text);
     const char *fmt = json_string_value(json_object_get(root, "format"));
-    int64_t version;
-    uint64_t seed;
+    const json_t *vj = json_object_get(root, "version");
+    uint64_t seed = seed_default;
     if (!json_is_object(root) || !fmt || strcmp(fmt, CONFIG_FORMAT))
-        BAD("model config: not a %s configuration", CONFIG_FORMAT);
-    if (!get_int(root, "version", CONFIG_VERSION, CONFIG_VERSION, &version))
-        BAD("model config: unsupported version (this build reads version %d)", CONFIG_VERSION);
-    if (!mp_json_hex_value(json_object_get(root, "seed"), &seed))
+        BAD("model config: not a %s configuration ('format' must be \"%s\")", CONFIG_FORMAT,
+            CONFIG_FORMAT);
+    if (!json_is_integer(vj) || json_integer_value(vj) < 1 ||
+        json_integer_value(vj) > CONFIG_VERSION)
+        BAD("model config: 'version' must be 1 to %d", CONFIG_VERSION);
+    int version = (int)json_integer_value(vj);
+    const json_t *sj = json_object_get(root, "seed");
+    if ((sj || version == 1) && !mp_json_hex_value(sj, &seed))
         BAD("model config: 'seed' must be a hex string 0x...");
     const json_t *layers = json_object_get(root, "layers");
-    const char *out_name = json_string_value(json_object_get(root, "output"));
     if (!json_is_array(layers) || json_array_size(layers) < 1 ||
         json_array_size(layers) > MAX_LAYERS)
         BAD("model config: 'layers' must be a list of 1 to %d layers", MAX_LAYERS);
-    if (!out_name) BAD("model config: 'output' must name a layer");
-    const char *gp = json_string_value(json_object_get(root, "global_policy"));
+    const json_t *oj = json_object_get(root, "output");
+    const char *out_name = json_string_value(oj);
+    if ((oj || version == 1) && !out_name) BAD("model config: 'output' must name a layer");
+    const json_t *pj = json_object_get(root, version == 1 ? "global_policy" : "policy");
+    const char *policy = version == 1 ? v1_model_policy(layers) : json_string_value(pj);
     mp_policy pol;
-    if (gp && mp_policy_from_name(gp, &pol) != MP_OK)
-        BAD("model config: global_policy: %s", mp_last_error());
+    if ((pj && !json_string_value(pj)) ||
+        (pj && mp_policy_from_name(json_string_value(pj), &pol) != MP_OK) ||
+        (policy && mp_policy_from_name(policy, &pol) != MP_OK))
+        BAD("model config: '%s': %s", version == 1 ? "global_policy" : "policy",
+            json_string_value(pj) ? mp_last_error() : "must be a policy name");
     if (policy_override && mp_policy_from_name(policy_override, &pol) != MP_OK) {
         s = MP_ERR_INVALID;
         goto fail;
     }
-
-    m = mp_model_new(seed);
-    if (!m) {
+    if (!policy) policy = mp_global_policy().name;
+    if (!(m = mp_model_new_with_policy(seed, policy_override ? policy_override : policy))) {
         s = MP_ERR_NOMEM;
         goto fail;
     }
-    mp_node output = -1;
     size_t i;
     const json_t *lj;
+    int64_t total = 0;
     json_array_foreach(layers, i, lj)
     {
-        const char *type = json_string_value(json_object_get(lj, "class_name"));
-        const char *name = json_string_value(json_object_get(lj, "name"));
-        const char *policy = json_string_value(json_object_get(lj, "policy"));
-        const json_t *inputs = json_object_get(lj, "inputs");
-        if (policy_override && gp && policy && !strcmp(policy, gp)) policy = policy_override;
-        mp_layer_options o = {name, policy, 0};
-        if (!json_is_object(lj) || !type || !name || !policy || !json_is_array(inputs))
-            BAD("model config: layer %zu needs class_name, name, policy and inputs", i);
-        if (!mp_json_hex_value(json_object_get(lj, "seed"), &o.seed))
-            BAD("model config: layer '%s' needs a hex 'seed'", name);
-        int kind = -1;
-        for (int k = 0; k < (int)(sizeof type_names / sizeof type_names[0]); k++)
-            if (!strcmp(type, type_names[k])) kind = k;
-        if (kind < 0) BAD("model config: layer '%s' has unknown class_name '%s'", name, type);
-        size_t want = kind == MP_LAYER_INPUT ? 0 : kind == MP_LAYER_ADD ? 2 : 1;
-        if (json_array_size(inputs) != want)
-            BAD("model config: layer '%s' (%s) takes %zu inputs, the config lists %zu", name, type,
-                want, json_array_size(inputs));
-        mp_node in[2] = {-1, -1};
-        for (size_t k = 0; k < want; k++) {
-            const char *src = json_string_value(json_array_get(inputs, k));
-            for (int j = 0; src && j < (int)i; j++) {
-                mp_layer_config c;
-                mp_model_layer_config(m, j, &c);
-                if (!strcmp(c.name, src)) in[k] = j;
-            }
-            if (in[k] < 0)
-                BAD("model config: layer '%s' takes input '%s', which is not an earlier layer",
-                    name, src ? src : "(not a string)");
-        }
-        mp_node node = -1;
-        int64_t units = 0;
-        mp_activation act = MP_ACT_NONE;
-        float f = 0;
-        const char *act_name = json_string_value(json_object_get(lj, "activation"));
-        if ((kind == MP_LAYER_DENSE || kind == MP_LAYER_ACTIVATION) &&
-            mp_activation_from_name(act_name, &act) != MP_OK)
-            BAD("model config: layer '%s': %s", name, mp_last_error());
-        switch ((mp_layer_kind)kind) {
-        case MP_LAYER_INPUT: {
-            const json_t *sh = json_object_get(lj, "shape");
-            int64_t shape[MP_MAX_DIMS], width = 1;
-            if (!json_is_array(sh) || json_array_size(sh) < 1 ||
-                json_array_size(sh) > MP_MAX_DIMS - 1)
-                BAD("model config: input '%s' needs a shape of 1 to %d dimensions", name,
-                    MP_MAX_DIMS - 1);
-            for (size_t d = 0; d < json_array_size(sh); d++) {
-                const json_t *e = json_array_get(sh, d);
-                if (!json_is_integer(e) || json_integer_value(e) < 1 ||
-                    json_integer_value(e) > MAX_WIDTH / width)
-                    BAD("model config: input '%s' has a bad shape (at most %lld elements)", name,
-                        (long long)MAX_WIDTH);
-                shape[d] = json_integer_value(e);
-                width *= shape[d];
-            }
-            node = mp_input(m, (int)json_array_size(sh), shape, &o);
-            break;
-        }
-        case MP_LAYER_DENSE:
-            if (!get_int(lj, "units", 1, MAX_WIDTH, &units))
-                BAD("model config: dense '%s' needs units in 1..%lld", name, (long long)MAX_WIDTH);
-            node = mp_dense(m, in[0], units, act, &o);
-            break;
-        case MP_LAYER_ACTIVATION:
-            node = mp_activation_layer(m, in[0], act, &o);
-            break;
-        case MP_LAYER_DROPOUT:
-            if (!get_float(lj, "rate", 0.0, 1.0, &f))
-                BAD("model config: dropout '%s' needs a rate in [0, 1)", name);
-            node = mp_dropout(m, in[0], f, &o);
-            break;
-        case MP_LAYER_FLATTEN:
-            node = mp_flatten(m, in[0], &o);
-            break;
-        case MP_LAYER_ADD:
-            node = mp_add(m, in[0], in[1], &o);
-            break;
-        case MP_LAYER_LAYER_NORM:
-            if (!get_float(lj, "epsilon", 0.0, 1.0, &f))
-                BAD("model config: layer normalization '%s' needs an epsilon in [0, 1]", name);
-            node = mp_layer_norm(m, in[0], f, &o);
-            break;
-        }
-        if (node < 0) { /* the layer's own check, e.g. a shape mismatch */
-            s = mp_set_error(MP_ERR_FORMAT, "model config: %s", mp_last_error());
-            goto fail;
-        }
-        if (!strcmp(name, out_name)) output = node;
-    }
-    if (output < 0) BAD("model config: output '%s' is not a layer", out_name);
-    int64_t total = 0;
-    for (int l = 0; l < mp_model_num_layers(m); l++) { /* the activations per sample */
-        mp_layer_config c;
-        mp_model_layer_config(m, l, &c);
-        int64_t w = 1;
-        for (int d = 0; d < c.ndim; d++) w *= c.shape[d];
-        if ((total += w) > MAX_ACTIVATIONS)
+        if ((s = add_layer(m, lj, i, version, policy))) goto fail;
+        const mp_layer *l = &m->layers[m->nlayers - 1];
+        if (layer_numel(l, 1) > MP_CONFIG_MAX_WIDTH)
+            BAD("model config: layer '%s' has more than %lld elements per sample", l->name,
+                (long long)MP_CONFIG_MAX_WIDTH);
+        if ((total += layer_numel(l, 1)) > MAX_ACTIVATIONS)
             BAD("model config: more than %lld activation elements per sample",
                 (long long)MAX_ACTIVATIONS);
     }
+    mp_node output = out_name ? -1 : m->nlayers - 1;
+    for (int j = 0; out_name && j < m->nlayers; j++)
+        if (!strcmp(m->layers[j].name, out_name)) output = j;
+    if (output < 0) BAD("model config: output '%s' is not a layer", out_name);
     total = 0;
-    for (int p = 0; p < mp_model_num_params(m); p++) {
-        total += mp_model_get_param(m, p)->n;
+    for (int p = 0; p < m->nparams; p++) {
+        total += m->params[p].p.n;
         if (total > max_params)
             BAD("model config: more than %lld parameters (the bound for this file)",
                 (long long)max_params);
@@ -292,5 +284,46 @@ mp_status mp_model_from_config_ex(const char *text, const char *policy_override,
 fail:
     json_decref(root);
     mp_model_free(m);
+    return s;
+}
+
+mp_status mp_model_from_config(const char *text, int64_t max_batch, int64_t max_params,
+                               mp_model **out)
+{
+    return from_config(text, NULL, 0, max_batch, max_params, out);
+}
+
+mp_status mp_model_from_config_ex(const char *text, const char *policy_override, int64_t max_batch,
+                                  int64_t max_params, mp_model **out)
+{
+    return from_config(text, policy_override, 0, max_batch, max_params, out);
+}
+
+/* Files a person writes are small: bound what is read. */
+#define MAX_CONFIG_FILE (16 << 20)
+
+mp_status mp_model_from_config_file(const char *path, const char *policy, uint64_t seed,
+                                    int64_t max_batch, mp_model **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mp_set_error(MP_ERR_IO, "'%s': cannot open (%s)", path, strerror(errno));
+    char *text = malloc(MAX_CONFIG_FILE + 1);
+    size_t n = text ? fread(text, 1, MAX_CONFIG_FILE + 1, f) : 0;
+    bool err = ferror(f);
+    fclose(f);
+    mp_status s;
+    if (!text)
+        s = mp_set_error(MP_ERR_NOMEM, "'%s': out of memory", path);
+    else if (err)
+        s = mp_set_error(MP_ERR_IO, "'%s': read error", path);
+    else if (n > MAX_CONFIG_FILE)
+        s = mp_set_error(MP_ERR_FORMAT, "'%s': larger than %d bytes", path, MAX_CONFIG_FILE);
+    else {
+        text[n] = 0;
+        s = from_config(text, policy, seed, max_batch, INT64_MAX, out);
+        if (s) mp_set_error(s, "'%s': %s", path, mp_last_error());
+    }
+    free(text);
     return s;
 }

@@ -440,8 +440,7 @@ int mp_model_param_tensors(mp_model *m, mp_named_tensor *t)
         memset(&t[i], 0, sizeof t[i]);
         t[i].name = p->name;
         t[i].ndim = p->ndim;
-        t[i].shape[0] = p->shape[0];
-        t[i].shape[1] = p->shape[1];
+        memcpy(t[i].shape, p->shape, (size_t)p->ndim * sizeof *p->shape);
         t[i].dtype = p->master ? MP_F32 : p->weight_dtype;
         t[i].data = p->master ? (const void *)p->master : p->weight;
     }

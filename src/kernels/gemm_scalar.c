@@ -18,6 +18,8 @@ float mp_gemm_load_f32(const void *base, mp_dtype t, int64_t idx)
         return mp_e4m3_to_f32(((const uint8_t *)base)[idx]);
     case MP_F8E5M2:
         return mp_e5m2_to_f32(((const uint8_t *)base)[idx]);
+    case MP_I32: /* not a GEMM operand: mp_gemm_ex refuses it */
+        break;
     }
     return 0.0f;
 }

@@ -1,39 +1,44 @@
-/* model_internal.h - the model's layer records, shared by the graph code
- * (model.c), the per-layer passes (layers.c) and the losses (loss.c). */
+/* model_internal.h - the model's records: its layers (each with the table of
+ * operations of its kind), parameters and arenas. Shared by the graph code
+ * (model.c, params.c, summary.c), the layer kinds (the files under layers/, through
+ * layer.h) and the losses (loss.c). */
 #ifndef MP_MODEL_INTERNAL_H
 #define MP_MODEL_INTERNAL_H
 
 #include "core/internal.h"
 
-typedef struct {
-    mp_layer_kind kind;
+typedef struct mp_layer mp_layer;
+typedef struct mp_layer_ops mp_layer_ops;
+struct json_t;
+
+struct mp_layer {
+    const mp_layer_ops *ops;
+    int index;
     char name[64];
+    bool auto_named;
     mp_policy policy;
-    int inputs[2];
+    bool policy_explicit;
+    int *inputs;
     int ninputs;
     int ndim; /* output, batch excluded */
     int64_t shape[MP_MAX_DIMS];
     mp_dtype out_dtype;
-    /* configuration */
-    int64_t units;
-    mp_activation act;
-    float rate, eps;
     uint64_t seed;
+    mp_initializer init[MP_ROLE_COUNT]; /* overrides; MP_INIT_DEFAULT: the role's */
     int param_first, nparams;
     bool reachable;
-    /* state of the current step */
-    mp_tensor out;      /* output (activation arena, or a view) */
-    mp_tensor in_saved; /* input kept for backward in the compute dtype */
-    mp_tensor pre;      /* Dense pre-activation when the derivative needs it */
-    uint8_t *mask;      /* Dropout keep mask */
-    float *mean, *rstd; /* LayerNorm statistics */
-    mp_tensor grad;     /* gradient w.r.t. the output (workspace arena) */
+    void *config; /* the kind's settings (ops->config_size bytes) */
+    void *state;  /* the kind's per-step records (ops->state_size bytes) */
+    /* every layer's step state */
+    mp_tensor out;  /* output (activation arena, or a view) */
+    mp_tensor grad; /* gradient w.r.t. the output (workspace arena) */
     bool has_out, has_grad;
-} mp_layer;
+};
 
 typedef struct {
     mp_model_param p;
     char name[80];
+    bool float32_only; /* read as float32: no compute copy under any policy */
 } param_slot;
 
 struct mp_model {
@@ -42,14 +47,17 @@ struct mp_model {
     param_slot *params;
     int nparams, pcap;
     uint64_t seed, step;
+    mp_policy policy; /* of the layers without an explicit one */
+    bool has_policy;
+    bool policy_fixed; /* mp_model_new_with_policy: not the global one */
     mp_status err;
     char errmsg[256];
     bool built, masters_changed, ran_forward;
-    int output;
+    int output, input; /* nodes; input: the data input the output depends on */
     int64_t max_batch, batch;
+    const mp_tensor *x; /* the data of the forward in progress */
     mp_arena *act, *ws;
     uint64_t refreshes;
-    int name_counts[8];
     /* compile/fit state owned by train/ (the model only frees it) */
     void *training;
     void (*training_free)(void *);
@@ -68,12 +76,16 @@ static inline int64_t layer_numel(const mp_layer *l, int64_t batch)
 /* Bytes an arena hands out for a request (64-byte granules). */
 static inline size_t arena_bytes(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Per-layer passes (layers.c). */
-mp_status mp_layer_forward(mp_model *m, mp_layer *l, const mp_tensor *x, bool training);
-mp_status mp_layer_backward(mp_model *m, mp_layer *l, bool accumulate);
-/* Activation-arena bytes layer l allocates in a forward at this batch. */
+/* Record the model's first error (sticky) and return its status. */
+mp_status mp_model_fail(mp_model *m, mp_status s, const char *fmt, ...) MP_PRINTF(3, 4);
+
+/* Parameters (params.c): allocation and initialisation at build. */
+mp_status mp_model_init_params(mp_model *m, mp_layer *l);
+void mp_model_free_params(mp_model *m);
+
+/* Exact arena bytes of layer l's forward, and the upper bound of its
+ * backward's workspace, at this batch (the precision plan uses the same). */
 size_t mp_layer_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
-/* Upper bound of the workspace bytes of l's backward at this batch. */
 size_t mp_layer_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
 /* Add g (any dtype) to the gradient of node `node`. */
 mp_status mp_model_add_grad(mp_model *m, int node, const void *g, mp_dtype gt);

@@ -293,16 +293,21 @@ mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_s
         goto done;
     }
     mp_model_param_tensors(m, t);
-    for (int i = 0; i < np; i++)
+    int nopt = 0; /* the optimizer's index: trainable parameters only */
+    for (int i = 0; i < np; i++) {
+        if (!mp_model_get_param(m, i)->trainable) continue;
         for (int k = 0; k < ns; k++) {
-            mp_named_tensor *x = &t[np + i * ns + k];
-            char *name = names + (size_t)(i * ns + k) * SLOT_NAME_MAX;
+            mp_named_tensor *x = &t[np + nopt * ns + k];
+            char *name = names + (size_t)(nopt * ns + k) * SLOT_NAME_MAX;
             slot_name(name, t[i].name, opt, k);
             *x = t[i];
             x->name = name;
             x->dtype = MP_F32;
-            x->data = mp_optimizer_slot(opt, i, k, NULL);
+            x->data = mp_optimizer_slot(opt, nopt, k, NULL);
         }
+        nopt++;
+    }
+    nt = np + nopt * ns;
     if (opt) {
         mp_compile_options co;
         mp_model_get_compile_options(m, &co);
@@ -437,9 +442,10 @@ static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char
     st->ns = mp_optimizer_num_slots(opt);
     st->slots = calloc((size_t)(st->np * st->ns + 1), sizeof *st->slots);
     if (!st->slots) BAD("'%s': out of memory", path);
-    for (int i = 0; i < st->np && !s; i++)
+    for (int i = 0, nopt = 0; i < st->np && !s; i++) {
+        const mp_model_param *p = mp_model_get_param(m, i);
+        if (!p->trainable) continue;
         for (int k = 0; k < st->ns && !s; k++) {
-            const mp_model_param *p = mp_model_get_param(m, i);
             char name[SLOT_NAME_MAX];
             slot_name(name, p->name, opt, k);
             const mp_named_tensor *t = mp_safetensors_find(f, name);
@@ -450,8 +456,10 @@ static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char
             /* a second moment is a mean of squares: never negative */
             bool square = !strcmp(mp_optimizer_slot_name(opt, k), "exp_avg_sq");
             if ((s = mp_check_tensor(t, path, name, p->ndim, p->shape, p->n, square))) break;
-            st->slots[i * st->ns + k] = t;
+            st->slots[nopt * st->ns + k] = t;
         }
+        nopt++;
+    }
 fail:
     json_decref(j);
     return s;
@@ -482,12 +490,16 @@ static mp_status apply(mp_model *m, const mp_safetensors *f, const char *path, m
     mp_model_commit_weights(m, st.weights);
     if (st.has_training) {
         mp_optimizer *opt = mp_model_optimizer(m);
-        for (int i = 0; i < st.np; i++)
+        for (int i = 0, nopt = 0; i < st.np; i++) {
+            const mp_model_param *p = mp_model_get_param(m, i);
+            if (!p->trainable) continue;
             for (int k = 0; k < st.ns; k++) {
-                const mp_named_tensor *t = st.slots[i * st.ns + k];
-                mp_convert(mp_optimizer_slot(opt, i, k, NULL), MP_F32, t->data, t->dtype,
-                           (size_t)mp_model_get_param(m, i)->n);
+                const mp_named_tensor *t = st.slots[nopt * st.ns + k];
+                mp_convert(mp_optimizer_slot(opt, nopt, k, NULL), MP_F32, t->data, t->dtype,
+                           (size_t)p->n);
             }
+            nopt++;
+        }
         mp_optimizer_set_step_count(opt, st.opt_step);
         if (st.has_scaler) mp_loss_scaler_set_state(mp_model_loss_scaler(m), &st.scaler);
         mp_model_set_step_counts(m, st.applied, st.skipped);

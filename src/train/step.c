@@ -39,12 +39,16 @@ mp_compile_options mp_compile_options_default(void)
 
 int mp_model_optim_params(mp_model *m, mp_param *out, int n)
 {
-    int np = mp_model_num_params(m);
-    for (int i = 0; i < np && i < n; i++) {
+    /* the trainable ones: state has no gradient and no optimizer slot */
+    int np = mp_model_num_params(m), k = 0;
+    for (int i = 0; i < np; i++) {
         const mp_model_param *p = mp_model_get_param(m, i);
-        out[i] = (mp_param){p->name, p->master, p->weight, p->weight_dtype, p->grad, p->n};
+        if (!p->trainable) continue;
+        if (k < n)
+            out[k] = (mp_param){p->name, p->master, p->weight, p->weight_dtype, p->grad, p->n};
+        k++;
     }
-    return np;
+    return k;
 }
 
 mp_status mp_model_compile(mp_model *m, const mp_compile_options *o)
@@ -61,7 +65,7 @@ mp_status mp_model_compile(mp_model *m, const mp_compile_options *o)
         free(t);
         return mp_set_error(MP_ERR_NOMEM, "compile: out of memory");
     }
-    mp_model_optim_params(m, params, np);
+    np = mp_model_optim_params(m, params, np);
     t->opt = mp_optimizer_new(&d.optimizer, params, np);
     free(params);
     if (!t->opt) {

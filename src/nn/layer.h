@@ -1,0 +1,149 @@
+/* layer.h - the layer interface. A layer kind is one file under nn/layers/
+ * that fills one mp_layer_ops table and one line of the registry
+ * (nn/registry.c). The model, the summary, the config loader and the
+ * checkpoints reach a kind only through its table: nothing outside the
+ * kind's file tests which kind a layer is.
+ *
+ * The life of a layer:
+ *   create   mp_layer_create(m, &ops, inputs, config, options): the model
+ *            resolves name, policy, seed and inputs, copies the kind's config
+ *            and calls ops->build, which checks it against the inputs, sets
+ *            the output shape and dtype and declares parameters and state
+ *            (mp_layer_add_param). Constructors (mp_dense, ...) and the JSON
+ *            loader (ops->from_json fills the same config) both end here.
+ *   build    the model allocates and initialises what was declared, and
+ *            sizes its arenas from ops->saved_bytes and workspace_bytes.
+ *   forward  ops->forward writes l->out (activation arena or a view).
+ *   backward ops->backward reads l->grad, adds float32 parameter gradients
+ *            and hands input gradients on (mp_layer_input_grad or
+ *            mp_model_add_grad).
+ *
+ * Conventions: a layer computes in its policy's compute dtype c and casts
+ * floating inputs to c (mp_layer_input_compute). Outputs are in l->out_dtype
+ * (c unless build says otherwise). Gradients between layers have the dtype
+ * of the tensor they belong to; parameter gradients are float32. */
+#ifndef MP_LAYER_H
+#define MP_LAYER_H
+
+#include <jansson.h>
+
+#include "nn/model_internal.h"
+
+struct mp_layer_ops {
+    const char *class_name; /* Keras class: "Dense" */
+    const char *base_name;  /* default names: "dense", "dense_1", ... */
+    int min_inputs;
+    int max_inputs;            /* -1: any number */
+    bool int_inputs;           /* reads int32 inputs (token ids); others refuse them */
+    size_t config_size;        /* the kind's settings, copied at creation */
+    size_t state_size;         /* its per-step records (zeroed at creation) */
+    const char *const *fields; /* its JSON settings, NULL-terminated */
+
+    mp_status (*build)(mp_model *m, mp_layer *l);
+    mp_status (*forward)(mp_model *m, mp_layer *l, bool training);
+    /* NULL: the layer passes no gradient (a data source) */
+    mp_status (*backward)(mp_model *m, mp_layer *l, bool accumulate);
+    /* activation-arena bytes of a forward at this batch, exactly */
+    size_t (*saved_bytes)(const mp_model *m, const mp_layer *l, int64_t batch);
+    /* backward workspace beyond what every layer gets (NULL: none) */
+    size_t (*workspace_bytes)(const mp_model *m, const mp_layer *l, int64_t batch);
+    /* the settings as fields of obj; and back into a zeroed config (errors
+     * name the field) */
+    mp_status (*to_json)(const mp_layer *l, json_t *obj);
+    mp_status (*from_json)(const json_t *obj, void *config);
+    /* optional: the float32-softmax logits this layer kept when it is a
+     * softmax ending the model, for the fused cross-entropy (else NULL) */
+    const mp_tensor *(*softmax_logits)(const mp_model *m, const mp_layer *l);
+};
+
+/* ------------------------------------------------------------- registry */
+
+/* The kind with this Keras class name, or NULL. */
+const mp_layer_ops *mp_layer_ops_find(const char *class_name);
+int mp_layer_ops_count(void);
+const mp_layer_ops *mp_layer_ops_at(int i);
+
+/* -------------------------------------------------------------- creation */
+
+/* Add a layer of kind ops reading `inputs` with `config` (ops->config_size
+ * bytes): the node, or -1 with the model's sticky error. */
+mp_node mp_layer_create(mp_model *m, const mp_layer_ops *ops, const mp_node *inputs, int ninputs,
+                        const void *config, const mp_layer_options *o);
+
+/* Declare a parameter (or, with MP_PARAM_STATE, non-trainable state) of
+ * layer l; build allocates it. Named "<layer>.<name>", name NULL meaning the
+ * role's name ("kernel"); its initializer is the layer's override for the
+ * role, else the role's default. */
+enum {
+    MP_PARAM_FLOAT32 = 1, /* read as float32 under every policy (no compute copy) */
+    MP_PARAM_STATE = 2,   /* non-trainable float32 state: no gradient, no optimizer slot */
+};
+mp_status mp_layer_add_param(mp_model *m, mp_layer *l, mp_param_role role, const char *name,
+                             int ndim, const int64_t *shape, unsigned flags);
+/* The j-th parameter l declared. */
+static inline mp_model_param *mp_layer_param(mp_model *m, const mp_layer *l, int j)
+{
+    return &m->params[l->param_first + j].p;
+}
+
+/* ---------------------------------------------------- forward/backward aids */
+
+static inline mp_layer *mp_layer_src(mp_model *m, const mp_layer *l, int j)
+{
+    return &m->layers[l->inputs[j]];
+}
+static inline const mp_layer *mp_layer_csrc(const mp_model *m, const mp_layer *l, int j)
+{
+    return &m->layers[l->inputs[j]];
+}
+/* Input j is user data (a source layer): it takes no gradient and may change
+ * before backward. */
+static inline bool mp_layer_input_is_data(const mp_model *m, const mp_layer *l, int j)
+{
+    return mp_layer_csrc(m, l, j)->ops->backward == NULL;
+}
+static inline bool mp_layer_is_output(const mp_model *m, const mp_layer *l)
+{
+    return l->index == m->output;
+}
+
+mp_status mp_layer_nomem(const mp_layer *l, const char *what);
+/* A [batch, shape_of's shape] tensor in dtype t from arena a. */
+mp_status mp_layer_alloc(mp_model *m, const mp_layer *shape_of, mp_arena *a, mp_dtype t,
+                         mp_tensor *out);
+/* Input j of l in l's compute dtype: a view when it already is, else a cast
+ * copy. keep: it must last until backward (activation arena; user data is
+ * always copied, it may change). */
+mp_status mp_layer_input_compute(mp_model *m, mp_layer *l, int j, bool keep, mp_tensor *out);
+/* Activation-arena bytes mp_layer_input_compute(keep = true) takes. */
+size_t mp_layer_kept_input_bytes(const mp_model *m, const mp_layer *l, int j, int64_t batch);
+/* Where l writes the gradient for input j, in l's compute dtype: straight
+ * into the producer's gradient when it is the first contribution and the
+ * dtypes agree, else a temporary; mp_layer_input_grad_done folds it in. */
+mp_status mp_layer_input_grad(mp_model *m, mp_layer *l, int j, mp_tensor *dx, bool *direct);
+mp_status mp_layer_input_grad_done(mp_model *m, mp_layer *l, int j, const mp_tensor *dx,
+                                   bool direct);
+/* Hand g on to input j unchanged (identity layers); data inputs ignore it. */
+mp_status mp_layer_pass_grad(mp_model *m, mp_layer *l, int j, const mp_tensor *g);
+
+/* ----------------------------------------------------------- JSON fields */
+
+/* The largest output a configuration may ask of a layer, per sample. */
+#define MP_CONFIG_MAX_WIDTH ((int64_t)1 << 26)
+
+/* Read one setting; on failure the message names the field. */
+mp_status mp_json_int_field(const json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out);
+/* A number in [lo, hi] (lo excluded when lo_open). */
+mp_status mp_json_float_field(const json_t *o, const char *key, double lo, bool lo_open, double hi,
+                              float *out);
+mp_status mp_json_activation_field(const json_t *o, const char *key, mp_activation *out);
+/* A list of 1..MP_MAX_DIMS-1 dimensions, each in lo..hi (lo may be -1 for
+ * Reshape's inferred one). */
+mp_status mp_json_shape_field(const json_t *o, const char *key, int64_t lo, int64_t hi, int *ndim,
+                              int64_t *shape);
+json_t *mp_json_shape(int ndim, const int64_t *shape);
+
+/* "(None, 28, 28)" */
+const char *mp_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
+
+#endif

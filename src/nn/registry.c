@@ -1,0 +1,35 @@
+/* registry.c - the layer kinds this build knows: a new kind is its file
+ * under layers/ and one entry in the list below. The config loader finds a
+ * kind by its Keras class name here. */
+#include <string.h>
+
+#include "nn/layer.h"
+
+#define MP_LAYER_KINDS(X)                                                                          \
+    X(input)                                                                                       \
+    X(dense)                                                                                       \
+    X(activation)                                                                                  \
+    X(dropout)                                                                                     \
+    X(flatten)                                                                                     \
+    X(reshape)                                                                                     \
+    X(add)                                                                                         \
+    X(layer_norm)
+
+#define DECLARE(kind) extern const mp_layer_ops mp_##kind##_ops;
+MP_LAYER_KINDS(DECLARE)
+#define ENTRY(kind) &mp_##kind##_ops,
+static const mp_layer_ops *const kinds[] = {MP_LAYER_KINDS(ENTRY)};
+
+int mp_layer_ops_count(void) { return (int)(sizeof kinds / sizeof kinds[0]); }
+
+const mp_layer_ops *mp_layer_ops_at(int i)
+{
+    return i >= 0 && i < mp_layer_ops_count() ? kinds[i] : NULL;
+}
+
+const mp_layer_ops *mp_layer_ops_find(const char *class_name)
+{
+    for (int i = 0; class_name && i < mp_layer_ops_count(); i++)
+        if (!strcmp(kinds[i]->class_name, class_name)) return kinds[i];
+    return NULL;
+}

@@ -1,0 +1,176 @@
+/* summary.c - looking into a model: per-layer information (the precision
+ * plan: policy, dtypes, parameter and activation bytes), the Keras-like
+ * summary with memory by category, and the model's read-only accessors. */
+#include <stdio.h>
+#include <string.h>
+
+#include "nn/layer.h"
+
+const char *mp_shape_str(int ndim, const int64_t *shape, char *buf, size_t len)
+{
+    size_t off = (size_t)snprintf(buf, len, "(None");
+    for (int i = 0; i < ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, ", %lld", (long long)shape[i]);
+    if (off < len) snprintf(buf + off, len - off, ")");
+    return buf;
+}
+
+int mp_model_num_layers(const mp_model *m) { return m->nlayers; }
+
+/* Bytes of l's parameters: masters (and float32 state), compute copies. */
+static size_t param_bytes(const mp_model *m, const mp_layer *l, int64_t *params, int64_t *state)
+{
+    size_t bytes = 0;
+    *params = *state = 0;
+    for (int j = 0; j < l->nparams; j++) {
+        const param_slot *s = &m->params[l->param_first + j];
+        *(s->p.trainable ? params : state) += s->p.n;
+        if (s->float32_only || l->policy.variable == MP_F32) bytes += (size_t)s->p.n * 4;
+        if (!s->float32_only && l->policy.compute != MP_F32)
+            bytes += (size_t)s->p.n * mp_dtype_size(l->policy.compute);
+    }
+    return bytes;
+}
+
+mp_status mp_model_layer_info(const mp_model *m, int layer, int64_t batch, mp_layer_info *out)
+{
+    if (layer < 0 || layer >= m->nlayers)
+        return mp_set_error(MP_ERR_INVALID, "model: no layer %d (model has %d)", layer, m->nlayers);
+    const mp_layer *l = &m->layers[layer];
+    memset(out, 0, sizeof *out);
+    out->name = l->name;
+    out->type = l->ops->class_name;
+    out->policy = l->policy;
+    out->policy_explicit = l->policy_explicit;
+    out->ninputs = l->ninputs;
+    out->inputs = l->inputs;
+    out->output_dtype = l->out_dtype;
+    out->ndim = l->ndim;
+    memcpy(out->shape, l->shape, sizeof out->shape);
+    out->param_bytes = param_bytes(m, l, &out->params, &out->state);
+    out->saved_bytes = l->reachable ? mp_layer_saved_bytes(m, l, batch) : 0;
+    out->workspace_bytes = l->reachable ? mp_layer_workspace_bytes(m, l, batch) : 0;
+    return MP_OK;
+}
+
+static void human(size_t b, char *buf, size_t len)
+{
+    if (b >= (1u << 20))
+        snprintf(buf, len, "%.2f MiB", (double)b / (1 << 20));
+    else if (b >= 1024)
+        snprintf(buf, len, "%.1f KiB", (double)b / 1024);
+    else
+        snprintf(buf, len, "%zu B", b);
+}
+
+mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
+{
+    if (!m->built) return mp_set_error(MP_ERR_INVALID, "model: summary before mp_model_build");
+    if (batch < 1 || batch > m->max_batch)
+        return mp_set_error(MP_ERR_INVALID, "model: summary batch %lld outside 1..%lld",
+                            (long long)batch, (long long)m->max_batch);
+    fprintf(out, "Model: %d layers, precision plan at batch %lld\n", m->nlayers, (long long)batch);
+    const char *rule =
+        "---------------------------------------------------------------------------------------"
+        "--------------------------\n";
+    fprintf(out, "%s", rule);
+    fprintf(out, "%-34s %-16s %10s  %-15s %-9s %-9s %12s %12s\n", "Layer (type)", "Output Shape",
+            "Param #", "Policy", "Compute", "Output", "Param bytes", "Saved act.");
+    fprintf(out, "%s", rule);
+    int64_t total = 0, total_state = 0;
+    size_t master = 0, weights = 0, state = 0, saved = 0, ws = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        mp_layer_info in;
+        mp_model_layer_info(m, i, batch, &in);
+        const mp_layer *l = &m->layers[i];
+        char label[80], shape[64];
+        snprintf(label, sizeof label, "%s (%s)", l->name, l->ops->class_name);
+        mp_shape_str(l->ndim, l->shape, shape, sizeof shape);
+        /* a data source computes nothing: its "compute" is its data's dtype */
+        mp_dtype compute = l->ninputs ? l->policy.compute : l->out_dtype;
+        fprintf(out, "%-34s %-16s %10lld  %-15s %-9s %-9s %12zu %12zu\n", label, shape,
+                (long long)(in.params + in.state), l->policy.name, mp_dtype_name(compute),
+                mp_dtype_name(l->out_dtype), in.param_bytes, in.saved_bytes);
+        total += in.params;
+        total_state += in.state;
+        saved += in.saved_bytes;
+        ws += in.workspace_bytes;
+        for (int j = 0; j < l->nparams; j++) {
+            const mp_model_param *p = &m->params[l->param_first + j].p;
+            if (!p->trainable)
+                state += (size_t)p->n * 4;
+            else if (p->master)
+                master += (size_t)p->n * 4;
+            if (p->weight != p->master) weights += (size_t)p->n * mp_dtype_size(p->weight_dtype);
+        }
+    }
+    fprintf(out, "%s", rule);
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
+    human(master, b1, sizeof b1);
+    human(weights, b2, sizeof b2);
+    human((size_t)total * 4, b3, sizeof b3);
+    human(saved, b4, sizeof b4);
+    human(ws, b5, sizeof b5);
+    human(state, b6, sizeof b6);
+    fprintf(out, "Total params: %lld\n", (long long)(total + total_state));
+    fprintf(out, "Trainable params: %lld\n", (long long)total);
+    fprintf(out, "Non-trainable params: %lld\n", (long long)total_state);
+    fprintf(out, "Memory by category at batch %lld:\n", (long long)batch);
+    fprintf(out, "  master_weights   %14zu  (%s, float32)\n", master, b1);
+    fprintf(out, "  weights          %14zu  (%s, compute copies)\n", weights, b2);
+    if (state) fprintf(out, "  state            %14zu  (%s, float32, non-trainable)\n", state, b6);
+    fprintf(out, "  gradients        %14zu  (%s, float32)\n", (size_t)total * 4, b3);
+    fprintf(out, "  activations      %14zu  (%s, saved for backward)\n", saved, b4);
+    fprintf(out, "  workspace        %14zu  (%s, upper bound of the backward pass)\n", ws, b5);
+    return MP_OK;
+}
+
+/* ------------------------------------------------------- accessors */
+
+size_t mp_model_activation_bytes(const mp_model *m) { return m->act ? mp_arena_used(m->act) : 0; }
+size_t mp_model_workspace_bytes(const mp_model *m) { return m->ws ? mp_arena_peak(m->ws) : 0; }
+
+const mp_tensor *mp_model_node_output(const mp_model *m, mp_node node)
+{
+    if (node < 0 || node >= m->nlayers || !m->layers[node].has_out) return NULL;
+    return &m->layers[node].out;
+}
+
+const mp_tensor *mp_model_node_grad(const mp_model *m, mp_node node)
+{
+    if (node < 0 || node >= m->nlayers || !m->layers[node].has_grad) return NULL;
+    return &m->layers[node].grad;
+}
+
+uint64_t mp_model_seed(const mp_model *m) { return m->seed; }
+mp_node mp_model_output(const mp_model *m) { return m->built ? m->output : -1; }
+bool mp_model_is_built(const mp_model *m) { return m->built; }
+int64_t mp_model_max_batch(const mp_model *m) { return m->max_batch; }
+mp_policy mp_model_policy(const mp_model *m)
+{
+    return m->has_policy ? m->policy : mp_global_policy();
+}
+
+mp_dtype mp_model_compute_dtype(const mp_model *m)
+{
+    /* the dtype most of the work runs in: that of the first weight layer */
+    for (int i = 0; i < m->nlayers; i++)
+        if (m->layers[i].nparams) return m->layers[i].policy.compute;
+    return MP_F32;
+}
+
+int mp_model_input_shape(const mp_model *m, int64_t *shape)
+{
+    if (m->input < 0) return 0;
+    const mp_layer *l = &m->layers[m->input];
+    memcpy(shape, l->shape, (size_t)l->ndim * sizeof(int64_t));
+    return l->ndim;
+}
+
+int mp_model_output_shape(const mp_model *m, int64_t *shape)
+{
+    if (m->output < 0) return 0;
+    const mp_layer *l = &m->layers[m->output];
+    memcpy(shape, l->shape, (size_t)l->ndim * sizeof(int64_t));
+    return l->ndim;
+}
