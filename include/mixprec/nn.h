@@ -114,6 +114,29 @@ mp_node mp_add_n(mp_model *m, int n, const mp_node *inputs, const mp_layer_optio
 /* LayerNormalization over the last axis; statistics and gamma/beta float32. */
 mp_node mp_layer_norm(mp_model *m, mp_node x, float epsilon, const mp_layer_options *o);
 
+/* BatchNormalization over every axis but the last (channels-last), with
+ * Keras's semantics: in training the batch's mean and (biased) variance
+ * normalize, and the moving statistics follow
+ *   moving = moving * momentum + batch * (1 - momentum);
+ * outside training the moving statistics normalize. Statistics, gamma, beta
+ * and the moving statistics (non-trainable state) are float32 under every
+ * policy; the output is in the compute dtype. */
+typedef struct {
+    float momentum; /* 0.99 */
+    float epsilon;  /* 1e-3 */
+    bool center;    /* beta */
+    bool scale;     /* gamma */
+} mp_batch_norm_options;
+mp_batch_norm_options mp_batch_norm_options_default(void);
+mp_node mp_batch_norm(mp_model *m, mp_node x, const mp_batch_norm_options *bn,
+                      const mp_layer_options *o);
+
+/* Embedding: int32 ids [batch, ...] in 0..input_dim-1 become rows of an
+ * [input_dim, output_dim] table: output [batch, ..., output_dim] in the
+ * compute dtype. An id outside the table fails the forward pass. */
+mp_node mp_embedding(mp_model *m, mp_node ids, int64_t input_dim, int64_t output_dim,
+                     const mp_layer_options *o);
+
 /* Fix the model's output, allocate and initialise parameters and state (each
  * by its role's initializer unless the layer overrides it) and size the
  * per-step arenas for batches of up to max_batch. */
