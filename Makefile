@@ -82,6 +82,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_COMMON) $(STATIC)
 
 test: deps-test
 	@$(MAKE) --no-print-directory $(TEST_BIN) $(CLI) $(EXAMPLES)
+	@sh tests/headers_test.sh
 	@sh tests/run.sh $(BUILD) $(TEST_BIN)
 
 $(BUILD)/exhaustive: $(BUILD)/obj/tests/exhaustive.o $(STATIC)

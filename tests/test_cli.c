@@ -267,6 +267,113 @@ static void test_interrupt_and_resume(void **state)
     assert_same_tensors("ir.st", "is.st");
 }
 
+/* The loss evaluate prints. */
+static double printed_loss(void)
+{
+    const char *o = strstr(output(), "samples: loss ");
+    assert_non_null(o);
+    return atof(o + 14);
+}
+
+/* A model saved under mixed_bfloat16 keeps its policy and its explicit
+ * float32 softmax: evaluate --policy X changes the other layers (a
+ * different loss wherever X computes differently) and keeps the softmax.
+ * Before config version 2 the file said "float32" (the global policy at save
+ * time) and every --policy gave the same loss. */
+static void test_evaluate_under_another_policy(void **state)
+{
+    (void)state;
+    assert_int_equal(run("train --data %1$s/train.csv --hidden 16 --epochs 3 --batch-size 32 "
+                         "--policy mixed_bfloat16 --lr 0.01 --save %1$s/bf.st --quiet"),
+                     0);
+    assert_int_equal(run("evaluate %1$s/bf.st --data %1$s/test.csv"), 0);
+    assert_non_null(strstr(output(), "(policy mixed_bfloat16)"));
+    double stored = printed_loss();
+    assert_int_equal(run("evaluate %1$s/bf.st --data %1$s/test.csv --policy mixed_bfloat16"), 0);
+    assert_true(printed_loss() == stored);
+    const char *others[] = {"float32", "mixed_float16", "bfloat16"};
+    for (int i = 0; i < 3; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "evaluate %%1$s/bf.st --data %%1$s/test.csv --policy %s",
+                 others[i]);
+        assert_int_equal(run(args), 0);
+        assert_non_null(strstr(output(), others[i]));
+        assert_true(printed_loss() != stored);
+    }
+    /* the explicit softmax stays float32 under every --policy */
+    assert_int_equal(run("inspect %1$s/bf.st"), 0);
+    const char *line = strstr(output(), "activation (Activation)");
+    assert_non_null(line);
+    const char *f32 = strstr(line, "float32"), *nl = strchr(line, '\n');
+    assert_true(f32 && nl && f32 < nl);
+}
+
+/* --model FILE trains the model a JSON file describes; a broken file gets
+ * one line naming the file, the layer and the field, and exit status 2. */
+static void test_model_file(void **state)
+{
+    (void)state;
+    char p[128];
+    snprintf(p, sizeof p, "%s/model.json", dir);
+    FILE *f = fopen(p, "w");
+    fprintf(
+        f,
+        "{\"format\": \"mixprec.model\", \"version\": 2, \"policy\": \"mixed_float16\",\n"
+        " \"layers\": [\n"
+        "  {\"class_name\": \"InputLayer\", \"name\": \"x\", \"inputs\": [], \"shape\": [4]},\n"
+        "  {\"class_name\": \"Dense\", \"name\": \"h\", \"inputs\": [\"x\"], \"units\": 8,\n"
+        "   \"activation\": \"tanh\", \"kernel_initializer\": \"he_uniform\"},\n"
+        "  {\"class_name\": \"Dense\", \"name\": \"logits\", \"inputs\": [\"h\"], \"units\": 2},\n"
+        "  {\"class_name\": \"Activation\", \"name\": \"p\", \"inputs\": [\"logits\"],\n"
+        "   \"activation\": \"softmax\", \"policy\": \"float32\"}]}\n");
+    fclose(f);
+    assert_int_equal(run("train --data %1$s/train.csv --test-data %1$s/test.csv --model "
+                         "%1$s/model.json --epochs 5 --batch-size 32 --lr 0.01 --save "
+                         "%1$s/mf.st --quiet"),
+                     0);
+    const char *o = output();
+    assert_non_null(strstr(o, "policy mixed_float16"));
+    assert_true(atof(strstr(o, "accuracy ") + 9) >= 0.95);
+    assert_int_equal(run("evaluate %1$s/mf.st --data %1$s/test.csv"), 0);
+    assert_non_null(strstr(output(), "(policy mixed_float16)"));
+    /* --policy replaces the file's */
+    assert_int_equal(run("train --data %1$s/train.csv --model %1$s/model.json --epochs 1 "
+                         "--policy float32"),
+                     0);
+    assert_non_null(strstr(output(), "policy float32:"));
+    /* broken files */
+    const char *bad[][2] = {
+        {"{\"format\": \"mixprec.model\", \"version\": 2, \"layers\": [", "not valid JSON"},
+        {"{\"format\": \"mixprec.model\", \"version\": 2, \"layers\": [{\"class_name\": "
+         "\"InputLayer\", \"name\": \"x\", \"inputs\": [], \"shape\": [4]}, {\"class_name\": "
+         "\"Dense\", \"name\": \"h\", \"inputs\": [\"x\"], \"units\": 0}]}",
+         "layer 'h' (Dense): 'units'"},
+        {"{\"format\": \"mixprec.model\", \"version\": 2, \"layers\": [{\"class_name\": "
+         "\"InputLayer\", \"name\": \"x\", \"inputs\": [], \"shape\": [4]}, {\"class_name\": "
+         "\"Dense\", \"name\": \"h\", \"inputs\": [\"x\"], \"units\": 3, \"activaton\": "
+         "\"relu\"}]}",
+         "unknown field 'activaton'"},
+        {"{\"format\": \"mixprec.model\", \"version\": 2, \"layers\": [{\"class_name\": "
+         "\"InputLayer\", \"name\": \"x\", \"inputs\": [], \"shape\": [4]}, {\"class_name\": "
+         "\"Dense\", \"name\": \"h\", \"inputs\": [\"y\"], \"units\": 3}]}",
+         "input 'y'"},
+        {"{\"format\": \"mixprec.model\", \"version\": 9, \"layers\": []}", "'version'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(p, "w");
+        fprintf(f, "%s", bad[i][0]);
+        fclose(f);
+        assert_int_equal(run("train --data %1$s/train.csv --model %1$s/model.json --quiet"), 2);
+        o = output();
+        assert_non_null(strstr(o, "model.json"));
+        assert_non_null(strstr(o, bad[i][1]));
+        assert_null(strchr(o, '\n') == NULL ? NULL : strchr(strchr(o, '\n') + 1, '\n'));
+    }
+    assert_int_equal(run("train --data %1$s/train.csv --model %1$s/nothing.json"), 2);
+    assert_non_null(strstr(output(), "nothing.json"));
+    assert_int_equal(run("train --data %1$s/train.csv --model %1$s/model.json --hidden 3"), 2);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -318,6 +425,8 @@ int main(void)
         cmocka_unit_test(test_train_save_evaluate_predict),
         cmocka_unit_test(test_checkpoint_resume),
         cmocka_unit_test(test_interrupt_and_resume),
+        cmocka_unit_test(test_evaluate_under_another_policy),
+        cmocka_unit_test(test_model_file),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests_name("cli", tests, setup, teardown);

@@ -6,6 +6,9 @@
  * A dataset holds n samples of `dim` float32 features (row-major [n, dim])
  * and one int32 class label per sample in [0, classes). It is immutable once
  * built, so several threads may read one dataset at a time. */
+/* The whole API, in order: this part compiles when included alone. */
+#include "../mixprec.h"
+
 #ifndef MIXPREC_DATA_H
 #define MIXPREC_DATA_H
 

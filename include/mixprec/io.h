@@ -1,6 +1,9 @@
 /* mixprec/io.h - safetensors files: named tensors with a JSON header
  * (8-byte little-endian header length, the header, raw little-endian data),
  * and model weights saved and loaded through them. Included by mixprec.h. */
+/* The whole API, in order: this part compiles when included alone. */
+#include "../mixprec.h"
+
 #ifndef MIXPREC_IO_H
 #define MIXPREC_IO_H
 

@@ -1,5 +1,8 @@
 /* mixprec/nn.h - precision policies, layers, functional models, losses and
  * the precision plan (model summary). Included by mixprec.h. */
+/* The whole API, in order: this part compiles when included alone. */
+#include "../mixprec.h"
+
 #ifndef MIXPREC_NN_H
 #define MIXPREC_NN_H
 

@@ -4,6 +4,9 @@
  *
  * Everything here works on parameters (mp_param), not on models: the model
  * hands its parameters over and keeps owning their storage. */
+/* The whole API, in order: this part compiles when included alone. */
+#include "../mixprec.h"
+
 #ifndef MIXPREC_OPTIM_H
 #define MIXPREC_OPTIM_H
 

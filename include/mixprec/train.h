@@ -2,6 +2,9 @@
  * scaling rule, and train it step by step (the custom-loop pieces live in
  * mixprec/optim.h; fit/evaluate/predict build on these steps). Included by
  * mixprec.h. */
+/* The whole API, in order: this part compiles when included alone. */
+#include "../mixprec.h"
+
 #ifndef MIXPREC_TRAIN_H
 #define MIXPREC_TRAIN_H
 

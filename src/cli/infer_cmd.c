@@ -128,8 +128,8 @@ int mp_cli_evaluate(int argc, char **argv)
     if (rc)
         fprintf(stderr, "mixprec: %s\n", mp_last_error());
     else
-        printf("%lld samples: loss %.4f - accuracy %.4f\n", (long long)mp_dataset_count(ds), loss,
-               acc);
+        printf("%lld samples: loss %.8g - accuracy %.4f (policy %s)\n",
+               (long long)mp_dataset_count(ds), loss, acc, mp_model_policy(m).name);
     mp_model_free(m);
     mp_dataset_free(ds);
     return rc;

@@ -1,5 +1,6 @@
-/* train_cmd.c - `mixprec train` and `mixprec demo`: build an MLP from flags,
- * load data, compile, fit, evaluate on the test set, report time and memory.
+/* train_cmd.c - `mixprec train` and `mixprec demo`: build an MLP from flags
+ * (or any model from a JSON file), load data, compile, fit, evaluate on the
+ * test set, report time and memory.
  * All the work is library calls; this file parses flags and prints. */
 #include <errno.h>
 #include <math.h>
@@ -40,7 +41,11 @@ typedef struct {
     const char *checkpoint_dir, *resume;
     int keep_last;
     const char *model_flag; /* the first flag that --resume takes from the checkpoint */
-    bool epochs_given;
+    const char *mlp_flag;   /* the first flag that only the --hidden MLP takes */
+    bool epochs_given, policy_given;
+    const char *model_file; /* --model */
+    mp_model *model;        /* built from model_file before the data is read */
+    size_t model_base;      /* library bytes before it was built */
 } train_args;
 
 static void train_usage(FILE *f)
@@ -52,7 +57,10 @@ static void train_usage(FILE *f)
         "  --data-dir DIR                  Fashion-MNIST files (default $" MP_FASHION_MNIST_ENV
         " or /usr/share/datasets/fashion-mnist)\n"
         "  --test-data PATH.csv            evaluate on this CSV after training\n"
-        "  --hidden N,N,...                hidden layer sizes (default 4096,4096)\n"
+        "  --model FILE.json               build the model from a JSON configuration (the schema\n"
+        "                                  of the README's \"Model files\"; --policy, if given,\n"
+        "                                  replaces the file's policy)\n"
+        "  --hidden N,N,...                hidden layer sizes of the MLP (default 4096,4096)\n"
         "  --activation NAME               relu, gelu, gelu_tanh, sigmoid, tanh (default relu)\n"
         "  --policy NAME                   float32, mixed_float16, mixed_bfloat16, float16, "
         "bfloat16\n"
@@ -143,6 +151,9 @@ static int parse_train_args(int argc, char **argv, train_args *a)
         } else if (!strcmp(f, "--data")) {
             NEED_VALUE;
             a->data = v;
+        } else if (!strcmp(f, "--model")) {
+            NEED_VALUE;
+            a->model_file = v;
         } else if (!strcmp(f, "--data-dir")) {
             NEED_VALUE;
             a->data_dir = v;
@@ -171,6 +182,7 @@ static int parse_train_args(int argc, char **argv, train_args *a)
                 return bad(f, v,
                            "expected float32, mixed_float16, mixed_bfloat16, float16 or bfloat16");
             a->policy = v;
+            a->policy_given = true;
         } else if (!strcmp(f, "--optimizer")) {
             NEED_VALUE;
             if (!strcmp(v, "sgd"))
@@ -265,16 +277,22 @@ static int parse_train_args(int argc, char **argv, train_args *a)
         static const char *const from_checkpoint[] = {
             "--hidden",     "--activation", "--policy",     "--optimizer",
             "--lr",         "--seed",       "--batch-size", "--validation-split",
-            "--no-shuffle", "--loss-scale", "--init-from"};
+            "--no-shuffle", "--loss-scale", "--init-from",  "--model"};
         for (size_t k = 0; k < sizeof from_checkpoint / sizeof *from_checkpoint; k++)
             if (!strcmp(f, from_checkpoint[k]) && !a->model_flag) a->model_flag = f;
         if (!strcmp(f, "--epochs")) a->epochs_given = true;
+        if ((!strcmp(f, "--hidden") || !strcmp(f, "--activation")) && !a->mlp_flag) a->mlp_flag = f;
     }
     if (a->resume && a->model_flag) {
         fprintf(stderr,
                 "mixprec train: --resume takes %s from the checkpoint; leave it out (it must not "
                 "change mid-run)\n",
                 a->model_flag + 2);
+        return 2;
+    }
+    if (a->model_file && a->mlp_flag) {
+        fprintf(stderr, "mixprec train: %s shapes the built-in MLP; --model FILE gives the model\n",
+                a->mlp_flag);
         return 2;
     }
     if ((a->checkpoint_every || a->keep_last) && !a->checkpoint_dir && !a->resume)
@@ -345,17 +363,36 @@ static int load_data(const train_args *a, bool train, mp_dataset **out)
     return a->test_data ? mp_cli_load_spec(a->test_data, a->data_dir, false, out) : 0;
 }
 
-/* The seed MLP from the flags, built and compiled. */
+/* The model of --model FILE (its batch bound from --batch-size), or NULL
+ * after printing the file's problem. */
+static mp_model *model_from_file(const train_args *a)
+{
+    mp_model *m = NULL;
+    if (mp_model_from_config_file(a->model_file, a->policy_given ? a->policy : NULL, a->seed,
+                                  a->batch, &m)) {
+        fprintf(stderr, "mixprec train: --model %s\n", mp_last_error());
+        return NULL;
+    }
+    return m;
+}
+
+/* The model (from --model, else the seed MLP from the flags), built and
+ * compiled. Takes a->model. */
 static mp_model *build_from_flags(const train_args *a, const mp_dataset *train)
 {
-    mp_set_global_policy(a->policy);
-    mp_model *m = mp_model_new(a->seed);
-    mp_node x = mp_input(m, 1, (int64_t[]){mp_dataset_dim(train)}, NULL);
-    for (int i = 0; i < a->nhidden; i++) x = mp_dense(m, x, a->hidden[i], a->act, NULL);
-    x = mp_dense(m, x, mp_dataset_classes(train), MP_ACT_NONE, NULL);
-    /* the final softmax in float32 under every mixed policy (Keras' advice) */
-    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
-    mp_set_global_policy("float32");
+    mp_model *m = a->model;
+    if (!m) {
+        m = mp_model_new_with_policy(a->seed, a->policy);
+        mp_node x = mp_input(m, 1, (int64_t[]){mp_dataset_dim(train)}, NULL);
+        for (int i = 0; i < a->nhidden; i++) x = mp_dense(m, x, a->hidden[i], a->act, NULL);
+        x = mp_dense(m, x, mp_dataset_classes(train), MP_ACT_NONE, NULL);
+        /* the final softmax in float32 under every mixed policy (Keras' advice) */
+        x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+        if (mp_model_build(m, x, a->batch)) {
+            mp_model_free(m);
+            return NULL;
+        }
+    }
     mp_compile_options co = mp_compile_options_default();
     co.optimizer = mp_optimizer_config_default(a->optimizer);
     co.optimizer.learning_rate = a->lr;
@@ -363,8 +400,7 @@ static mp_model *build_from_flags(const train_args *a, const mp_dataset *train)
     co.loss_scaling = a->loss_scaling;
     if (a->loss_scaling == MP_LOSS_SCALING_STATIC)
         co.scaler = mp_loss_scaler_config_static(a->static_scale);
-    if (mp_model_build(m, x, a->batch) ||
-        (a->init_from && mp_model_load_weights(m, a->init_from)) || mp_model_compile(m, &co)) {
+    if ((a->init_from && mp_model_load_weights(m, a->init_from)) || mp_model_compile(m, &co)) {
         mp_model_free(m);
         return NULL;
     }
@@ -402,7 +438,7 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
 {
     if (a->threads) mp_set_num_threads(a->threads);
     mp_mem_reset_peaks();
-    size_t base = model_peak_bytes(), step_base = step_peak_bytes();
+    size_t base = a->model ? a->model_base : model_peak_bytes(), step_base = step_peak_bytes();
     mp_fit_options fo = mp_fit_options_default();
     mp_fit_state resume, final_state;
     memset(&resume, 0, sizeof resume);
@@ -512,9 +548,15 @@ int mp_cli_train(int argc, char **argv)
     train_args a;
     int rc = parse_train_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : rc;
+    if (a.model_file) { /* a bad file is a usage error, found before the data loads */
+        mp_mem_reset_peaks();
+        a.model_base = model_peak_bytes();
+        if (!(a.model = model_from_file(&a))) return 2;
+    }
     mp_dataset *train = NULL, *test = NULL;
     if (load_data(&a, true, &train) || load_data(&a, false, &test)) {
         mp_dataset_free(train);
+        mp_model_free(a.model);
         return 1;
     }
     if (!a.quiet)

@@ -94,14 +94,25 @@ typedef struct {
 } scratch;
 static _Thread_local scratch scratch_slots[MP_SCRATCH_SLOTS];
 
+size_t mp_scratch_fail_above = SIZE_MAX;
+
 void *mp_scratch(int slot, size_t bytes)
 {
     scratch *s = &scratch_slots[slot];
     bytes = (bytes + 4095) & ~(size_t)4095;
+    if (bytes > mp_scratch_fail_above) {
+        mp_set_error(MP_ERR_NOMEM, "scratch: cannot allocate %zu bytes (test limit)", bytes);
+        return NULL;
+    }
     if (s->bytes < bytes) {
+        /* charged as workspace for as long as the thread keeps it, so the
+         * per-category figures include the kernels' packing buffers */
         mp_region_free(s->p, s->bytes);
+        mp_mem_uncharge(MP_MEM_WORKSPACE, s->bytes);
         s->p = mp_region_alloc(bytes);
         s->bytes = s->p ? bytes : 0;
+        mp_mem_charge(MP_MEM_WORKSPACE, s->bytes);
+        if (!s->p) mp_set_error(MP_ERR_NOMEM, "scratch: cannot allocate %zu bytes", bytes);
     }
     return s->p;
 }

@@ -539,7 +539,7 @@ mp_status mp_model_save_weights_ex(mp_model *m, const char *path, const char *co
         return mp_set_error(MP_ERR_NOMEM, "save: out of memory");
     }
     mp_model_param_tensors(m, t);
-    mp_policy g = mp_global_policy();
+    mp_policy g = mp_model_policy(m); /* the policy it was built under */
     const char *keys[64] = {"format", "mixprec_version", "mixprec.config", "mixprec.global_policy"};
     const char *vals[64] = {"pt", MP_VERSION_STRING, config, g.name};
     for (int i = 0; i < n_meta; i++) {

@@ -343,7 +343,7 @@ mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_s
             goto done;
         }
     }
-    mp_policy g = mp_global_policy();
+    mp_policy g = mp_model_policy(m); /* the policy it was built under */
     const char *keys[6] = {"format", "mixprec_version", "mixprec.config", "mixprec.global_policy"};
     const char *vals[6] = {"pt", MP_VERSION_STRING, config, g.name};
     int nm = 4;
