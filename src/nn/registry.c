@@ -13,7 +13,8 @@
     X(flatten)                                                                                     \
     X(reshape)                                                                                     \
     X(add)                                                                                         \
-    X(layer_norm)
+    X(layer_norm)                                                                                  \
+    X(embedding)
 
 #define DECLARE(kind) extern const mp_layer_ops mp_##kind##_ops;
 MP_LAYER_KINDS(DECLARE)
