@@ -80,6 +80,10 @@ enum {
 };
 mp_status mp_layer_add_param(mp_model *m, mp_layer *l, mp_param_role role, const char *name,
                              int ndim, const int64_t *shape, unsigned flags);
+/* Keras's fans of a parameter's shape: the receptive field is the product of
+ * all but the last two dimensions; fan_in = shape[-2] * receptive, fan_out =
+ * shape[-1] * receptive; a 1-D shape has both equal to its length. */
+void mp_param_fans(const mp_model_param *p, double *fan_in, double *fan_out);
 /* The j-th parameter l declared. */
 static inline mp_model_param *mp_layer_param(mp_model *m, const mp_layer *l, int j)
 {

@@ -81,9 +81,7 @@ mp_status mp_layer_add_param(mp_model *m, mp_layer *l, mp_param_role role, const
 
 /* ---------------------------------------------------------- initializers */
 
-/* Keras's fans: the receptive field is the product of all but the last two
- * dimensions. */
-static void fans(const mp_model_param *p, double *fan_in, double *fan_out)
+void mp_param_fans(const mp_model_param *p, double *fan_in, double *fan_out)
 {
     if (p->ndim == 0) {
         *fan_in = *fan_out = 1;
@@ -110,7 +108,7 @@ static void uniform_init(float *w, int64_t n, float limit, uint64_t seed)
 static void initialize(const mp_model_param *p, mp_initializer init, uint64_t seed, float *w)
 {
     double fan_in, fan_out;
-    fans(p, &fan_in, &fan_out);
+    mp_param_fans(p, &fan_in, &fan_out);
     switch (init) {
     case MP_INIT_ONES:
         for (int64_t i = 0; i < p->n; i++) w[i] = 1.0f;

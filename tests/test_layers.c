@@ -1,0 +1,443 @@
+/* test_layers.c - the layer interface and what it carries: Keras's fans and
+ * initializers (defaults by role, overrides per layer and in JSON), Reshape
+ * and Flatten as views, Add over any number of inputs, errors that name the
+ * layer and the field, the model's policy and explicit per-layer policies
+ * through a saved configuration, and a version-1 checkpoint of the corpus
+ * that reproduces and resumes bit for bit. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "nn/layer.h"
+
+/* ------------------------------------------------------------ helpers */
+
+static void fill(float *x, int64_t n, uint64_t seed)
+{
+    test_rng r = {seed};
+    for (int64_t i = 0; i < n; i++) x[i] = (float)test_rng_uniform(&r, -1, 1);
+}
+
+static mp_model *from_json(const char *text, mp_status want)
+{
+    mp_model *m = NULL;
+    mp_status s = mp_model_from_config(text, 4, INT64_MAX, &m);
+    if (s != want) fail_msg("status %d, want %d: %s", (int)s, (int)want, mp_last_error());
+    return m;
+}
+
+#define CONFIG_HEAD                                                                                \
+    "{\"format\": \"mixprec.model\", \"version\": 2, \"seed\": \"0x7\", \"layers\": ["
+#define INPUT8 "{\"class_name\": \"InputLayer\", \"name\": \"x\", \"inputs\": [], \"shape\": [8]}"
+
+/* --------------------------------------------------------- initializers */
+
+static void test_param_fans(void **state)
+{
+    (void)state;
+    mp_model_param p = {.ndim = 4, .shape = {3, 3, 16, 32}};
+    double fi, fo;
+    mp_param_fans(&p, &fi, &fo); /* a conv kernel, as Keras computes it */
+    assert_true(fi == 3 * 3 * 16 && fo == 3 * 3 * 32);
+    p = (mp_model_param){.ndim = 2, .shape = {784, 4096}};
+    mp_param_fans(&p, &fi, &fo);
+    assert_true(fi == 784 && fo == 4096);
+    p = (mp_model_param){.ndim = 1, .shape = {10}};
+    mp_param_fans(&p, &fi, &fo);
+    assert_true(fi == 10 && fo == 10);
+    p = (mp_model_param){.ndim = 3, .shape = {5, 7, 11}};
+    mp_param_fans(&p, &fi, &fo);
+    assert_true(fi == 35 && fo == 55);
+}
+
+/* w is U(-limit, limit): every |w| <= limit, the largest within 1% of it
+ * (n = 60000 draws miss the top 1% with probability 0.99^60000 < 1e-261),
+ * and the mean within 5 standard errors (limit / sqrt(3 n)) of zero. */
+static void assert_uniform(const float *w, int64_t n, double limit)
+{
+    double mx = 0, sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        mx = fmax(mx, fabs(w[i]));
+        sum += w[i];
+    }
+    assert_true(mx <= limit && mx >= 0.99 * limit);
+    assert_true(fabs(sum / (double)n) < 5 * limit / sqrt(3.0 * (double)n));
+}
+
+static void test_initializers(void **state)
+{
+    (void)state;
+    mp_model *m = mp_model_new(3);
+    mp_node x = mp_input(m, 1, (int64_t[]){300}, NULL);
+    mp_node a = mp_dense(m, x, 200, MP_ACT_NONE, NULL); /* glorot_uniform, zeros */
+    mp_layer_options he = {
+        .initializers = {[MP_ROLE_KERNEL] = MP_INIT_HE_UNIFORM, [MP_ROLE_BIAS] = MP_INIT_ONES}};
+    mp_node b = mp_dense(m, a, 200, MP_ACT_NONE, &he);
+    mp_layer_options lecun = {.initializers = {[MP_ROLE_KERNEL] = MP_INIT_LECUN_UNIFORM}};
+    b = mp_dense(m, b, 300, MP_ACT_NONE, &lecun);
+    mp_layer_options bad = {.initializers = {[MP_ROLE_KERNEL] = (mp_initializer)99}};
+    assert_int_equal(mp_model_build(m, b, 4), MP_OK);
+    (void)bad;
+    assert_uniform(mp_model_get_param(m, 0)->master, 300 * 200, sqrt(6.0 / 500));
+    for (int i = 0; i < 200; i++) assert_true(mp_model_get_param(m, 1)->master[i] == 0.0f);
+    assert_uniform(mp_model_get_param(m, 2)->master, 200 * 200, sqrt(6.0 / 200));
+    for (int i = 0; i < 200; i++) assert_true(mp_model_get_param(m, 3)->master[i] == 1.0f);
+    assert_uniform(mp_model_get_param(m, 4)->master, 200 * 300, sqrt(3.0 / 200));
+    /* the overrides are part of the configuration and come back from it */
+    char *json = mp_model_config_json(m);
+    assert_non_null(strstr(json, "\"kernel_initializer\":\"he_uniform\""));
+    assert_non_null(strstr(json, "\"bias_initializer\":\"ones\""));
+    mp_model *r = from_json(json, MP_OK);
+    for (int i = 0; i < mp_model_num_params(m); i++) {
+        mp_model_param *p = mp_model_get_param(m, i), *q = mp_model_get_param(r, i);
+        assert_string_equal(p->name, q->name);
+        assert_memory_equal(p->master, q->master, (size_t)p->n * sizeof(float));
+    }
+    free(json);
+    mp_model_free(r);
+    mp_model_free(m);
+    /* an unknown initializer: refused by the constructor and in JSON */
+    m = mp_model_new(3);
+    x = mp_input(m, 1, (int64_t[]){4}, NULL);
+    assert_int_equal(mp_dense(m, x, 2, MP_ACT_NONE, &bad), -1);
+    assert_non_null(strstr(mp_last_error(), "initializer"));
+    mp_model_free(m);
+    from_json(CONFIG_HEAD INPUT8 ", {\"class_name\": \"Dense\", \"name\": \"d\", \"inputs\": "
+                                 "[\"x\"], \"units\": 2, \"kernel_initializer\": \"normal\"}]}",
+              MP_ERR_FORMAT);
+    assert_non_null(strstr(mp_last_error(), "layer 'd'"));
+    assert_non_null(strstr(mp_last_error(), "kernel_initializer"));
+}
+
+/* ------------------------------------------------------- views and Add */
+
+/* Reshape and Flatten move no data: a model with two reshapes between its
+ * Dense layers computes the same bits as one without them, and the
+ * reshape's output is the Dense output's storage. */
+static void test_reshape_is_a_view(void **state)
+{
+    (void)state;
+    mp_layer_options s1 = {.seed = 11}, s2 = {.seed = 12};
+    mp_model *a = mp_model_new(1), *b = mp_model_new(1);
+    mp_node xa = mp_input(a, 1, (int64_t[]){12}, NULL);
+    mp_node da = mp_dense(a, xa, 12, MP_ACT_TANH, &s1);
+    mp_node r1 = mp_reshape(a, da, 2, (int64_t[]){3, 4}, NULL);
+    mp_node r2 = mp_reshape(a, r1, 2, (int64_t[]){-1, 6}, NULL);
+    mp_node f = mp_flatten(a, r2, NULL);
+    mp_node oa = mp_dense(a, f, 5, MP_ACT_NONE, &s2);
+    mp_node xb = mp_input(b, 1, (int64_t[]){12}, NULL);
+    mp_node ob = mp_dense(b, mp_dense(b, xb, 12, MP_ACT_TANH, &s1), 5, MP_ACT_NONE, &s2);
+    assert_int_equal(mp_model_build(a, oa, 4), MP_OK);
+    assert_int_equal(mp_model_build(b, ob, 4), MP_OK);
+    mp_layer_info li;
+    mp_model_layer_info(a, r2, 4, &li);
+    assert_true(li.ndim == 2 && li.shape[0] == 2 && li.shape[1] == 6 && li.saved_bytes == 0);
+    float x[48], dy[20];
+    fill(x, 48, 5);
+    fill(dy, 20, 6);
+    mp_tensor tx, tdy;
+    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){4, 12}, x);
+    mp_tensor_wrap(&tdy, MP_F32, 2, (int64_t[]){4, 5}, dy);
+    const mp_tensor *ya, *yb;
+    assert_int_equal(mp_model_forward(a, &tx, true, &ya), MP_OK);
+    assert_int_equal(mp_model_forward(b, &tx, true, &yb), MP_OK);
+    assert_ptr_equal(mp_model_node_output(a, r2)->data, mp_model_node_output(a, da)->data);
+    assert_memory_equal(ya->data, yb->data, 20 * sizeof(float));
+    assert_int_equal(mp_model_backward(a, &tdy, false), MP_OK);
+    assert_int_equal(mp_model_backward(b, &tdy, false), MP_OK);
+    for (int i = 0; i < 4; i++) {
+        mp_model_param *p = mp_model_get_param(a, i), *q = mp_model_get_param(b, i);
+        assert_memory_equal(p->grad, q->grad, (size_t)p->n * sizeof(float));
+    }
+    mp_model_free(a);
+    mp_model_free(b);
+    /* targets that do not fit */
+    mp_model *m = mp_model_new(1);
+    mp_node x0 = mp_input(m, 1, (int64_t[]){12}, NULL);
+    assert_int_equal(mp_reshape(m, x0, 2, (int64_t[]){5, 5}, NULL), -1);
+    assert_non_null(strstr(mp_last_error(), "reshape 'reshape'"));
+    mp_model_free(m);
+    m = mp_model_new(1);
+    x0 = mp_input(m, 1, (int64_t[]){12}, NULL);
+    assert_int_equal(mp_reshape(m, x0, 2, (int64_t[]){-1, -1}, NULL), -1);
+    mp_model_free(m);
+}
+
+/* Add sums any number of inputs left to right in the compute dtype and gives
+ * each the output's gradient. */
+static void test_add_many(void **state)
+{
+    (void)state;
+    mp_model *m = mp_model_new(2);
+    mp_node x = mp_input(m, 1, (int64_t[]){8}, NULL);
+    mp_node d[3];
+    for (int i = 0; i < 3; i++) d[i] = mp_dense(m, x, 8, MP_ACT_NONE, NULL);
+    mp_node s = mp_add_n(m, 3, d, NULL);
+    assert_int_equal(mp_model_build(m, s, 2), MP_OK);
+    float xv[16], dy[16];
+    fill(xv, 16, 7);
+    fill(dy, 16, 8);
+    mp_tensor tx, tdy;
+    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){2, 8}, xv);
+    mp_tensor_wrap(&tdy, MP_F32, 2, (int64_t[]){2, 8}, dy);
+    const mp_tensor *y;
+    assert_int_equal(mp_model_forward(m, &tx, false, &y), MP_OK);
+    const float *a = mp_model_node_output(m, d[0])->data, *b = mp_model_node_output(m, d[1])->data,
+                *c = mp_model_node_output(m, d[2])->data, *out = y->data;
+    for (int i = 0; i < 16; i++) assert_true(out[i] == (a[i] + b[i]) + c[i]);
+    assert_int_equal(mp_model_backward(m, &tdy, false), MP_OK);
+    for (int k = 0; k < 3; k++)
+        assert_memory_equal(mp_model_node_grad(m, d[k])->data, dy, sizeof dy);
+    mp_model_free(m);
+    m = mp_model_new(2);
+    x = mp_input(m, 1, (int64_t[]){8}, NULL);
+    assert_int_equal(mp_add_n(m, 1, &x, NULL), -1);
+    assert_non_null(strstr(mp_last_error(), "Add takes 2 or more inputs"));
+    mp_model_free(m);
+}
+
+/* --------------------------------------------------------------- errors */
+
+static void test_errors_name_layer_and_field(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json, *want[2];
+    } cases[] = {
+        {CONFIG_HEAD INPUT8
+         ", {\"class_name\": \"Conv9D\", \"name\": \"c\", \"inputs\": [\"x\"]}]}",
+         {"layer 'c'", "Conv9D"}},
+        {CONFIG_HEAD INPUT8 ", {\"class_name\": \"Dense\", \"name\": \"d\", \"inputs\": [\"x\"], "
+                            "\"units\": 2, \"unit\": 3}]}",
+         {"layer 'd'", "unknown field 'unit'"}},
+        {CONFIG_HEAD INPUT8 ", {\"class_name\": \"Dense\", \"name\": \"d\", \"inputs\": [\"x\"], "
+                            "\"units\": 2.5}]}",
+         {"layer 'd'", "'units'"}},
+        {CONFIG_HEAD INPUT8 ", {\"class_name\": \"Dropout\", \"name\": \"p\", \"inputs\": [\"x\"], "
+                            "\"rate\": 1}]}",
+         {"layer 'p'", "'rate'"}},
+        {CONFIG_HEAD INPUT8 ", {\"class_name\": \"Add\", \"name\": \"s\", \"inputs\": [\"x\"]}]}",
+         {"Add takes 2 or more inputs", "got 1"}},
+        {CONFIG_HEAD INPUT8 ", {\"class_name\": \"Dense\", \"name\": \"d\", \"inputs\": [\"x\"], "
+                            "\"units\": 2, \"policy\": \"float64\"}]}",
+         {"float64", "policy"}},
+        {CONFIG_HEAD "{\"class_name\": \"InputLayer\", \"name\": \"x\", \"inputs\": [], \"shape\": "
+                     "[8], \"dtype\": \"float16\"}]}",
+         {"layer 'x'", "'dtype'"}},
+        {CONFIG_HEAD INPUT8 "], \"output\": \"y\"}", {"output 'y'", "not a layer"}},
+        {CONFIG_HEAD INPUT8 ", {\"class_name\": \"Reshape\", \"name\": \"r\", \"inputs\": [\"x\"], "
+                            "\"target_shape\": [3, 3]}]}",
+         {"reshape 'r'", "does not fit"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mp_model *m = NULL;
+        mp_status s = mp_model_from_config(cases[i].json, 4, INT64_MAX, &m);
+        assert_int_not_equal(s, MP_OK);
+        assert_null(m);
+        for (int k = 0; k < 2; k++)
+            if (!strstr(mp_last_error(), cases[i].want[k]))
+                fail_msg("case %zu: '%s' lacks '%s'", i, mp_last_error(), cases[i].want[k]);
+    }
+    /* int32 data only feeds layers that read integers */
+    mp_model *m = mp_model_new(1);
+    mp_node ids = mp_input_ex(m, 1, (int64_t[]){6}, MP_I32, NULL);
+    assert_int_equal(mp_dense(m, ids, 4, MP_ACT_NONE, NULL), -1);
+    assert_non_null(strstr(mp_last_error(), "int32"));
+    mp_model_free(m);
+    m = mp_model_new(1);
+    assert_int_equal(mp_input_ex(m, 1, (int64_t[]){6}, MP_F16, NULL), -1);
+    mp_model_free(m);
+}
+
+/* ------------------------------------------------------------- policies */
+
+/* The model's policy and each layer's explicit one survive the saved
+ * configuration, whatever the global policy is when it is written; another
+ * policy replaces the model's and keeps the explicit ones. */
+static void test_policy_through_config(void **state)
+{
+    (void)state;
+    mp_set_global_policy("mixed_bfloat16");
+    mp_model *m = mp_model_new(9);
+    mp_node x = mp_input(m, 1, (int64_t[]){8}, NULL);
+    x = mp_dense(m, x, 8, MP_ACT_RELU, NULL);
+    mp_node logits = mp_dense(m, x, 3, MP_ACT_NONE, NULL);
+    mp_node p =
+        mp_activation_layer(m, logits, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+    assert_int_equal(mp_model_build(m, p, 4), MP_OK);
+    mp_set_global_policy("float32"); /* what the CLI did before saving */
+    char *json = mp_model_config_json(m);
+    assert_non_null(strstr(json, "\"policy\":\"mixed_bfloat16\""));
+    static const struct {
+        const char *override, *dense, *softmax;
+    } cases[] = {{NULL, "mixed_bfloat16", "float32"},
+                 {"mixed_float16", "mixed_float16", "float32"},
+                 {"float32", "float32", "float32"},
+                 {"bfloat16", "bfloat16", "float32"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mp_model *r = NULL;
+        assert_int_equal(mp_model_from_config_ex(json, cases[i].override, 4, INT64_MAX, &r), MP_OK);
+        assert_string_equal(mp_model_policy(r).name, cases[i].dense);
+        mp_layer_info li;
+        mp_model_layer_info(r, 1, 1, &li);
+        assert_string_equal(li.policy.name, cases[i].dense);
+        assert_false(li.policy_explicit);
+        mp_model_layer_info(r, 3, 1, &li);
+        assert_string_equal(li.policy.name, cases[i].softmax);
+        assert_true(li.policy_explicit);
+        mp_model_free(r);
+    }
+    free(json);
+    mp_model_free(m);
+    /* a model with its own policy ignores the global one */
+    mp_model *w = mp_model_new_with_policy(1, "mixed_float16");
+    x = mp_input(w, 1, (int64_t[]){4}, NULL);
+    x = mp_dense(w, x, 2, MP_ACT_NONE, NULL);
+    mp_layer_info li;
+    mp_model_layer_info(w, 1, 1, &li);
+    assert_string_equal(li.policy.name, "mixed_float16");
+    assert_false(li.policy_explicit);
+    mp_model_free(w);
+    assert_null(mp_model_new_with_policy(1, "float64"));
+}
+
+/* ------------------------------------------------------ version 1 files */
+
+/* What fuzz/make_corpus.c did to write the version-1 seed
+ * tests/fuzz/corpus/valid-fit-mixed_bfloat16-residual-adamw: a residual
+ * model under mixed_bfloat16, AdamW with cosine decay and stochastic
+ * rounding, fit for 7 of 12 steps. */
+static mp_model *corpus_model(void)
+{
+    mp_set_global_policy("mixed_bfloat16");
+    mp_model *m = mp_model_new(1234);
+    mp_node in = mp_input(m, 1, (int64_t[]){4}, NULL);
+    mp_node x = mp_dense(m, in, 4, MP_ACT_GELU, NULL);
+    x = mp_dropout(m, x, 0.25f, NULL);
+    x = mp_add(m, in, x, NULL);
+    x = mp_layer_norm(m, x, 1e-3f, NULL);
+    x = mp_dense(m, x, 3, MP_ACT_NONE, NULL);
+    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+    assert_int_equal(mp_model_build(m, x, 8), MP_OK);
+    mp_set_global_policy("float32");
+    mp_compile_options co = mp_compile_options_default();
+    co.optimizer = mp_optimizer_config_default(MP_OPTIMIZER_ADAMW);
+    co.optimizer.learning_rate = 3e-3f;
+    co.optimizer.schedule.decay = MP_LR_COSINE;
+    co.optimizer.schedule.decay_steps = 20;
+    co.optimizer.schedule.final_lr = 1e-4f;
+    co.optimizer.schedule.warmup_steps = 2;
+    co.optimizer.rounding = MP_ROUND_STOCHASTIC;
+    co.optimizer.seed = 77;
+    co.loss_scaling = MP_LOSS_SCALING_NONE;
+    co.scaler.growth_interval = 3;
+    assert_int_equal(mp_model_compile(m, &co), MP_OK);
+    return m;
+}
+
+static mp_dataset *corpus_data(void)
+{
+    int64_t n = 30;
+    float x[120];
+    int32_t y[30];
+    uint64_t s = 99;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        y[i] = (int32_t)((s >> 33) % 3);
+        for (int j = 0; j < 4; j++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            x[i * 4 + j] = (float)((j == y[i] ? 1.5 : 0.0) + (double)(s >> 40) / (1 << 24) - 0.5);
+        }
+    }
+    mp_dataset *ds;
+    assert_int_equal(mp_dataset_from_arrays(x, y, n, 4, 3, &ds), MP_OK);
+    return ds;
+}
+
+static mp_fit_options corpus_fit(int64_t max_steps)
+{
+    mp_fit_options fo = mp_fit_options_default();
+    fo.batch_size = 8;
+    fo.epochs = 4;
+    fo.max_steps = max_steps;
+    fo.validation_split = 0.2;
+    fo.seed = 5;
+    fo.verbose = 0;
+    fo.patience = 3;
+    return fo;
+}
+
+/* Same masters, optimizer state and counters; and the same compute copies
+ * when both models ran a forward pass since their masters last changed (a
+ * loaded model refreshes its copies at its next forward). */
+static void assert_same_training(mp_model *a, mp_model *b, bool copies)
+{
+    assert_int_equal(mp_model_num_params(a), mp_model_num_params(b));
+    mp_optimizer *oa = mp_model_optimizer(a), *ob = mp_model_optimizer(b);
+    for (int i = 0; i < mp_model_num_params(a); i++) {
+        mp_model_param *p = mp_model_get_param(a, i), *q = mp_model_get_param(b, i);
+        assert_string_equal(p->name, q->name);
+        assert_memory_equal(p->master, q->master, (size_t)p->n * sizeof(float));
+        if (copies)
+            assert_memory_equal(p->weight, q->weight,
+                                (size_t)p->n * mp_dtype_size(p->weight_dtype));
+        for (int k = 0; k < mp_optimizer_num_slots(oa); k++)
+            assert_memory_equal(mp_optimizer_slot(oa, i, k, NULL),
+                                mp_optimizer_slot(ob, i, k, NULL), (size_t)p->n * sizeof(float));
+    }
+    assert_true(mp_optimizer_step_count(oa) == mp_optimizer_step_count(ob));
+    assert_true(mp_model_forward_count(a) == mp_model_forward_count(b));
+}
+
+/* The version-1 file loads into the model this version builds, holding the
+ * very bits this version computes for its first 7 steps; resumed from it,
+ * the run ends where a straight 12-step run ends. */
+static void test_v1_checkpoint_resumes_bit_exactly(void **state)
+{
+    (void)state;
+    const char *path = "tests/fuzz/corpus/valid-fit-mixed_bfloat16-residual-adamw";
+    mp_safetensors *f;
+    assert_int_equal(mp_safetensors_read(path, &f), MP_OK);
+    assert_non_null(strstr(mp_safetensors_metadata(f, "mixprec.config"), "\"version\":1"));
+    mp_safetensors_free(f);
+    mp_dataset *ds = corpus_data();
+
+    mp_model *seven = corpus_model();
+    mp_fit_options fo = corpus_fit(7);
+    assert_int_equal(mp_model_fit(seven, ds, &fo, NULL), MP_OK);
+    mp_model *loaded = NULL;
+    mp_fit_state st;
+    assert_int_equal(mp_model_from_checkpoint(path, 8, &loaded, &st), MP_OK);
+    assert_string_equal(mp_model_policy(loaded).name, "mixed_bfloat16");
+    assert_same_training(seven, loaded, false);
+
+    mp_model *straight = corpus_model();
+    fo = corpus_fit(0);
+    assert_int_equal(mp_model_fit(straight, ds, &fo, NULL), MP_OK);
+    fo.resume = &st;
+    assert_int_equal(mp_model_fit(loaded, ds, &fo, NULL), MP_OK);
+    assert_true(mp_model_forward_count(straight) > mp_model_forward_count(seven));
+    assert_same_training(straight, loaded, true);
+
+    mp_fit_state_free(&st);
+    mp_model_free(seven);
+    mp_model_free(straight);
+    mp_model_free(loaded);
+    mp_dataset_free(ds);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_param_fans),
+        cmocka_unit_test(test_initializers),
+        cmocka_unit_test(test_reshape_is_a_view),
+        cmocka_unit_test(test_add_many),
+        cmocka_unit_test(test_errors_name_layer_and_field),
+        cmocka_unit_test(test_policy_through_config),
+        cmocka_unit_test(test_v1_checkpoint_resumes_bit_exactly),
+    };
+    return cmocka_run_group_tests_name("layers", tests, NULL, NULL);
+}
