@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "core/internal.h"
 #include "nn/layer.h"
 
 /* ------------------------------------------------------------ helpers */
@@ -428,6 +429,58 @@ static void test_v1_checkpoint_resumes_bit_exactly(void **state)
     mp_dataset_free(ds);
 }
 
+/* ------------------------------------------------------ failing kernels */
+
+/* A GEMM that cannot get its packing buffers inside backward reports
+ * MP_ERR_NOMEM through mp_model_backward; once memory is back, the same
+ * backward gives the gradients of an undisturbed run. */
+static void test_gemm_failure_in_backward_is_reported(void **state)
+{
+    (void)state;
+    mp_model *m = mp_model_new(4);
+    mp_node x = mp_input(m, 1, (int64_t[]){512}, NULL);
+    x = mp_dense(m, x, 512, MP_ACT_RELU, NULL);
+    x = mp_dense(m, x, 512, MP_ACT_NONE, NULL);
+    assert_int_equal(mp_model_build(m, x, 64), MP_OK);
+    float *xv = malloc(64 * 512 * sizeof *xv), *dy = malloc(64 * 512 * sizeof *dy);
+    fill(xv, 64 * 512, 1);
+    fill(dy, 64 * 512, 2);
+    mp_tensor tx, tdy;
+    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){64, 512}, xv);
+    mp_tensor_wrap(&tdy, MP_F32, 2, (int64_t[]){64, 512}, dy);
+    assert_int_equal(mp_model_forward(m, &tx, true, NULL), MP_OK);
+    assert_int_equal(mp_model_backward(m, &tdy, false), MP_OK);
+    int np = mp_model_num_params(m);
+    float *ref[4];
+    for (int i = 0; i < np; i++) {
+        mp_model_param *p = mp_model_get_param(m, i);
+        ref[i] = malloc((size_t)p->n * sizeof(float));
+        memcpy(ref[i], p->grad, (size_t)p->n * sizeof(float));
+    }
+    /* packing a 64 x 512 float32 panel takes 128 KiB; the row-wise kernels
+     * of backward need a few KiB */
+    mp_scratch_fail_above = 64 << 10;
+    mp_status s = mp_model_backward(m, &tdy, false);
+    mp_scratch_fail_above = SIZE_MAX;
+    assert_int_equal(s, MP_ERR_NOMEM);
+    assert_non_null(strstr(mp_last_error(), "mp_gemm"));
+    assert_int_equal(mp_model_backward(m, &tdy, false), MP_OK);
+    for (int i = 0; i < np; i++) {
+        mp_model_param *p = mp_model_get_param(m, i);
+        assert_memory_equal(ref[i], p->grad, (size_t)p->n * sizeof(float));
+        free(ref[i]);
+    }
+    /* a failed forward leaves nothing to run backward over */
+    mp_scratch_fail_above = 64 << 10;
+    s = mp_model_forward(m, &tx, true, NULL);
+    mp_scratch_fail_above = SIZE_MAX;
+    assert_int_equal(s, MP_ERR_NOMEM);
+    assert_int_equal(mp_model_backward(m, &tdy, false), MP_ERR_INVALID);
+    free(xv);
+    free(dy);
+    mp_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -438,6 +491,7 @@ int main(void)
         cmocka_unit_test(test_errors_name_layer_and_field),
         cmocka_unit_test(test_policy_through_config),
         cmocka_unit_test(test_v1_checkpoint_resumes_bit_exactly),
+        cmocka_unit_test(test_gemm_failure_in_backward_is_reported),
     };
     return cmocka_run_group_tests_name("layers", tests, NULL, NULL);
 }

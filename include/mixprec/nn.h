@@ -225,7 +225,9 @@ typedef struct {
     int64_t shape[MP_MAX_DIMS];
     int64_t n;
     float *master; /* float32 master (NULL under a pure low-precision policy) */
-    void *weight;  /* what the forward pass reads, in weight_dtype (== master for float32) */
+    void *weight;  /* what the forward pass reads, in weight_dtype (== master for float32);
+                    * after masters change outside the optimizer (a load) it is
+                    * refreshed at the next forward */
     mp_dtype weight_dtype;
     float *grad; /* float32 gradient (NULL for state) */
 } mp_model_param;

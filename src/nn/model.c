@@ -144,8 +144,8 @@ static mp_status init_record(mp_model *m, mp_layer *l, const mp_layer_ops *ops,
         const mp_layer *src = &m->layers[inputs[i]];
         if (src->out_dtype == MP_I32 && !ops->int_inputs)
             return mp_model_fail(m, MP_ERR_INVALID,
-                                 "layer '%s' (%s): input '%s' is int32, which only an Embedding "
-                                 "reads",
+                                 "layer '%s' (%s): input '%s' is int32, which only layers that "
+                                 "read integers take",
                                  l->name, ops->class_name, src->name);
         l->inputs[i] = inputs[i];
     }
@@ -246,12 +246,17 @@ size_t mp_layer_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t ba
 {
     size_t n_out = (size_t)layer_numel(l, batch);
     /* every layer: the gradient of its output, the loss's at the output, a
-     * cast copy of each input and the gradient for it */
+     * cast copy of each float input and the gradient for it unless it is
+     * data (which takes none) */
     size_t bytes = arena_bytes(n_out * mp_dtype_size(l->out_dtype)) + 64;
     if (l->index == m->output) bytes += 2 * arena_bytes(n_out * sizeof(float));
     size_t cs = mp_dtype_size(l->policy.compute);
-    for (int j = 0; j < l->ninputs; j++)
-        bytes += 2 * arena_bytes((size_t)layer_numel(&m->layers[l->inputs[j]], batch) * cs);
+    for (int j = 0; j < l->ninputs; j++) {
+        const mp_layer *src = &m->layers[l->inputs[j]];
+        if (src->out_dtype == MP_I32) continue;
+        size_t in = arena_bytes((size_t)layer_numel(src, batch) * cs);
+        bytes += src->ops->backward ? 2 * in : in;
+    }
     if (l->ops->workspace_bytes) bytes += l->ops->workspace_bytes(m, l, batch);
     return bytes;
 }
@@ -292,6 +297,7 @@ mp_status mp_model_forward(mp_model *m, const mp_tensor *x, bool training, const
                             "model: batch %lld outside 1..%lld (max_batch at build)",
                             (long long)x->shape[0], (long long)m->max_batch);
     refresh_weights(m);
+    m->ran_forward = false; /* until this one succeeds: no backward over a failed pass */
     mp_arena_reset(m->act);
     mp_arena_reset(m->ws);
     m->batch = x->shape[0];

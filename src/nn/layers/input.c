@@ -19,10 +19,15 @@ static mp_status input_build(mp_model *m, mp_layer *l)
     if (c->ndim < 1 || c->ndim > MP_MAX_DIMS - 1)
         return mp_set_error(MP_ERR_INVALID, "input: %d dimensions (1..%d allowed)", c->ndim,
                             MP_MAX_DIMS - 1);
-    for (int i = 0; i < c->ndim; i++)
+    int64_t n = 1;
+    for (int i = 0; i < c->ndim; i++) {
         if (c->shape[i] < 1)
             return mp_set_error(MP_ERR_INVALID, "input: dimension %d is %lld (must be >= 1)", i,
                                 (long long)c->shape[i]);
+        if (n > ((int64_t)1 << 40) / c->shape[i]) /* batch * elements must stay addressable */
+            return mp_set_error(MP_ERR_INVALID, "input: more than 2^40 elements per sample");
+        n *= c->shape[i];
+    }
     if (c->dtype != MP_F32 && c->dtype != MP_I32)
         return mp_set_error(MP_ERR_INVALID, "input '%s': dtype %s (float32 or int32 allowed)",
                             l->name, mp_dtype_name(c->dtype));
