@@ -14,6 +14,7 @@
     X(reshape)                                                                                     \
     X(add)                                                                                         \
     X(layer_norm)                                                                                  \
+    X(batch_norm)                                                                                  \
     X(embedding)
 
 #define DECLARE(kind) extern const mp_layer_ops mp_##kind##_ops;

@@ -1,0 +1,359 @@
+/* batch_norm.c - BatchNormalization (Keras) over every axis but the last:
+ * per channel, the statistics of the batch and all middle axes. In training
+ * the batch's mean and biased variance normalize (float64 sums of the
+ * shifted input in one pass, rounded once to float32) and the moving
+ * statistics follow moving = moving * momentum + batch * (1 - momentum);
+ * outside training the moving statistics normalize and stay. gamma, beta
+ * and the moving statistics (non-trainable state) are float32 under every
+ * policy; the output is in the compute dtype. The input, and the mean and
+ * 1/std that normalized it, are kept for backward, which treats them as
+ * batch statistics after a training forward and as constants otherwise.
+ *
+ * The per-channel sums run over a fixed partition of the rows (independent
+ * of the thread count) whose float64 partials are added in block order, so
+ * results do not depend on how many threads run. */
+#include <math.h>
+#include <string.h>
+
+#include "nn/layer.h"
+
+typedef mp_batch_norm_options batch_norm_config;
+
+typedef struct {
+    mp_tensor in;       /* input in the compute dtype */
+    float *mean, *rstd; /* per channel: what normalized the last forward */
+    bool batch_stats;   /* the last forward used the batch's statistics */
+} batch_norm_state;
+
+mp_batch_norm_options mp_batch_norm_options_default(void)
+{
+    return (mp_batch_norm_options){
+        .momentum = 0.99f, .epsilon = 1e-3f, .center = true, .scale = true};
+}
+
+/* The parameter of role r (gamma, beta, moving_mean, moving_variance), or
+ * NULL when the layer has none (no scale: no gamma, no center: no beta). */
+static mp_model_param *bn_param(mp_model *m, const mp_layer *l, mp_param_role r)
+{
+    const batch_norm_config *c = l->config;
+    int j = 0;
+    if (r == MP_ROLE_GAMMA) return c->scale ? mp_layer_param(m, l, 0) : NULL;
+    j += c->scale;
+    if (r == MP_ROLE_BETA) return c->center ? mp_layer_param(m, l, j) : NULL;
+    j += c->center;
+    return mp_layer_param(m, l, j + (r == MP_ROLE_MOVING_VARIANCE));
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+enum {
+    CHUNK = 2048,             /* floats decoded at a time */
+    BLOCK_ELEMS = 32768,      /* elements a block of rows should have */
+    MAX_BLOCKS = 64,          /* row blocks of a reduction at most */
+    PARTIAL_DOUBLES = 1 << 20 /* their float64 partials at most */
+};
+
+/* Rows decoded at a time: whole rows, about CHUNK values. */
+static int64_t chunk_rows(int64_t cols) { return cols >= CHUNK ? 1 : CHUNK / cols; }
+
+/* Per-channel sums over the rows of x [rows, cols], float64.
+ *   dy == NULL: s1 = sum (x - k), s2 = sum (x - k)^2, k a shift per channel
+ *               (the first row: it keeps the cancellation in s2/n - (s1/n)^2
+ *               at the size of the data's spread, not its offset);
+ *   else:       s1 = sum dy, s2 = sum dy * xhat with xhat = (x - k) * r in
+ *               float32 (k the mean, r 1/std), as the forward computed it.
+ * Each block of rows sums into its own partials; the blocks are fixed by
+ * the shape alone and added in order, so the result is deterministic. */
+static mp_status channel_sums(const void *x, mp_dtype xt, const void *dy, mp_dtype dyt,
+                              const float *k, const float *r, int64_t rows, int64_t cols,
+                              double *s1, double *s2)
+{
+    int64_t nb = rows * cols / BLOCK_ELEMS;
+    if (nb > MAX_BLOCKS) nb = MAX_BLOCKS;
+    if (nb > PARTIAL_DOUBLES / (2 * cols)) nb = PARTIAL_DOUBLES / (2 * cols);
+    if (nb > rows) nb = rows;
+    if (nb < 1) nb = 1;
+    const int64_t brows = (rows + nb - 1) / nb, rc = chunk_rows(cols);
+    nb = (rows + brows - 1) / brows;
+    double *part = mp_scratch(5, (size_t)(nb * 2 * cols) * sizeof *part);
+    if (!part) return MP_ERR_NOMEM;
+    const size_t xs = mp_dtype_size(xt), gs = dy ? mp_dtype_size(dyt) : 0;
+    int nomem = 0;
+#pragma omp parallel for schedule(static) if (nb > 1) reduction(|| : nomem)
+    for (int64_t b = 0; b < nb; b++) {
+        float *u = mp_scratch(3, (size_t)(rc * cols) * sizeof *u);
+        float *g = dy ? mp_scratch(4, (size_t)(rc * cols) * sizeof *g) : NULL;
+        if (!u || (dy && !g)) {
+            nomem = 1;
+            continue;
+        }
+        double *p1 = part + b * 2 * cols, *p2 = p1 + cols;
+        memset(p1, 0, (size_t)(2 * cols) * sizeof *p1);
+        const int64_t end = (b + 1) * brows < rows ? (b + 1) * brows : rows;
+        for (int64_t r0 = b * brows; r0 < end; r0 += rc) {
+            const int64_t nr = end - r0 < rc ? end - r0 : rc;
+            const size_t off = (size_t)(r0 * cols), n = (size_t)(nr * cols);
+            mp_convert(u, MP_F32, (const char *)x + off * xs, xt, n);
+            if (dy) mp_convert(g, MP_F32, (const char *)dy + off * gs, dyt, n);
+            for (int64_t i = 0; i < nr; i++) {
+                const float *ui = u + i * cols;
+                if (!dy) {
+                    for (int64_t c = 0; c < cols; c++) {
+                        double d = (double)ui[c] - (double)k[c];
+                        p1[c] += d;
+                        p2[c] += d * d;
+                    }
+                } else {
+                    const float *gi = g + i * cols;
+                    for (int64_t c = 0; c < cols; c++) {
+                        float xh = (ui[c] - k[c]) * r[c];
+                        p1[c] += gi[c];
+                        p2[c] += (double)gi[c] * xh;
+                    }
+                }
+            }
+        }
+    }
+    if (nomem) return MP_ERR_NOMEM;
+    for (int64_t c = 0; c < cols; c++) s1[c] = s2[c] = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        const double *p1 = part + b * 2 * cols, *p2 = p1 + cols;
+        for (int64_t c = 0; c < cols; c++) {
+            s1[c] += p1[c];
+            s2[c] += p2[c];
+        }
+    }
+    return MP_OK;
+}
+
+/* Row-parallel elementwise pass over [rows, cols], per channel c:
+ *   dy == NULL: y = (x - k) * a + b                        (normalize)
+ *   else:       y = a * (dy - b - xhat * e), xhat = (x - k) * r (input
+ *               gradient; x == NULL: y = a * dy, constant statistics)
+ * float32 arithmetic, each output rounded once to yt. */
+static mp_status channel_map(const void *x, mp_dtype xt, const void *dy, mp_dtype dyt,
+                             const float *k, const float *r, const float *a, const float *b,
+                             const float *e, void *y, mp_dtype yt, int64_t rows, int64_t cols)
+{
+    const int64_t rc = chunk_rows(cols), nc = (rows + rc - 1) / rc;
+    const size_t xs = mp_dtype_size(xt), gs = dy ? mp_dtype_size(dyt) : 0, ys = mp_dtype_size(yt);
+    int nomem = 0;
+#pragma omp parallel for schedule(static) if (rows * cols > 65536) reduction(|| : nomem)
+    for (int64_t ch = 0; ch < nc; ch++) {
+        float *u = mp_scratch(3, (size_t)(rc * cols) * sizeof *u);
+        float *g = dy ? mp_scratch(4, (size_t)(rc * cols) * sizeof *g) : NULL;
+        if (!u || (dy && !g)) {
+            nomem = 1;
+            continue;
+        }
+        const int64_t r0 = ch * rc, nr = rows - r0 < rc ? rows - r0 : rc;
+        const size_t off = (size_t)(r0 * cols), n = (size_t)(nr * cols);
+        if (x) mp_convert(u, MP_F32, (const char *)x + off * xs, xt, n);
+        if (dy) mp_convert(g, MP_F32, (const char *)dy + off * gs, dyt, n);
+        for (int64_t i = 0; i < nr; i++) {
+            float *ui = u + i * cols;
+            const float *gi = dy ? g + i * cols : NULL;
+            if (!dy) {
+                for (int64_t c = 0; c < cols; c++) ui[c] = (ui[c] - k[c]) * a[c] + b[c];
+            } else if (!x) {
+                for (int64_t c = 0; c < cols; c++) ui[c] = a[c] * gi[c];
+            } else {
+                for (int64_t c = 0; c < cols; c++) {
+                    float xh = (ui[c] - k[c]) * r[c];
+                    ui[c] = a[c] * (gi[c] - b[c] - xh * e[c]);
+                }
+            }
+        }
+        mp_convert((char *)y + off * ys, yt, u, MP_F32, n);
+    }
+    return nomem ? MP_ERR_NOMEM : MP_OK;
+}
+
+/* ------------------------------------------------------------------ layer */
+
+static mp_status batch_norm_build(mp_model *m, mp_layer *l)
+{
+    const batch_norm_config *c = l->config;
+    if (!(c->momentum >= 0.0f && c->momentum < 1.0f))
+        return mp_set_error(MP_ERR_INVALID, "batch_norm '%s': momentum %g must be in [0, 1)",
+                            l->name, (double)c->momentum);
+    if (!(c->epsilon > 0.0f) || isinf(c->epsilon))
+        return mp_set_error(MP_ERR_INVALID, "batch_norm '%s': epsilon %g must be > 0", l->name,
+                            (double)c->epsilon);
+    if (l->ndim < 1)
+        return mp_set_error(MP_ERR_INVALID, "batch_norm '%s': the input has no channel axis",
+                            l->name);
+    int64_t ch = layer_cols(l);
+    if ((c->scale && mp_layer_add_param(m, l, MP_ROLE_GAMMA, NULL, 1, &ch, MP_PARAM_FLOAT32)) ||
+        (c->center && mp_layer_add_param(m, l, MP_ROLE_BETA, NULL, 1, &ch, MP_PARAM_FLOAT32)) ||
+        mp_layer_add_param(m, l, MP_ROLE_MOVING_MEAN, NULL, 1, &ch, MP_PARAM_STATE) ||
+        mp_layer_add_param(m, l, MP_ROLE_MOVING_VARIANCE, NULL, 1, &ch, MP_PARAM_STATE))
+        return m->err;
+    return MP_OK;
+}
+
+static size_t batch_norm_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
+{
+    /* the kept input, the output, mean and 1/std per channel */
+    return mp_layer_kept_input_bytes(m, l, 0, batch) +
+           arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute)) +
+           2 * arena_bytes((size_t)layer_cols(l) * sizeof(float));
+}
+
+static mp_status batch_norm_forward(mp_model *m, mp_layer *l, bool training)
+{
+    const batch_norm_config *c = l->config;
+    batch_norm_state *st = l->state;
+    mp_dtype ct = l->policy.compute;
+    const int64_t ch = layer_cols(l);
+    if (mp_layer_input_compute(m, l, 0, true, &st->in)) return MP_ERR_NOMEM;
+    if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
+    const int64_t rows = mp_tensor_numel(&l->out) / ch;
+    st->mean = mp_arena_alloc(m->act, (size_t)ch * sizeof(float));
+    st->rstd = mp_arena_alloc(m->act, (size_t)ch * sizeof(float));
+    /* float64 sums s1, s2, then float32 coefficients a, b and the shift */
+    double *s1 = mp_scratch(6, (size_t)ch * (2 * sizeof(double) + 3 * sizeof(float)));
+    if (!st->mean || !st->rstd || !s1) return mp_layer_nomem(l, "its statistics");
+    double *s2 = s1 + ch;
+    float *a = (float *)(s2 + ch), *b = a + ch, *shift = b + ch;
+    float *mm = bn_param(m, l, MP_ROLE_MOVING_MEAN)->master;
+    float *mv = bn_param(m, l, MP_ROLE_MOVING_VARIANCE)->master;
+    st->batch_stats = training;
+    if (training) {
+        mp_convert(shift, MP_F32, st->in.data, ct, (size_t)ch); /* the first row */
+        if (channel_sums(st->in.data, ct, NULL, MP_F32, shift, NULL, rows, ch, s1, s2))
+            return mp_layer_nomem(l, "its reduction buffers");
+        for (int64_t j = 0; j < ch; j++) { /* s1, s2 become the mean and variance */
+            double d = s1[j] / (double)rows, var = s2[j] / (double)rows - d * d;
+            s1[j] = shift[j] + d;
+            s2[j] = var > 0.0 ? var : 0.0;
+            st->mean[j] = (float)s1[j];
+            st->rstd[j] = (float)(1.0 / sqrt(s2[j] + (double)c->epsilon));
+        }
+    } else {
+        for (int64_t j = 0; j < ch; j++) {
+            st->mean[j] = mm[j];
+            st->rstd[j] = (float)(1.0 / sqrt((double)mv[j] + (double)c->epsilon));
+        }
+    }
+    const mp_model_param *gm = bn_param(m, l, MP_ROLE_GAMMA), *bt = bn_param(m, l, MP_ROLE_BETA);
+    for (int64_t j = 0; j < ch; j++) {
+        a[j] = gm ? gm->master[j] * st->rstd[j] : st->rstd[j];
+        b[j] = bt ? bt->master[j] : 0.0f;
+    }
+    if (channel_map(st->in.data, ct, NULL, MP_F32, st->mean, NULL, a, b, NULL, l->out.data, ct,
+                    rows, ch))
+        return mp_layer_nomem(l, "a conversion buffer");
+    /* the moving statistics follow once nothing can fail: a failed pass
+     * leaves them as they were */
+    const double mom = c->momentum;
+    for (int64_t j = 0; j < ch && training; j++) {
+        mm[j] = (float)((double)mm[j] * mom + s1[j] * (1.0 - mom));
+        mv[j] = (float)((double)mv[j] * mom + s2[j] * (1.0 - mom));
+    }
+    return MP_OK;
+}
+
+static mp_status batch_norm_backward(mp_model *m, mp_layer *l, bool accumulate)
+{
+    const batch_norm_state *st = l->state;
+    mp_dtype ct = l->policy.compute;
+    mp_model_param *gm = bn_param(m, l, MP_ROLE_GAMMA), *bt = bn_param(m, l, MP_ROLE_BETA);
+    const int64_t ch = layer_cols(l), rows = mp_tensor_numel(&l->out) / ch;
+    const bool data = mp_layer_input_is_data(m, l, 0);
+    if (data && !gm && !bt) return MP_OK; /* nothing takes a gradient */
+    double *s1 = mp_scratch(6, (size_t)ch * (2 * sizeof(double) + 3 * sizeof(float)));
+    if (!s1) return mp_layer_nomem(l, "its reduction buffers");
+    double *s2 = s1 + ch;
+    float *a = (float *)(s2 + ch), *b = a + ch, *e = b + ch;
+    /* s1 = sum dy (dbeta), s2 = sum dy * xhat (dgamma) */
+    const bool sums = gm || bt || st->batch_stats;
+    if (sums && channel_sums(st->in.data, ct, l->grad.data, l->grad.dtype, st->mean, st->rstd, rows,
+                             ch, s1, s2))
+        return mp_layer_nomem(l, "its reduction buffers");
+    for (int64_t j = 0; j < ch && gm; j++)
+        gm->grad[j] = (float)((accumulate ? (double)gm->grad[j] : 0.0) + s2[j]);
+    for (int64_t j = 0; j < ch && bt; j++)
+        bt->grad[j] = (float)((accumulate ? (double)bt->grad[j] : 0.0) + s1[j]);
+    if (data) return MP_OK;
+    /* dx = gamma * rstd * (dy - mean(dy) - xhat * mean(dy * xhat)) with batch
+     * statistics; gamma * rstd * dy when they were constants */
+    for (int64_t j = 0; j < ch; j++) {
+        a[j] = gm ? gm->master[j] * st->rstd[j] : st->rstd[j];
+        b[j] = st->batch_stats ? (float)(s1[j] / (double)rows) : 0.0f;
+        e[j] = st->batch_stats ? (float)(s2[j] / (double)rows) : 0.0f;
+    }
+    mp_tensor dx;
+    bool direct;
+    if (mp_layer_input_grad(m, l, 0, &dx, &direct)) return MP_ERR_NOMEM;
+    if (channel_map(st->batch_stats ? st->in.data : NULL, ct, l->grad.data, l->grad.dtype, st->mean,
+                    st->rstd, a, b, e, dx.data, ct, rows, ch))
+        return mp_layer_nomem(l, "a conversion buffer");
+    return mp_layer_input_grad_done(m, l, 0, &dx, direct);
+}
+
+/* ------------------------------------------------------------------- JSON */
+
+static mp_status batch_norm_to_json(const mp_layer *l, json_t *o)
+{
+    const batch_norm_config *c = l->config;
+    json_object_set_new(o, "momentum", json_real(c->momentum));
+    json_object_set_new(o, "epsilon", json_real(c->epsilon));
+    json_object_set_new(o, "center", json_boolean(c->center));
+    json_object_set_new(o, "scale", json_boolean(c->scale));
+    return MP_OK;
+}
+
+/* An optional boolean setting (absent: *out keeps its default). */
+static mp_status bool_field(const json_t *o, const char *key, bool *out)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v) return MP_OK;
+    if (!json_is_boolean(v)) return mp_set_error(MP_ERR_FORMAT, "'%s' must be true or false", key);
+    *out = json_is_true(v);
+    return MP_OK;
+}
+
+/* Every field is optional, as in Keras's from_config: absent ones take the
+ * constructor's defaults. */
+static mp_status batch_norm_from_json(const json_t *o, void *config)
+{
+    batch_norm_config *c = config;
+    *c = mp_batch_norm_options_default();
+    if (json_object_get(o, "momentum")) {
+        mp_status s = mp_json_float_field(o, "momentum", 0.0, false, 1.0, &c->momentum);
+        if (s || c->momentum >= 1.0f) /* 1 excluded (also what rounds up to it) */
+            return mp_set_error(MP_ERR_FORMAT, "'momentum' must be a number in [0, 1)");
+    }
+    if (json_object_get(o, "epsilon")) {
+        mp_status s = mp_json_float_field(o, "epsilon", 0.0, true, 1.0, &c->epsilon);
+        if (s) return s;
+        if (!(c->epsilon > 0.0f)) /* below float32's range */
+            return mp_set_error(MP_ERR_FORMAT, "'epsilon' must be a number in (0, 1]");
+    }
+    mp_status s = bool_field(o, "center", &c->center);
+    return s ? s : bool_field(o, "scale", &c->scale);
+}
+
+const mp_layer_ops mp_batch_norm_ops = {
+    .class_name = "BatchNormalization",
+    .base_name = "batch_normalization",
+    .min_inputs = 1,
+    .max_inputs = 1,
+    .config_size = sizeof(batch_norm_config),
+    .state_size = sizeof(batch_norm_state),
+    .fields = (const char *const[]){"momentum", "epsilon", "center", "scale", NULL},
+    .build = batch_norm_build,
+    .forward = batch_norm_forward,
+    .backward = batch_norm_backward,
+    .saved_bytes = batch_norm_saved_bytes,
+    .to_json = batch_norm_to_json,
+    .from_json = batch_norm_from_json,
+};
+
+mp_node mp_batch_norm(mp_model *m, mp_node x, const mp_batch_norm_options *bn,
+                      const mp_layer_options *o)
+{
+    batch_norm_config c = bn ? *bn : mp_batch_norm_options_default();
+    return mp_layer_create(m, &mp_batch_norm_ops, &x, 1, &c, o);
+}
