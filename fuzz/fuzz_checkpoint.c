@@ -120,13 +120,16 @@ static void fuzz_config(const char *config, int64_t max_params, const char *poli
     }
 }
 
-/* One zero sample through a loaded model, when its activations are small. */
+/* One zero sample (id 0 for an int32 input) through a loaded model, when
+ * its activations are small. */
 static void fuzz_forward(mp_model *m)
 {
     int64_t elems = 0;
+    mp_dtype in_type = MP_F32;
     for (int l = 0; l < mp_model_num_layers(m); l++) {
         mp_layer_info li;
         FUZZ_CHECK(mp_model_layer_info(m, l, 1, &li) == MP_OK);
+        if (li.ninputs == 0 && li.output_dtype == MP_I32) in_type = MP_I32;
         int64_t w = 1;
         for (int d = 0; d < li.ndim; d++) w *= li.shape[d];
         if ((elems += w) > FUZZ_MAX_FORWARD_ELEMS) return;
@@ -136,7 +139,7 @@ static void fuzz_forward(mp_model *m)
     int nd = mp_model_input_shape(m, shape + 1);
     FUZZ_CHECK(nd >= 1 && nd < MP_MAX_DIMS);
     mp_tensor x;
-    if (mp_tensor_init(&x, MP_F32, nd + 1, shape, MP_MEM_OTHER) != MP_OK) return;
+    if (mp_tensor_init(&x, in_type, nd + 1, shape, MP_MEM_OTHER) != MP_OK) return;
     const mp_tensor *y = NULL;
     if (mp_model_forward(m, &x, false, &y) == MP_OK) {
         FUZZ_CHECK(y != NULL && y->shape[0] == 1);
@@ -298,6 +301,23 @@ static const char *const fz_words[] = {"dense",
                                        "Flatten",
                                        "Add",
                                        "LayerNormalization",
+                                       "Reshape",
+                                       "BatchNormalization",
+                                       "Embedding",
+                                       "reshape",
+                                       "batch_normalization",
+                                       "embedding",
+                                       "int32",
+                                       "float64",
+                                       "zeros",
+                                       "ones",
+                                       "glorot_uniform",
+                                       "he_uniform",
+                                       "lecun_uniform",
+                                       "uniform",
+                                       "kernel_initializer",
+                                       "embeddings_initializer",
+                                       "moving_variance_initializer",
                                        "linear",
                                        "relu",
                                        "gelu",

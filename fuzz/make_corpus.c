@@ -118,6 +118,10 @@ typedef enum {
     ARCH_RESIDUAL, /* input 4 -> dense 4 gelu -> dropout -> add input -> layer norm -> dense 3
                       -> softmax (float32) */
     ARCH_FLATTEN,  /* input [2, 2] -> flatten -> dense 3 -> softmax (float32) */
+    ARCH_NORM,     /* input 4 -> dense 4 relu -> batch norm -> dense 3 -> softmax (float32) */
+    ARCH_VIEWS,    /* input [2, 2] -> reshape [4] -> dense 4 (he_uniform, bias ones), dense 4
+                      -> add of three -> dense 3 -> softmax (float32) */
+    ARCH_TOKENS,   /* input int32 [3] -> embedding 5x4 -> flatten -> dense 3 -> softmax (float32) */
 } arch;
 
 static mp_model *tiny(const char *policy, arch a)
@@ -125,7 +129,9 @@ static mp_model *tiny(const char *policy, arch a)
     check(mp_set_global_policy(policy), policy);
     mp_model *m = mp_model_new(1234);
     mp_layer_options f32 = {.policy = "float32"};
-    mp_node x, in;
+    mp_node x, in, d[3];
+    mp_layer_options he = {
+        .initializers = {[MP_ROLE_KERNEL] = MP_INIT_HE_UNIFORM, [MP_ROLE_BIAS] = MP_INIT_ONES}};
     switch (a) {
     case ARCH_MLP:
         x = mp_input(m, 1, (int64_t[]){4}, NULL);
@@ -138,6 +144,26 @@ static mp_model *tiny(const char *policy, arch a)
         x = mp_dropout(m, x, 0.25f, NULL);
         x = mp_add(m, in, x, NULL);
         x = mp_layer_norm(m, x, 1e-3f, NULL);
+        x = mp_dense(m, x, 3, MP_ACT_NONE, NULL);
+        break;
+    case ARCH_NORM:
+        x = mp_input(m, 1, (int64_t[]){4}, NULL);
+        x = mp_dense(m, x, 4, MP_ACT_RELU, NULL);
+        x = mp_batch_norm(m, x, NULL, NULL);
+        x = mp_dense(m, x, 3, MP_ACT_NONE, NULL);
+        break;
+    case ARCH_VIEWS:
+        x = mp_input(m, 2, (int64_t[]){2, 2}, NULL);
+        d[0] = mp_reshape(m, x, 1, (int64_t[]){4}, NULL);
+        d[1] = mp_dense(m, d[0], 4, MP_ACT_NONE, &he);
+        d[2] = mp_dense(m, d[0], 4, MP_ACT_TANH, NULL);
+        x = mp_add_n(m, 3, d, NULL);
+        x = mp_dense(m, x, 3, MP_ACT_NONE, NULL);
+        break;
+    case ARCH_TOKENS:
+        x = mp_input_ex(m, 1, (int64_t[]){3}, MP_I32, NULL);
+        x = mp_embedding(m, x, 5, 4, NULL);
+        x = mp_flatten(m, x, NULL);
         x = mp_dense(m, x, 3, MP_ACT_NONE, NULL);
         break;
     default:
@@ -220,13 +246,34 @@ static void train(mp_model *m, mp_dataset *ds, int64_t steps)
     check(mp_model_fit(m, ds, &fo, NULL), "fit");
 }
 
+/* Steps on token ids (datasets hold float features): label = first id mod 3. */
+static void train_tokens(mp_model *m, int64_t steps)
+{
+    int32_t ids[8 * 3], labels[8];
+    uint64_t s = 7;
+    for (int64_t k = 0; k < steps; k++) {
+        for (int i = 0; i < 8 * 3; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int32_t)((s >> 33) % 5);
+        }
+        for (int i = 0; i < 8; i++) labels[i] = ids[i * 3] % 3;
+        mp_tensor x;
+        check(mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){8, 3}, ids), "ids");
+        mp_step_result r;
+        check(mp_model_train_step(m, &x, labels, NULL, &r), "train step");
+    }
+}
+
 static void save_ckpt(const char *policy, arch a, const compile_spec *c, const char *name)
 {
     mp_dataset *ds = data(24);
     mp_model *m = tiny(policy, a);
     if (c) {
         compile(m, c);
-        train(m, ds, 4);
+        if (a == ARCH_TOKENS)
+            train_tokens(m, 4);
+        else
+            train(m, ds, 4);
     }
     const char *p = path_in(corpus_dir, name);
     check(mp_model_save_checkpoint(m, p, NULL), name);
@@ -546,6 +593,13 @@ static void write_seeds(void)
     save_ckpt("float16", ARCH_MLP, &sgd_plain, "valid-ckpt-float16-sgd-dynamic-scaler");
     save_ckpt("float32", ARCH_FLATTEN, &adam, "valid-ckpt-float32-flatten-adam");
     save_ckpt("float32", ARCH_MLP, NULL, "valid-ckpt-float32-uncompiled");
+    /* version-2 configurations: non-trainable state, views, many inputs,
+     * initializer overrides, int32 inputs */
+    save_ckpt("mixed_bfloat16", ARCH_NORM, &adam, "valid-ckpt-mixed_bfloat16-batchnorm-adam");
+    save_ckpt("float16", ARCH_NORM, &sgd_plain, "valid-ckpt-float16-batchnorm-sgd-scaler");
+    save_ckpt("mixed_float16", ARCH_VIEWS, &sgd_static,
+              "valid-ckpt-mixed_float16-reshape-add3-sgd-static");
+    save_ckpt("mixed_bfloat16", ARCH_TOKENS, &adam, "valid-ckpt-mixed_bfloat16-embedding-adam");
     /* the largest float a setting can have must survive its JSON round trip */
     const compile_spec flt_max = {
         MP_OPTIMIZER_ADAM, 0, false, MP_LOSS_SCALING_DYNAMIC, false, false, false, FLT_MAX};
@@ -555,11 +609,14 @@ static void write_seeds(void)
     save_fit("mixed_float16", ARCH_MLP, &sgd_momentum, "valid-fit-mixed_float16-sgd-momentum");
     save_fit("mixed_bfloat16", ARCH_RESIDUAL, &adamw_stochastic,
              "valid-fit-mixed_bfloat16-residual-adamw");
+    save_fit("float32", ARCH_NORM, &sgd_momentum, "valid-fit-float32-batchnorm-sgd-momentum");
 
     save_weights("float32", ARCH_MLP, "valid-weights-float32");
     save_weights("mixed_bfloat16", ARCH_RESIDUAL, "valid-weights-mixed_bfloat16-residual");
     save_weights("bfloat16", ARCH_MLP, "valid-weights-bfloat16");
     save_weights("float32", ARCH_FLATTEN, "valid-weights-float32-flatten");
+    save_weights("float32", ARCH_TOKENS, "valid-weights-float32-embedding");
+    save_weights("mixed_bfloat16", ARCH_NORM, "valid-weights-mixed_bfloat16-batchnorm");
 
     /* hand-made variations that must still load */
     doc d;
@@ -813,7 +870,7 @@ static void cfg_layer_not_object(json_t *c)
     json_array_set_new(json_object_get(c, "layers"), 2, json_string("dropout"));
 }
 static void cfg_output_unknown(json_t *c) { json_object_set_new(c, "output", json_string("nope")); }
-static void cfg_output_missing(json_t *c) { json_object_del(c, "output"); }
+static void cfg_output_not_string(json_t *c) { json_object_set_new(c, "output", json_integer(4)); }
 static void cfg_output_mid(json_t *c) { json_object_set_new(c, "output", json_string("add")); }
 static void cfg_two_inputs(json_t *c)
 {
@@ -925,15 +982,51 @@ static void cfg_seed_space(json_t *c)
 {
     json_object_set_new(layer_named(c, "dense"), "seed", json_string("0x 5"));
 }
-static void cfg_version(json_t *c) { json_object_set_new(c, "version", json_integer(2)); }
+static void cfg_version(json_t *c) { json_object_set_new(c, "version", json_integer(3)); }
 static void cfg_format(json_t *c) { json_object_set_new(c, "format", json_string("keras")); }
 static void cfg_activation_unknown(json_t *c)
 {
     json_object_set_new(layer_named(c, "dense"), "activation", json_string("swish9"));
 }
-static void cfg_global_policy(json_t *c)
+static void cfg_model_policy(json_t *c)
 {
-    json_object_set_new(c, "global_policy", json_string("float64"));
+    json_object_set_new(c, "policy", json_string("float64"));
+}
+static void cfg_unknown_field(json_t *c)
+{
+    json_object_set_new(layer_named(c, "dense"), "unit", json_integer(4));
+}
+static void cfg_initializer(json_t *c)
+{
+    json_object_set_new(layer_named(c, "dense"), "kernel_initializer", json_string("normal"));
+}
+static void cfg_input_float16(json_t *c)
+{
+    json_object_set_new(layer_named(c, "input_1"), "dtype", json_string("float16"));
+}
+static void cfg_input_int32(json_t *c) /* int32 data into a Dense */
+{
+    json_object_set_new(layer_named(c, "input_1"), "dtype", json_string("int32"));
+}
+static void cfg_reshape_mismatch(json_t *c)
+{
+    json_t *r = json_pack("{s:s, s:s, s:[s], s:[i, i]}", "class_name", "Reshape", "name", "r",
+                          "inputs", "input_1", "target_shape", 3, 3);
+    json_array_insert_new(json_object_get(c, "layers"), 1, r);
+}
+static void cfg_batch_norm_momentum(json_t *c)
+{
+    json_t *r = json_pack("{s:s, s:s, s:[s], s:f}", "class_name", "BatchNormalization", "name",
+                          "bn", "inputs", "input_1", "momentum", 1.0);
+    json_array_insert_new(json_object_get(c, "layers"), 1, r);
+}
+static void cfg_embedding_zero(json_t *c)
+{
+    json_t *l = layer_named(c, "input_1");
+    json_object_set_new(l, "dtype", json_string("int32"));
+    json_t *r = json_pack("{s:s, s:s, s:[s], s:i, s:i}", "class_name", "Embedding", "name", "emb",
+                          "inputs", "input_1", "input_dim", 5, "output_dim", 0);
+    json_array_insert_new(json_object_get(c, "layers"), 1, r);
 }
 static void cfg_not_object(json_t *c)
 {
@@ -963,7 +1056,7 @@ static void bad_configs(void)
         {cfg_layers_not_array, "bad-config-layers-not-array"},
         {cfg_layer_not_object, "bad-config-layer-not-object"},
         {cfg_output_unknown, "bad-config-output-unknown"},
-        {cfg_output_missing, "bad-config-output-missing"},
+        {cfg_output_not_string, "bad-config-output-not-a-string"},
         {cfg_two_inputs, "bad-config-two-inputs"},
         {cfg_add_shape_mismatch, "bad-config-add-shape-mismatch"},
         {cfg_huge_input, "bad-config-input-shape-huge"},
@@ -987,10 +1080,17 @@ static void bad_configs(void)
         {cfg_seed_negative, "bad-config-seed-negative-hex"},
         {cfg_seed_double_prefix, "bad-config-seed-0x0x"},
         {cfg_seed_space, "bad-config-seed-space"},
-        {cfg_version, "bad-config-version-2"},
+        {cfg_version, "bad-config-version-3"},
         {cfg_format, "bad-config-format-keras"},
         {cfg_activation_unknown, "bad-config-activation-unknown"},
-        {cfg_global_policy, "bad-config-global-policy-unknown"},
+        {cfg_model_policy, "bad-config-model-policy-unknown"},
+        {cfg_unknown_field, "bad-config-unknown-field"},
+        {cfg_initializer, "bad-config-initializer-unknown"},
+        {cfg_input_float16, "bad-config-input-dtype-float16"},
+        {cfg_input_int32, "bad-config-int32-into-dense"},
+        {cfg_reshape_mismatch, "bad-config-reshape-mismatch"},
+        {cfg_batch_norm_momentum, "bad-config-batchnorm-momentum-one"},
+        {cfg_embedding_zero, "bad-config-embedding-output-dim-zero"},
         {cfg_not_object, "bad-config-format-not-string"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++)

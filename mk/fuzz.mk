@@ -9,7 +9,9 @@
 #   make fuzz-check              the same binary over every file of tests/fuzz/
 #                                once (no fuzzing)
 #   make fuzz-corpus             regenerate tests/fuzz/corpus/valid-* and
-#                                tests/fuzz/regress/bad-* (fuzz/make_corpus.c)
+#                                tests/fuzz/regress/bad-* (fuzz/make_corpus.c);
+#                                the *-v1-* files (written by the release that
+#                                wrote model config version 1) stay as they are
 # The normal test suite runs the same entry point over the same files:
 # tests/test_fuzz_regress.c includes fuzz/fuzz_checkpoint.c.
 # Needs clang, libclang-rt-dev (libFuzzer's runtime) and libomp-dev (clang's
@@ -59,5 +61,5 @@ $(BUILD)/fuzz/make_corpus: $(BUILD)/obj/fuzz/make_corpus.o $(STATIC)
 	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
 
 fuzz-corpus: $(BUILD)/fuzz/make_corpus
-	rm -f $(FUZZ_SEEDS)/valid-* $(FUZZ_REGRESS)/bad-*
+	find $(FUZZ_SEEDS) $(FUZZ_REGRESS) \( -name 'valid-*' -o -name 'bad-*' \) ! -name '*-v1-*' -delete
 	$(BUILD)/fuzz/make_corpus $(FUZZ_SEEDS) $(FUZZ_REGRESS)

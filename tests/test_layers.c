@@ -307,7 +307,7 @@ static void test_policy_through_config(void **state)
 /* ------------------------------------------------------ version 1 files */
 
 /* What fuzz/make_corpus.c did to write the version-1 seed
- * tests/fuzz/corpus/valid-fit-mixed_bfloat16-residual-adamw: a residual
+ * tests/fuzz/corpus/valid-v1-fit-mixed_bfloat16-residual-adamw: a residual
  * model under mixed_bfloat16, AdamW with cosine decay and stochastic
  * rounding, fit for 7 of 12 steps. */
 static mp_model *corpus_model(void)
@@ -398,7 +398,7 @@ static void assert_same_training(mp_model *a, mp_model *b, bool copies)
 static void test_v1_checkpoint_resumes_bit_exactly(void **state)
 {
     (void)state;
-    const char *path = "tests/fuzz/corpus/valid-fit-mixed_bfloat16-residual-adamw";
+    const char *path = "tests/fuzz/corpus/valid-v1-fit-mixed_bfloat16-residual-adamw";
     mp_safetensors *f;
     assert_int_equal(mp_safetensors_read(path, &f), MP_OK);
     assert_non_null(strstr(mp_safetensors_metadata(f, "mixprec.config"), "\"version\":1"));
