@@ -87,6 +87,15 @@ static const mp_fp8_format mp_fp8_e5m2 = {/* IEEE-like */
                                           .ovf_nonsat = 0x7C, .inf_enc = 0x7C, .nan_enc = 0x7E};
 const mp_fp8_format *mp_fp8_format_of(mp_dtype t);
 
+/* Whether the active ISA was forced (a valid MP_ISA or mp_isa_set) rather
+ * than left to the library: a forced path skips measured kernel choice. */
+bool mp_isa_forced(void);
+/* Tests: forget mp_isa_set and MP_ISA; the next use reads MP_ISA again. */
+void mp_isa_reset(void);
+/* CPUID leaf 1 EAX (family, model, stepping); 0 off x86. Two CPUs with one
+ * brand string (a hypervisor's generic "Xeon Processor") differ here. */
+uint32_t mp_cpu_signature(void);
+
 /* Tracked huge-page-friendly allocation used by the arena. */
 void mp_mem_charge(mp_mem_category cat, size_t bytes);
 void mp_mem_uncharge(mp_mem_category cat, size_t bytes);
@@ -96,9 +105,10 @@ void mp_region_free(void *p, size_t bytes);
 /* Per-thread scratch that lives as long as the thread and only grows, so hot
  * paths never allocate after warm-up (page faults cost more than the work).
  * The contents are undefined; a slot is the caller's until its next call.
- * Slots: 0-2 GEMM packing, 3-6 row-wise ops and losses. Charged to
+ * Slots: 0-2 GEMM packing, 3-6 row-wise ops and losses, 7 implicit-GEMM
+ * coordinates. Charged to
  * MP_MEM_WORKSPACE while the thread keeps it. NULL if out of memory. */
-#define MP_SCRATCH_SLOTS 7
+#define MP_SCRATCH_SLOTS 8
 void *mp_scratch(int slot, size_t bytes);
 /* Tests: scratch requests above this many bytes fail as if memory ran out
  * (SIZE_MAX, the default: none do). */

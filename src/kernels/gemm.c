@@ -61,6 +61,16 @@ typedef struct {
 static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
+/* Packs a strided operand with the kernel's packer, a gathered one
+ * (implicit GEMM) by its geometry; false if out of memory. */
+static bool pack(const gemm_impl *im, const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
+                 int64_t nd, int W, void *dst)
+{
+    if (op->gather) return mp_gemm_pack_gather(op, w0, nw, d0, nd, W, im->fmt, dst);
+    im->pack(op, w0, nw, d0, nd, W, dst);
+    return true;
+}
+
 /* Computes rows [m0, m1) x cols [n0, n1) of C; false if out of memory. */
 static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
@@ -108,10 +118,10 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
             const int64_t kb = min64(kcb, pl->k - pc);
             const int64_t kpad = im->fmt == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
             const bool first = pc == 0, last = pc + kb >= pl->k;
-            im->pack(&pl->a, ic, mb, pc, kb, MR, ap);
+            if (!pack(im, &pl->a, ic, mb, pc, kb, MR, ap)) return false;
             for (int64_t jc = n0; jc < n1; jc += nc) {
                 const int64_t nb = min64(nc, n1 - jc);
-                im->pack(&pl->b, jc, nb, pc, kb, NR, bp);
+                if (!pack(im, &pl->b, jc, nb, pc, kb, NR, bp)) return false;
                 for (int64_t ir = 0; ir < mb; ir += MR) {
                     const char *apan = ap + (size_t)(ir / MR) * (size_t)(MR * kpad) * esz;
                     for (int64_t jr = 0; jr < nb; jr += NR) {
@@ -207,25 +217,34 @@ mp_status mp_gemm_ex(const mp_gemm_args *g)
     if (st != MP_OK) return st;
     if (g->m == 0 || g->n == 0) return MP_OK;
 
+    gemm_operand a = {g->a, g->a_type, g->trans_a ? 1 : g->lda, g->trans_a ? g->lda : 1, NULL};
+    gemm_operand b = {g->b, g->b_type, g->trans_b ? g->ldb : 1, g->trans_b ? 1 : g->ldb, NULL};
+    gemm_epilogue e = {g->alpha, g->beta, g->c, g->c_type, g->ldc, g->bias, g->activation, false};
+    return mp_gemm_run(g->m, g->n, g->k, &a, &b, &e);
+}
+
+mp_status mp_gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
+                      const gemm_operand *b, const gemm_epilogue *e)
+{
+    if (m == 0 || n == 0) return MP_OK;
     gemm_plan pl;
     /* alpha == 0 reads neither A nor B, as in BLAS. */
-    const int64_t k = g->alpha == 0.0f ? 0 : g->k;
-    pl.im = choose_impl(g->a_type, g->b_type);
-    pl.m = g->m;
-    pl.n = g->n;
+    const int64_t k = e->alpha == 0.0f ? 0 : kk;
+    pl.im = choose_impl(a->type, b->type);
+    pl.m = m;
+    pl.n = n;
     pl.k = k;
-    pl.a = (gemm_operand){g->a, g->a_type, g->trans_a ? 1 : g->lda, g->trans_a ? g->lda : 1};
-    pl.b = (gemm_operand){g->b, g->b_type, g->trans_b ? g->ldb : 1, g->trans_b ? 1 : g->ldb};
-    pl.e =
-        (gemm_epilogue){g->alpha, g->beta, g->c, g->c_type, g->ldc, g->bias, g->activation, false};
+    pl.a = *a;
+    pl.b = *b;
+    pl.e = *e;
     /* A thin C (n well below the kernel's NR) wastes most of each register
      * tile; as C^T = op(B)^T op(A)^T the thin side meets the short MR. */
-    if (k > 0 && g->n * 2 <= pl.im->nr && g->m >= 4 * g->n) {
+    if (k > 0 && n * 2 <= pl.im->nr && m >= 4 * n) {
         gemm_operand t = pl.a;
         pl.a = pl.b;
         pl.b = t;
-        pl.m = g->n;
-        pl.n = g->m;
+        pl.m = n;
+        pl.n = m;
         pl.e.trans = true;
     }
     /* Equal depth blocks rather than kc, kc, ..., remainder. */

@@ -5,6 +5,7 @@
 #define MP_GEMM_INTERNAL_H
 
 #include "kernels/activation.h"
+#include "kernels/conv.h"
 
 /* Packed formats. Both operands are packed into panels of W rows (W = MR for
  * A, NR for B) along K, zero-padded to full width:
@@ -13,12 +14,29 @@
  *                  32-bit lane holds the pair vdpbf16ps multiplies. */
 typedef enum { GEMM_FMT_F32 = 0, GEMM_FMT_BF16 = 1 } gemm_fmt;
 
+/* Implicit operands (gemm_gather.c): element (w, d) is found from a
+ * convolution's geometry instead of strides; positions outside the image
+ * read as 0. */
+typedef enum {
+    GATHER_PATCHES,    /* x's patches: width N*OH*OW, depth KH*KW*C */
+    GATHER_PATCHES_T,  /* the same transposed: width KH*KW*C, depth N*OH*OW */
+    GATHER_DY_PATCHES, /* dy at the outputs each input pixel fed: width N*H*W, depth KH*KW*O */
+    GATHER_KERNEL_T,   /* w [kh, kw, c, o] seen as width C, depth KH*KW*O */
+} gemm_gather_view;
+
+typedef struct {
+    gemm_gather_view view;
+    const mp_conv_geom *g;
+} gemm_gather;
+
 /* One operand seen as a (width x depth) matrix: element (w, d) lives at
- * base + (w * sw + d * sd) elements. A: width = m, depth = k; B: width = n. */
+ * base + (w * sw + d * sd) elements, or where `gather` (when not NULL) says.
+ * A: width = m, depth = k; B: width = n. */
 typedef struct {
     const void *base;
     mp_dtype type;
     int64_t sw, sd;
+    const gemm_gather *gather;
 } gemm_operand;
 
 /* Packs width rows [w0, w0+nw) and depth [d0, d0+nd) of op into
@@ -64,6 +82,14 @@ void mp_gemm_pack_generic(const gemm_operand *op, int64_t w0, int64_t nw, int64_
                           int W, gemm_fmt fmt, void *dst);
 void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                              int64_t j0, int64_t mr, int64_t nr);
+/* Packs a gathered operand like mp_gemm_pack_generic packs a strided one;
+ * false if out of memory. */
+bool mp_gemm_pack_gather(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
+                         int W, gemm_fmt fmt, void *dst);
+/* The driver on prepared operands: C[m x n] = epilogue(A B) with A width m,
+ * B width n, both depth k (k == 0 or alpha == 0: A and B are not read). */
+mp_status mp_gemm_run(int64_t m, int64_t n, int64_t k, const gemm_operand *a,
+                      const gemm_operand *b, const gemm_epilogue *e);
 extern const gemm_impl mp_gemm_scalar_impl;
 
 #if MP_X86

@@ -1,0 +1,74 @@
+/* conv.c - 2-D convolution (NHWC, kernel [kh, kw, c, o]) forward, filter
+ * gradient and data gradient, each one GEMM over gathered operands (see
+ * conv.h for the three products). */
+#include "kernels/conv.h"
+#include "kernels/gemm_internal.h"
+
+static int64_t out_size(int64_t in, int64_t k, int64_t stride, int64_t dil, bool same,
+                        int64_t *pad_before)
+{
+    int64_t span = (k - 1) * dil + 1;
+    if (!same) {
+        *pad_before = 0;
+        return in >= span ? (in - span) / stride + 1 : 0;
+    }
+    int64_t out = (in + stride - 1) / stride;
+    int64_t total = (out - 1) * stride + span - in;
+    if (total < 0) total = 0;
+    *pad_before = total / 2; /* the odd one goes after, as in Keras/TensorFlow */
+    return out;
+}
+
+mp_status mp_conv_geom_init(mp_conv_geom *g, bool same)
+{
+    if (g->n < 1 || g->h < 1 || g->w < 1 || g->c < 1 || g->kh < 1 || g->kw < 1 || g->o < 1 ||
+        g->sh < 1 || g->sw < 1 || g->dh < 1 || g->dw < 1)
+        return mp_set_error(MP_ERR_INVALID, "conv: sizes, strides and dilations must be >= 1");
+    const int64_t big = (int64_t)1 << 24;
+    if (g->h > big || g->w > big || g->c > big || g->o > big || g->kh > big || g->kw > big ||
+        g->sh > big || g->sw > big || g->dh > big || g->dw > big)
+        return mp_set_error(MP_ERR_INVALID, "conv: a size above 2^24");
+    g->oh = out_size(g->h, g->kh, g->sh, g->dh, same, &g->pt);
+    g->ow = out_size(g->w, g->kw, g->sw, g->dw, same, &g->pl);
+    if (g->oh < 1 || g->ow < 1)
+        return mp_set_error(
+            MP_ERR_INVALID,
+            "conv: a %lldx%lld kernel (dilation %lldx%lld) does not fit a %lldx%lld "
+            "input without padding",
+            (long long)g->kh, (long long)g->kw, (long long)g->dh, (long long)g->dw, (long long)g->h,
+            (long long)g->w);
+    return MP_OK;
+}
+
+mp_status mp_conv2d_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *w,
+                            mp_dtype wt, const float *bias, mp_activation act, void *y, mp_dtype yt)
+{
+    const gemm_gather patches = {GATHER_PATCHES, g};
+    const int64_t m = g->n * g->oh * g->ow, k = g->kh * g->kw * g->c;
+    gemm_operand a = {x, xt, 0, 0, &patches};
+    gemm_operand b = {w, wt, 1, g->o, NULL}; /* W [k, o]: width o, depth k */
+    gemm_epilogue e = {1.0f, 0.0f, y, yt, g->o, bias, act, false};
+    return mp_gemm_run(m, g->o, k, &a, &b, &e);
+}
+
+mp_status mp_conv2d_backward_filter(const mp_conv_geom *g, const void *x, mp_dtype xt,
+                                    const void *dy, mp_dtype dyt, float *dw, bool accumulate)
+{
+    const gemm_gather patches_t = {GATHER_PATCHES_T, g};
+    const int64_t m = g->kh * g->kw * g->c, k = g->n * g->oh * g->ow;
+    gemm_operand a = {x, xt, 0, 0, &patches_t};
+    gemm_operand b = {dy, dyt, 1, g->o, NULL}; /* dY [pixels, o]: width o, depth pixels */
+    gemm_epilogue e = {1.0f, accumulate ? 1.0f : 0.0f, dw, MP_F32, g->o, NULL, MP_ACT_NONE, false};
+    return mp_gemm_run(m, g->o, k, &a, &b, &e);
+}
+
+mp_status mp_conv2d_backward_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt,
+                                  const void *w, mp_dtype wt, void *dx, mp_dtype dxt)
+{
+    const gemm_gather dy_patches = {GATHER_DY_PATCHES, g}, kernel_t = {GATHER_KERNEL_T, g};
+    const int64_t m = g->n * g->h * g->w, k = g->kh * g->kw * g->o;
+    gemm_operand a = {dy, dyt, 0, 0, &dy_patches};
+    gemm_operand b = {w, wt, 0, 0, &kernel_t};
+    gemm_epilogue e = {1.0f, 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false};
+    return mp_gemm_run(m, g->c, k, &a, &b, &e);
+}

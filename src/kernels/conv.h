@@ -1,0 +1,45 @@
+/* conv.h - 2-D convolution (channels-last) as implicit GEMMs: image patches
+ * are gathered straight into the GEMM's packed panels (no im2col buffer), so
+ * every input dtype the GEMM takes works here, with float32 accumulation
+ * and the GEMM's fused bias/activation/cast epilogue.
+ *
+ *   forward   y[n,oh,ow,o] = sum_{kh,kw,c} x[n, oh*sh-pt+kh*dh, ow*sw-pl+kw*dw, c] * w[kh,kw,c,o]
+ *             (zero outside the image): C[M=N*OH*OW, O] = patches[M, K=KH*KW*C] * W[K, O]
+ *   filter    dW[K, O] = patches^T[K, M] * dY[M, O]
+ *   data      dX[N*H*W, C] = dYpatches[N*H*W, KH*KW*O] * W'[KH*KW*O, C], where the
+ *             dY patch of input pixel (ih, iw) holds dy at oh = (ih+pt-kh*dh)/sh when
+ *             that divides exactly and lies in the output (a transposed convolution)
+ *
+ * Each output element is one dot product summed in the GEMM's fixed order,
+ * so results do not depend on the thread count. */
+#ifndef MP_CONV_H
+#define MP_CONV_H
+
+#include "core/internal.h"
+
+typedef struct {
+    int64_t n, h, w, c;     /* input [n, h, w, c] */
+    int64_t kh, kw, o;      /* kernel [kh, kw, c, o] */
+    int64_t sh, sw, dh, dw; /* strides and dilations (>= 1) */
+    int64_t pt, pl;         /* zero rows above / columns left of the image */
+    int64_t oh, ow;         /* output [n, oh, ow, o] */
+} mp_conv_geom;
+
+/* Keras's output size and padding: `same` gives ceil(in / stride) with the
+ * odd pad at the end (bottom/right); `valid` gives floor((in - span) /
+ * stride) + 1 with span = (k - 1) * dilation + 1. Fills oh, ow, pt, pl from
+ * the rest; MP_ERR_INVALID when the kernel does not fit. */
+mp_status mp_conv_geom_init(mp_conv_geom *g, bool same);
+
+/* y = act(conv(x, w) + bias), y in yt. bias: o floats or NULL. */
+mp_status mp_conv2d_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *w,
+                            mp_dtype wt, const float *bias, mp_activation act, void *y,
+                            mp_dtype yt);
+/* dw (float32 [kh, kw, c, o]) = (accumulate ? dw : 0) + patches(x)^T dy. */
+mp_status mp_conv2d_backward_filter(const mp_conv_geom *g, const void *x, mp_dtype xt,
+                                    const void *dy, mp_dtype dyt, float *dw, bool accumulate);
+/* dx (in dxt, [n, h, w, c]) = the gradient with respect to x. */
+mp_status mp_conv2d_backward_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt,
+                                  const void *w, mp_dtype wt, void *dx, mp_dtype dxt);
+
+#endif
