@@ -374,6 +374,36 @@ static void test_model_file(void **state)
     assert_int_equal(run("train --data %1$s/train.csv --model %1$s/model.json --hidden 3"), 2);
 }
 
+/* --batch-size auto takes the largest batch whose planned memory fits
+ * --memory-limit; a fixed batch over the limit, or a limit below a batch of
+ * one, is refused with the figures. */
+static void test_memory_limit(void **state)
+{
+    (void)state;
+    assert_int_equal(run("train --data %1$s/train.csv --hidden 16 --batch-size auto --epochs 1"),
+                     2);
+    assert_non_null(strstr(output(), "--memory-limit"));
+    assert_int_equal(run("train --data %1$s/train.csv --hidden 16 --memory-limit 12x"), 2);
+    assert_int_equal(run("train --data %1$s/train.csv --hidden 16 --batch-size auto "
+                         "--memory-limit 1K --epochs 1"),
+                     1);
+    assert_non_null(strstr(output(), "a batch of 1 plans"));
+    assert_int_equal(run("train --data %1$s/train.csv --hidden 16 --batch-size auto "
+                         "--memory-limit 64K --epochs 1"),
+                     0);
+    const char *o = strstr(output(), "batch size ");
+    assert_non_null(o);
+    long b = atol(o + 11);
+    assert_true(b > 1);
+    char args[256];
+    snprintf(args, sizeof args,
+             "train --data %%1$s/train.csv --hidden 16 --batch-size %ld --memory-limit 64K "
+             "--epochs 1 --quiet",
+             b + 1);
+    assert_int_equal(run(args), 1);
+    assert_non_null(strstr(output(), "the largest that fits is"));
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -427,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_interrupt_and_resume),
         cmocka_unit_test(test_evaluate_under_another_policy),
         cmocka_unit_test(test_model_file),
+        cmocka_unit_test(test_memory_limit),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests_name("cli", tests, setup, teardown);

@@ -481,6 +481,55 @@ static void test_gemm_failure_in_backward_is_reported(void **state)
     mp_model_free(m);
 }
 
+/* ---------------------------------------------------------- memory plan */
+
+/* The plan is what a training step takes: activations exactly what the
+ * arena hands out, workspace at least the backward's peak; the batch chosen
+ * for a budget is the largest whose plan fits, also above the built batch
+ * once the model is re-sized for it. */
+static void test_memory_plan(void **state)
+{
+    (void)state;
+    mp_set_global_policy("mixed_bfloat16");
+    mp_model *m = mp_model_new(5);
+    mp_node x = mp_input(m, 1, (int64_t[]){32}, NULL);
+    x = mp_dense(m, x, 64, MP_ACT_GELU, NULL);
+    x = mp_dropout(m, x, 0.5f, NULL);
+    x = mp_layer_norm(m, x, 1e-3f, NULL);
+    x = mp_dense(m, x, 10, MP_ACT_NONE, NULL);
+    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+    assert_int_equal(mp_model_build(m, x, 1), MP_OK);
+    mp_set_global_policy("float32");
+    mp_memory_plan p1, p2;
+    assert_int_equal(mp_model_memory_plan(m, 1, 2, &p1), MP_OK);
+    assert_int_equal(mp_model_memory_plan(m, 2, 2, &p2), MP_OK);
+    size_t fixed = p1.master_weights + p1.weights + p1.gradients + p1.optimizer_state;
+    assert_true(p1.optimizer_state == 2 * p1.gradients);
+    assert_true(p2.total > p1.total);
+    size_t budget = fixed + 40 * (p2.total - p1.total);
+    int64_t b = mp_model_batch_for_memory(m, budget, 2, 1 << 20);
+    mp_memory_plan pb, pn;
+    mp_model_memory_plan(m, b, 2, &pb);
+    mp_model_memory_plan(m, b + 1, 2, &pn);
+    assert_true(b > 1 && pb.total <= budget && pn.total > budget);
+    assert_int_equal(mp_model_batch_for_memory(m, fixed, 2, 1 << 20), 0);
+    assert_int_equal(mp_model_set_max_batch(m, b), MP_OK);
+    assert_int_equal(mp_model_max_batch(m), b);
+    float *xv = calloc((size_t)b * 32, sizeof *xv);
+    int32_t *labels = calloc((size_t)b, sizeof *labels);
+    mp_tensor tx;
+    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){b, 32}, xv);
+    mp_loss_spec spec = {.kind = MP_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY, .labels = labels};
+    float loss;
+    assert_int_equal(mp_model_forward(m, &tx, true, NULL), MP_OK);
+    assert_int_equal(mp_model_activation_bytes(m), pb.activations);
+    assert_int_equal(mp_model_loss_backward(m, &spec, 1.0f, false, &loss), MP_OK);
+    assert_true(mp_model_workspace_bytes(m) <= pb.workspace);
+    free(xv);
+    free(labels);
+    mp_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -492,6 +541,7 @@ int main(void)
         cmocka_unit_test(test_policy_through_config),
         cmocka_unit_test(test_v1_checkpoint_resumes_bit_exactly),
         cmocka_unit_test(test_gemm_failure_in_backward_is_reported),
+        cmocka_unit_test(test_memory_plan),
     };
     return cmocka_run_group_tests_name("layers", tests, NULL, NULL);
 }

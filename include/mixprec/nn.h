@@ -214,6 +214,25 @@ mp_status mp_model_layer_info(const mp_model *m, int layer, int64_t batch, mp_la
 /* Keras-like summary with the precision plan and per-category memory totals. */
 mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out);
 
+/* The memory a training step at `batch` plans, per category, for an
+ * optimizer keeping `optimizer_slots` float32 values per trainable
+ * parameter (Adam 2, SGD with momentum 1, plain SGD 0). Activations are what
+ * the arena hands out, workspace the backward pass's upper bound; the GEMM's
+ * per-thread packing buffers (a few MiB) are not in it. Any batch >= 1,
+ * also above the built max_batch (see mp_model_set_max_batch). */
+typedef struct {
+    size_t master_weights, weights, state, gradients, optimizer_state, activations, workspace;
+    size_t total;
+} mp_memory_plan;
+mp_status mp_model_memory_plan(const mp_model *m, int64_t batch, int optimizer_slots,
+                               mp_memory_plan *out);
+/* The largest batch (<= limit_batch) whose planned total fits `bytes`, or 0
+ * when not even a batch of 1 fits. */
+int64_t mp_model_batch_for_memory(const mp_model *m, size_t bytes, int optimizer_slots,
+                                  int64_t limit_batch);
+/* Re-size a built model's arenas for batches up to max_batch. */
+mp_status mp_model_set_max_batch(mp_model *m, int64_t max_batch);
+
 /* Parameters and non-trainable state, in creation order. State (trainable
  * false) has no gradient and no optimizer slot, is float32 under every
  * policy, and is saved and restored with the parameters. */

@@ -25,6 +25,8 @@ typedef struct {
     mp_optimizer_kind optimizer;
     float lr;
     int64_t batch;
+    bool batch_auto;     /* --batch-size auto: the largest that fits --memory-limit */
+    size_t memory_limit; /* --memory-limit: bytes the planned step may take (0: none) */
     int epochs;
     double validation_split;
     uint64_t seed;
@@ -66,7 +68,11 @@ static void train_usage(FILE *f)
         "bfloat16\n"
         "  --optimizer sgd|adam|adamw      (default adam)\n"
         "  --lr X                          learning rate (default 1e-3, sgd 1e-2)\n"
-        "  --batch-size N                  (default 256)\n"
+        "  --batch-size N|auto             (default 256; auto: the largest batch whose planned\n"
+        "                                  memory fits --memory-limit)\n"
+        "  --memory-limit SIZE             refuse a batch whose planned memory (the summary's\n"
+        "                                  categories, optimizer state included) exceeds SIZE\n"
+        "                                  bytes (suffixes K, M, G: powers of 1024)\n"
         "  --epochs N                      (default 5)\n"
         "  --validation-split X            last fraction held out for validation (default 0)\n"
         "  --seed N                        initialisation, shuffling, dropout (default 1)\n"
@@ -117,6 +123,28 @@ static bool parse_f(const char *s, double lo, double hi, double *out)
     double v = strtod(s, &end);
     if (*end || errno || !(v >= lo && v <= hi)) return false;
     *out = v;
+    return true;
+}
+
+/* "2G", "512M", "64K", "1000000": bytes (powers of 1024). */
+static bool parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = s && *s ? strtod(s, &end) : -1;
+    if (errno || !(v > 0) || (s && end == s)) return false;
+    double unit = 1;
+    if (*end == 'K' || *end == 'k')
+        unit = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm')
+        unit = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        unit = 1024.0 * 1024 * 1024, end++;
+    else if (*end == 'T' || *end == 't')
+        unit = 1024.0 * 1024 * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || v * unit > 1e18) return false;
+    *out = (size_t)(v * unit);
     return true;
 }
 
@@ -199,8 +227,18 @@ static int parse_train_args(int argc, char **argv, train_args *a)
             a->lr = (float)dv;
         } else if (!strcmp(f, "--batch-size")) {
             NEED_VALUE;
-            if (!mp_cli_parse_i64(v, 1, 1 << 20, &a->batch))
-                return bad(f, v, "expected a positive integer");
+            if (!strcmp(v, "auto")) {
+                a->batch_auto = true;
+                a->batch = 1; /* built for 1, then re-sized to what fits */
+            } else if (!mp_cli_parse_i64(v, 1, 1 << 20, &a->batch)) {
+                return bad(f, v, "expected a positive integer or auto");
+            } else {
+                a->batch_auto = false;
+            }
+        } else if (!strcmp(f, "--memory-limit")) {
+            NEED_VALUE;
+            if (!parse_size(v, &a->memory_limit))
+                return bad(f, v, "expected a size in bytes such as 2G, 512M or 1000000");
         } else if (!strcmp(f, "--epochs")) {
             NEED_VALUE;
             if (!mp_cli_parse_i64(v, 1, 1000000, &iv))
@@ -290,6 +328,8 @@ static int parse_train_args(int argc, char **argv, train_args *a)
                 a->model_flag + 2);
         return 2;
     }
+    if (a->batch_auto && !a->memory_limit)
+        return bad("--batch-size", "auto", "needs --memory-limit SIZE");
     if (a->model_file && a->mlp_flag) {
         fprintf(stderr, "mixprec train: %s shapes the built-in MLP; --model FILE gives the model\n",
                 a->mlp_flag);
@@ -417,6 +457,44 @@ static mp_status resume_path(const char *resume, char *path, size_t len, bool *i
     return MP_OK;
 }
 
+/* The batch to train with: --batch-size, checked against --memory-limit, or
+ * with auto the largest the limit allows (the model re-sized for it). 0
+ * after printing why none fits. */
+static int64_t batch_for_limit(const train_args *a, mp_model *m)
+{
+    if (!a->memory_limit) return a->batch;
+    mp_optimizer_config oc = mp_optimizer_config_default(a->optimizer);
+    int slots = a->optimizer == MP_OPTIMIZER_SGD ? (oc.momentum > 0) : 2;
+    int64_t fits = mp_model_batch_for_memory(m, a->memory_limit, slots, 1 << 20);
+    mp_memory_plan p;
+    mp_model_memory_plan(m, fits ? fits : 1, slots, &p);
+    double mib = 1024.0 * 1024.0;
+    if (!fits) {
+        fprintf(stderr, "mixprec train: --memory-limit %.1f MiB: a batch of 1 plans %.1f MiB\n",
+                (double)a->memory_limit / mib, (double)p.total / mib);
+        return 0;
+    }
+    if (!a->batch_auto && a->batch > fits) {
+        mp_memory_plan want;
+        mp_model_memory_plan(m, a->batch, slots, &want);
+        fprintf(stderr,
+                "mixprec train: --memory-limit %.1f MiB: batch %lld plans %.1f MiB; the largest "
+                "that fits is %lld\n",
+                (double)a->memory_limit / mib, (long long)a->batch, (double)want.total / mib,
+                (long long)fits);
+        return 0;
+    }
+    if (!a->batch_auto) return a->batch;
+    if (mp_model_set_max_batch(m, fits)) {
+        fprintf(stderr, "mixprec: %s\n", mp_last_error());
+        return 0;
+    }
+    if (!a->quiet)
+        printf("batch size %lld: the largest whose planned memory (%.1f MiB) fits %.1f MiB\n",
+               (long long)fits, (double)p.total / mib, (double)a->memory_limit / mib);
+    return fits;
+}
+
 /* SIGINT/SIGTERM during training: finish the step, checkpoint, stop. A
  * second signal gets the default action (the handler resets itself). */
 static volatile sig_atomic_t interrupted;
@@ -472,7 +550,10 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
         fo.checkpoint_dir = a->checkpoint_dir ? a->checkpoint_dir : is_dir ? a->resume : NULL;
     } else {
         if (!(m = build_from_flags(a, train))) goto out;
-        fo.batch_size = a->batch;
+        if (!(fo.batch_size = batch_for_limit(a, m))) {
+            printed = true;
+            goto out;
+        }
         fo.epochs = a->epochs;
         fo.validation_split = a->validation_split;
         fo.shuffle = a->shuffle;

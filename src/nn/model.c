@@ -195,6 +195,8 @@ mp_node mp_layer_create(mp_model *m, const mp_layer_ops *ops, const mp_node *inp
 
 /* ------------------------------------------------------------- build */
 
+static mp_status create_arenas(mp_model *m, int64_t max_batch);
+
 mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
 {
     if (sticky(m)) return m->err;
@@ -224,17 +226,44 @@ mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
     m->max_batch = max_batch;
     for (int i = 0; i < m->nlayers; i++)
         if (mp_model_init_params(m, &m->layers[i])) return m->err;
+    if (create_arenas(m, max_batch)) return mp_model_fail(m, MP_ERR_NOMEM, "%s", mp_last_error());
+    m->built = true;
+    return MP_OK;
+}
+
+/* Arenas for batches up to max_batch: the activations a forward keeps and
+ * the backward's workspace, summed over the layers the output needs. */
+static mp_status create_arenas(mp_model *m, int64_t max_batch)
+{
     size_t act = 0, ws = 0;
     for (int i = 0; i < m->nlayers; i++) {
         if (!m->layers[i].reachable) continue;
         act += mp_layer_saved_bytes(m, &m->layers[i], max_batch);
         ws += mp_layer_workspace_bytes(m, &m->layers[i], max_batch);
     }
-    m->act = mp_arena_create(act + 64, MP_MEM_ACTIVATIONS);
-    m->ws = mp_arena_create(ws + 64, MP_MEM_WORKSPACE);
-    if (!m->act || !m->ws) return mp_model_fail(m, MP_ERR_NOMEM, "model: %s", mp_last_error());
-    m->built = true;
+    mp_arena *a = mp_arena_create(act + 64, MP_MEM_ACTIVATIONS);
+    mp_arena *w = a ? mp_arena_create(ws + 64, MP_MEM_WORKSPACE) : NULL;
+    if (!a || !w) {
+        mp_arena_destroy(a);
+        return mp_set_error(MP_ERR_NOMEM, "model: arenas for batch %lld: %s", (long long)max_batch,
+                            mp_last_error());
+    }
+    mp_arena_destroy(m->act);
+    mp_arena_destroy(m->ws);
+    m->act = a;
+    m->ws = w;
+    m->max_batch = max_batch;
+    m->ran_forward = false; /* the old arenas held the last step */
     return MP_OK;
+}
+
+mp_status mp_model_set_max_batch(mp_model *m, int64_t max_batch)
+{
+    if (sticky(m)) return m->err;
+    if (!m->built) return mp_set_error(MP_ERR_INVALID, "model: set_max_batch before build");
+    if (max_batch < 1)
+        return mp_set_error(MP_ERR_INVALID, "model: max_batch = %lld", (long long)max_batch);
+    return create_arenas(m, max_batch);
 }
 
 size_t mp_layer_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)

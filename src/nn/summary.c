@@ -53,6 +53,52 @@ mp_status mp_model_layer_info(const mp_model *m, int layer, int64_t batch, mp_la
     return MP_OK;
 }
 
+mp_status mp_model_memory_plan(const mp_model *m, int64_t batch, int optimizer_slots,
+                               mp_memory_plan *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!m->built) return mp_set_error(MP_ERR_INVALID, "model: memory plan before mp_model_build");
+    if (batch < 1 || optimizer_slots < 0)
+        return mp_set_error(MP_ERR_INVALID, "model: memory plan for batch %lld, %d slots",
+                            (long long)batch, optimizer_slots);
+    for (int i = 0; i < m->nparams; i++) {
+        const mp_model_param *p = &m->params[i].p;
+        size_t n = (size_t)p->n;
+        if (!p->trainable) {
+            out->state += n * 4;
+            continue;
+        }
+        if (p->master) out->master_weights += n * 4;
+        if (p->weight != p->master) out->weights += n * mp_dtype_size(p->weight_dtype);
+        out->gradients += n * 4;
+        out->optimizer_state += n * 4 * (size_t)optimizer_slots;
+    }
+    for (int i = 0; i < m->nlayers; i++) {
+        if (!m->layers[i].reachable) continue;
+        out->activations += mp_layer_saved_bytes(m, &m->layers[i], batch);
+        out->workspace += mp_layer_workspace_bytes(m, &m->layers[i], batch);
+    }
+    out->total = out->master_weights + out->weights + out->state + out->gradients +
+                 out->optimizer_state + out->activations + out->workspace;
+    return MP_OK;
+}
+
+int64_t mp_model_batch_for_memory(const mp_model *m, size_t bytes, int optimizer_slots,
+                                  int64_t limit_batch)
+{
+    /* the plan grows with the batch: bisect on it */
+    mp_memory_plan p;
+    int64_t lo = 0, hi = limit_batch;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (mp_model_memory_plan(m, mid, optimizer_slots, &p) == MP_OK && p.total <= bytes)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 static void human(size_t b, char *buf, size_t len)
 {
     if (b >= (1u << 20))
@@ -78,7 +124,6 @@ mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
             "Param #", "Policy", "Compute", "Output", "Param bytes", "Saved act.");
     fprintf(out, "%s", rule);
     int64_t total = 0, total_state = 0;
-    size_t master = 0, weights = 0, state = 0, saved = 0, ws = 0;
     for (int i = 0; i < m->nlayers; i++) {
         mp_layer_info in;
         mp_model_layer_info(m, i, batch, &in);
@@ -93,35 +138,31 @@ mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
                 mp_dtype_name(l->out_dtype), in.param_bytes, in.saved_bytes);
         total += in.params;
         total_state += in.state;
-        saved += in.saved_bytes;
-        ws += in.workspace_bytes;
-        for (int j = 0; j < l->nparams; j++) {
-            const mp_model_param *p = &m->params[l->param_first + j].p;
-            if (!p->trainable)
-                state += (size_t)p->n * 4;
-            else if (p->master)
-                master += (size_t)p->n * 4;
-            if (p->weight != p->master) weights += (size_t)p->n * mp_dtype_size(p->weight_dtype);
-        }
     }
     fprintf(out, "%s", rule);
-    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
-    human(master, b1, sizeof b1);
-    human(weights, b2, sizeof b2);
-    human((size_t)total * 4, b3, sizeof b3);
-    human(saved, b4, sizeof b4);
-    human(ws, b5, sizeof b5);
-    human(state, b6, sizeof b6);
+    mp_memory_plan p;
+    mp_model_memory_plan(m, batch, 0, &p);
     fprintf(out, "Total params: %lld\n", (long long)(total + total_state));
     fprintf(out, "Trainable params: %lld\n", (long long)total);
     fprintf(out, "Non-trainable params: %lld\n", (long long)total_state);
-    fprintf(out, "Memory by category at batch %lld:\n", (long long)batch);
-    fprintf(out, "  master_weights   %14zu  (%s, float32)\n", master, b1);
-    fprintf(out, "  weights          %14zu  (%s, compute copies)\n", weights, b2);
-    if (state) fprintf(out, "  state            %14zu  (%s, float32, non-trainable)\n", state, b6);
-    fprintf(out, "  gradients        %14zu  (%s, float32)\n", (size_t)total * 4, b3);
-    fprintf(out, "  activations      %14zu  (%s, saved for backward)\n", saved, b4);
-    fprintf(out, "  workspace        %14zu  (%s, upper bound of the backward pass)\n", ws, b5);
+    fprintf(out, "Memory by category at batch %lld (optimizer state comes with compile):\n",
+            (long long)batch);
+    const struct {
+        const char *name;
+        size_t bytes;
+        const char *what;
+    } rows[] = {{"master_weights", p.master_weights, "float32"},
+                {"weights", p.weights, "compute copies"},
+                {"state", p.state, "float32, non-trainable"},
+                {"gradients", p.gradients, "float32"},
+                {"activations", p.activations, "saved for backward"},
+                {"workspace", p.workspace, "upper bound of the backward pass"}};
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        char h[32];
+        human(rows[r].bytes, h, sizeof h);
+        if (rows[r].bytes || r != 2)
+            fprintf(out, "  %-16s %14zu  (%s, %s)\n", rows[r].name, rows[r].bytes, h, rows[r].what);
+    }
     return MP_OK;
 }
 
