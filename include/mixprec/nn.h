@@ -140,6 +140,75 @@ mp_node mp_batch_norm(mp_model *m, mp_node x, const mp_batch_norm_options *bn,
 mp_node mp_embedding(mp_model *m, mp_node ids, int64_t input_dim, int64_t output_dim,
                      const mp_layer_options *o);
 
+/* Image layers, channels-last: inputs [batch, height, width, channels]; any
+ * other rank is refused at creation. A window (kernel or pool) of kh x kw
+ * moves by strides (sh, sw). Padding, as Keras computes it:
+ *   valid  no padding: out = floor((in - span) / stride) + 1, span = (k - 1)
+ *          * dilation + 1; a window larger than the input is refused;
+ *   same   out = ceil(in / stride), padded by max((out - 1) * stride + span
+ *          - in, 0) of which the odd one goes at the bottom/right. */
+typedef enum { MP_PADDING_VALID = 0, MP_PADDING_SAME = 1 } mp_padding;
+
+/* Conv2D: y[n, i, j, o] = act(b[o] + sum over (a, e, c) of
+ * x[n, i*sh - pt + a*dh, j*sw - pl + e*dw, c] * w[a, e, c, o]), zero outside
+ * the image. Kernel [kh, kw, in, filters] (glorot_uniform with Keras's conv
+ * fans: kh*kw*in, kh*kw*filters), bias [filters]. One implicit GEMM in the
+ * compute dtype with float32 accumulation; linear and relu fuse into it, the
+ * other activations keep the pre-activation. Keras refuses strides > 1
+ * together with dilation > 1, and so does this. */
+typedef struct {
+    int64_t filters;
+    int64_t kernel_size[2];   /* kh, kw */
+    int64_t strides[2];       /* {1, 1} */
+    mp_padding padding;       /* valid */
+    int64_t dilation_rate[2]; /* {1, 1} */
+    bool use_bias;            /* true */
+    mp_activation activation; /* linear; not softmax */
+} mp_conv2d_options;
+mp_conv2d_options mp_conv2d_options_default(int64_t filters, int64_t kh, int64_t kw);
+mp_node mp_conv2d(mp_model *m, mp_node x, const mp_conv2d_options *c, const mp_layer_options *o);
+
+/* DepthwiseConv2D: each channel convolved with its own kh x kw filter,
+ * y[n, i, j, c] = act(b[c] + sum over (a, e) of x[n, i*sh - pt + a*dh,
+ * j*sw - pl + e*dw, c] * w[a, e, c, 0]). Kernel [kh, kw, channels, 1] as
+ * Keras stores it (glorot_uniform with its fans kh*kw*channels, kh*kw),
+ * bias [channels]. Depth multiplier 1 only. Direct loops, float32
+ * arithmetic; the kernel gradient sums the batch in a fixed order. */
+typedef struct {
+    int64_t kernel_size[2];
+    int64_t strides[2];       /* {1, 1} */
+    mp_padding padding;       /* valid */
+    int64_t depth_multiplier; /* 1 (the only one supported) */
+    int64_t dilation_rate[2]; /* {1, 1} */
+    bool use_bias;            /* true */
+    mp_activation activation; /* linear; not softmax */
+} mp_depthwise_conv2d_options;
+mp_depthwise_conv2d_options mp_depthwise_conv2d_options_default(int64_t kh, int64_t kw);
+mp_node mp_depthwise_conv2d(mp_model *m, mp_node x, const mp_depthwise_conv2d_options *c,
+                            const mp_layer_options *o);
+
+/* MaxPooling2D and AveragePooling2D over pool_size windows, per channel, in
+ * float32 on the compute-dtype input. Max: the largest element (NaN wins),
+ * its gradient to the first maximal element of the window. Average with
+ * `same` padding divides by the number of elements inside the image, as
+ * Keras does. NULL options: pool 2x2, strides = pool, valid. */
+typedef struct {
+    int64_t pool_size[2]; /* {2, 2} */
+    int64_t strides[2];   /* {0, 0}: pool_size (Keras's None) */
+    mp_padding padding;   /* valid */
+} mp_pooling2d_options;
+mp_pooling2d_options mp_pooling2d_options_default(void);
+mp_node mp_max_pooling2d(mp_model *m, mp_node x, const mp_pooling2d_options *p,
+                         const mp_layer_options *o);
+mp_node mp_average_pooling2d(mp_model *m, mp_node x, const mp_pooling2d_options *p,
+                             const mp_layer_options *o);
+/* GlobalAveragePooling2D: the mean over height and width (float64 sums),
+ * output [batch, channels]. */
+mp_node mp_global_average_pooling2d(mp_model *m, mp_node x, const mp_layer_options *o);
+/* ZeroPadding2D: top/bottom rows and left/right columns of zeros (each >= 0). */
+mp_node mp_zero_padding2d(mp_model *m, mp_node x, int64_t top, int64_t bottom, int64_t left,
+                          int64_t right, const mp_layer_options *o);
+
 /* Fix the model's output, allocate and initialise parameters and state (each
  * by its role's initializer unless the layer overrides it) and size the
  * per-step arenas for batches of up to max_batch. */

@@ -15,7 +15,8 @@
     X(add)                                                                                         \
     X(layer_norm)                                                                                  \
     X(batch_norm)                                                                                  \
-    X(embedding)
+    X(embedding)                                                                                   \
+    X(conv2d)
 
 #define DECLARE(kind) extern const mp_layer_ops mp_##kind##_ops;
 MP_LAYER_KINDS(DECLARE)
