@@ -16,7 +16,8 @@
     X(layer_norm)                                                                                  \
     X(batch_norm)                                                                                  \
     X(embedding)                                                                                   \
-    X(conv2d)
+    X(conv2d)                                                                                      \
+    X(depthwise_conv2d)
 
 #define DECLARE(kind) extern const mp_layer_ops mp_##kind##_ops;
 MP_LAYER_KINDS(DECLARE)
