@@ -20,7 +20,8 @@
     X(depthwise_conv2d)                                                                            \
     X(max_pooling2d)                                                                               \
     X(average_pooling2d)                                                                           \
-    X(global_average_pooling2d)
+    X(global_average_pooling2d)                                                                    \
+    X(zero_padding2d)
 
 #define DECLARE(kind) extern const mp_layer_ops mp_##kind##_ops;
 MP_LAYER_KINDS(DECLARE)
