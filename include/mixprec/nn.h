@@ -209,6 +209,31 @@ mp_node mp_global_average_pooling2d(mp_model *m, mp_node x, const mp_layer_optio
 mp_node mp_zero_padding2d(mp_model *m, mp_node x, int64_t top, int64_t bottom, int64_t left,
                           int64_t right, const mp_layer_options *o);
 
+/* Data augmentation: Keras preprocessing layers for images [batch, height,
+ * width, channels] (any other rank is refused at creation) that act only in
+ * training; outside training (evaluate, predict) they are the identity. In
+ * training each sample draws its own transform from a hash of (layer seed,
+ * training forward count, sample), so a run resumed from a checkpoint draws
+ * the same. Values are moved, never rounded (the output is the input in the
+ * compute dtype, rearranged), and backward moves the gradient back.
+ *
+ * RandomFlip: each sample mirrored with probability 1/2 per axis of `mode`
+ * (horizontal_and_vertical: each axis independently). */
+typedef enum {
+    MP_FLIP_HORIZONTAL = 1,              /* left-right; the default in JSON */
+    MP_FLIP_VERTICAL = 2,                /* top-bottom */
+    MP_FLIP_HORIZONTAL_AND_VERTICAL = 3, /* both axes, each with its own draw */
+} mp_flip_mode;
+mp_node mp_random_flip(mp_model *m, mp_node x, mp_flip_mode mode, const mp_layer_options *o);
+/* RandomTranslation: each sample shifted by dy = round(u * height) rows and
+ * dx = round(v * width) columns (half away from zero), u uniform in
+ * [-height_factor, height_factor), v in [-width_factor, width_factor)
+ * (factors in [0, 1)), y[i][j] = x[i - dy][j - dx]: positive shifts move the
+ * content down and right, and what comes in is 0 (fill_mode "constant",
+ * fill_value 0; the only fill supported). */
+mp_node mp_random_translation(mp_model *m, mp_node x, float height_factor, float width_factor,
+                              const mp_layer_options *o);
+
 /* Fix the model's output, allocate and initialise parameters and state (each
  * by its role's initializer unless the layer overrides it) and size the
  * per-step arenas for batches of up to max_batch. */
