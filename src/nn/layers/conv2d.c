@@ -36,6 +36,13 @@ static bool fused(const conv2d_config *c)
     return c->activation == MP_ACT_NONE || c->activation == MP_ACT_RELU;
 }
 
+/* A kernel's failure (its buffers) as the layer's, naming it. */
+static mp_status kernel_failed(const mp_layer *l, mp_status s)
+{
+    return s == MP_ERR_NOMEM ? mp_layer_nomem(l, "the convolution's buffers")
+                             : mp_set_error(s, "layer '%s': %s", l->name, mp_last_error());
+}
+
 static mp_status conv2d_build(mp_model *m, mp_layer *l)
 {
     const conv2d_config *c = l->config;
@@ -44,11 +51,7 @@ static mp_status conv2d_build(mp_model *m, mp_layer *l)
     if (c->filters < 1 || c->filters > MP_CONFIG_MAX_WIDTH)
         return mp_set_error(MP_ERR_INVALID, "conv2d '%s': filters = %lld (1..%lld allowed)",
                             l->name, (long long)c->filters, (long long)MP_CONFIG_MAX_WIDTH);
-    if ((unsigned)c->activation >= MP_ACT_SOFTMAX)
-        return mp_set_error(
-            MP_ERR_INVALID,
-            "conv2d '%s': activation %d cannot be fused (use an Activation layer for softmax)",
-            l->name, (int)c->activation);
+    if ((s = mp_spatial_activation(l, c->activation))) return s;
     if ((s = mp_spatial_check(l, "kernel_size", c->kernel_size, c->strides, c->dilation_rate,
                               c->padding)))
         return s;
@@ -125,7 +128,7 @@ static mp_status conv2d_forward(mp_model *m, mp_layer *l, bool training)
     if (!s)
         s = mp_conv2d_forward(&st->g, st->in.data, ct, w->weight, w->weight_dtype, bias,
                               fused(c) ? c->activation : MP_ACT_NONE, z->data, ct);
-    if (s) return s;
+    if (s) return kernel_failed(l, s);
     if (!fused(c))
         mp_op_activation(c->activation, z->data, ct, l->out.data, ct,
                          (size_t)mp_tensor_numel(&l->out));
@@ -149,7 +152,7 @@ static mp_status conv2d_backward(mp_model *m, mp_layer *l, bool accumulate)
     }
     mp_status s =
         mp_conv2d_backward_filter(&st->g, st->in.data, ct, dz.data, dz.dtype, w->grad, accumulate);
-    if (s) return s;
+    if (s) return kernel_failed(l, s);
     if (c->use_bias)
         mp_op_column_sum(dz.data, dz.dtype, mp_tensor_numel(&dz) / c->filters, c->filters,
                          mp_layer_param(m, l, 1)->grad, accumulate);
@@ -159,7 +162,7 @@ static mp_status conv2d_backward(mp_model *m, mp_layer *l, bool accumulate)
     if (mp_layer_input_grad(m, l, 0, &dx, &direct)) return MP_ERR_NOMEM;
     if ((s = mp_conv2d_backward_data(&st->g, dz.data, dz.dtype, w->weight, w->weight_dtype, dx.data,
                                      ct)))
-        return s;
+        return kernel_failed(l, s);
     return mp_layer_input_grad_done(m, l, 0, &dx, direct);
 }
 

@@ -207,11 +207,7 @@ static mp_status dw_build(mp_model *m, mp_layer *l)
         return mp_set_error(MP_ERR_INVALID,
                             "depthwise_conv2d '%s': depth_multiplier %lld (only 1 is supported)",
                             l->name, (long long)c->depth_multiplier);
-    if ((unsigned)c->activation >= MP_ACT_SOFTMAX)
-        return mp_set_error(MP_ERR_INVALID,
-                            "depthwise_conv2d '%s': activation %d cannot be fused (use an "
-                            "Activation layer for softmax)",
-                            l->name, (int)c->activation);
+    if ((s = mp_spatial_activation(l, c->activation))) return s;
     if ((s = mp_spatial_check(l, "kernel_size", c->kernel_size, c->strides, c->dilation_rate,
                               c->padding)))
         return s;

@@ -69,6 +69,15 @@ mp_status mp_spatial_geom(const mp_layer *l, mp_conv_geom *g, const int64_t kern
     return MP_OK;
 }
 
+mp_status mp_spatial_activation(const mp_layer *l, mp_activation a)
+{
+    if ((unsigned)a < MP_ACT_SOFTMAX) return MP_OK;
+    return mp_set_error(MP_ERR_INVALID,
+                        "%s '%s': activation %s cannot be applied elementwise (softmax needs "
+                        "its own Activation layer)",
+                        l->ops->base_name, l->name, mp_activation_name(a));
+}
+
 /* ------------------------------------------------------------ JSON */
 
 mp_status mp_json_pair_field(const json_t *o, const char *key, int64_t lo, int64_t hi,

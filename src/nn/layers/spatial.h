@@ -29,6 +29,9 @@ mp_status mp_spatial_geom(const mp_layer *l, mp_conv_geom *g, const int64_t kern
 mp_status mp_spatial_check(const mp_layer *l, const char *what, const int64_t window[2],
                            const int64_t strides[2], const int64_t dilation[2], mp_padding padding);
 
+/* An activation a layer applies elementwise (any but softmax). */
+mp_status mp_spatial_activation(const mp_layer *l, mp_activation a);
+
 /* ------------------------------------------------------------ JSON */
 
 /* An integer or a list of two, each in lo..hi, into out[0..1]. */
