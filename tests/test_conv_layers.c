@@ -1041,6 +1041,88 @@ static void test_out_of_scratch(void **state)
     }
 }
 
+/* Under a pure low-precision policy the weights themselves are in the
+ * compute dtype (no master) and the bias is widened for the kernels; a
+ * fresh model's weights are the mixed policy's compute copies (both round
+ * the same float32 draw) and its biases are zeros in both, so outputs and
+ * gradients agree bit for bit with the mixed policy's. */
+static void test_pure_policies(void **state)
+{
+    (void)state;
+    const char *pairs[][2] = {{"bfloat16", "mixed_bfloat16"}, {"float16", "mixed_float16"}};
+    const int64_t batch = 2, n = batch * 16 * 16 * 8;
+    float *x = random_f32(n, 5, -1, 1), *dy = random_f32(batch * 8, 6, -1, 1);
+    mp_tensor in, dyt;
+    mp_tensor_wrap(&in, MP_F32, 4, (int64_t[]){batch, 16, 16, 8}, x);
+    mp_tensor_wrap(&dyt, MP_F32, 2, (int64_t[]){batch, 8}, dy);
+    for (int pi = 0; pi < 2; pi++) {
+        float *out[2], *dx[2];
+        mp_model *m[2];
+        for (int k = 0; k < 2; k++) {
+            mp_node pre;
+            m[k] = chain_model(pairs[pi][k], batch, &pre);
+            const mp_tensor *y;
+            assert_int_equal(mp_model_forward(m[k], &in, true, &y), MP_OK);
+            assert_plan_exact(m[k], batch, pairs[pi][k]);
+            out[k] = decode(y);
+            assert_int_equal(mp_model_backward(m[k], &dyt, false), MP_OK);
+            dx[k] = decode(mp_model_node_grad(m[k], pre));
+        }
+        for (int i = 0; i < mp_model_num_params(m[0]); i++) {
+            mp_model_param *p = mp_model_get_param(m[0], i), *q = mp_model_get_param(m[1], i);
+            assert_null(p->master);
+            assert_int_equal(p->weight_dtype, q->weight_dtype);
+            assert_memory_equal(p->weight, q->weight,
+                                (size_t)p->n * mp_dtype_size(p->weight_dtype));
+            assert_memory_equal(p->grad, q->grad, (size_t)p->n * sizeof(float));
+        }
+        assert_memory_equal(out[0], out[1], (size_t)(batch * 8) * sizeof(float));
+        assert_memory_equal(dx[0], dx[1], (size_t)n * sizeof(float));
+        for (int k = 0; k < 2; k++) free(out[k]), free(dx[k]), mp_model_free(m[k]);
+    }
+    free(x);
+    free(dy);
+}
+
+/* Kernels start glorot_uniform with Keras's fans: Conv2D [3, 3, 16, 32]
+ * has fan_in 144 and fan_out 288; DepthwiseConv2D [3, 3, 64, 1] has 576
+ * and 9. Every |w| is within the limit sqrt(6 / (fan_in + fan_out)) and
+ * the largest within 5% of it (n draws all miss the top 5% with
+ * probability 0.95^n < 1e-13 here); biases start at zero. */
+static void test_initial_kernels(void **state)
+{
+    (void)state;
+    mp_model *m = mp_model_new(17);
+    mp_node x = mp_input(m, 3, (int64_t[]){6, 6, 16}, NULL);
+    x = mp_conv2d(
+        m, x, &(mp_conv2d_options){32, {3, 3}, {1, 1}, MP_PADDING_SAME, {1, 1}, true, MP_ACT_NONE},
+        &(mp_layer_options){.name = "c"});
+    x = mp_zero_padding2d(m, x, 0, 0, 0, 0, NULL);
+    mp_node y = mp_conv2d(
+        m, x,
+        &(mp_conv2d_options){64, {1, 1}, {1, 1}, MP_PADDING_VALID, {1, 1}, false, MP_ACT_NONE},
+        NULL);
+    y = mp_depthwise_conv2d(m, y,
+                            &(mp_depthwise_conv2d_options){
+                                {3, 3}, {1, 1}, MP_PADDING_SAME, 1, {1, 1}, true, MP_ACT_NONE},
+                            &(mp_layer_options){.name = "d"});
+    assert_int_equal(mp_model_build(m, y, 1), MP_OK);
+    const struct {
+        const char *name;
+        double limit;
+    } k[] = {{"c.kernel", sqrt(6.0 / (144 + 288))}, {"d.kernel", sqrt(6.0 / (576 + 9))}};
+    for (int i = 0; i < 2; i++) {
+        mp_model_param *p = param(m, k[i].name);
+        double big = 0;
+        for (int64_t j = 0; j < p->n; j++) big = fmax(big, fabs(p->master[j]));
+        if (!(big <= k[i].limit * (1 + U32) && big >= 0.95 * k[i].limit))
+            fail_msg("%s: largest |w| %.6g, limit %.6g", k[i].name, big, k[i].limit);
+    }
+    const float *b = param(m, "d.bias")->master;
+    for (int j = 0; j < 64; j++) assert_true(b[j] == 0.0f);
+    mp_model_free(m);
+}
+
 /* -------------------------------------------------- (4) configuration */
 
 #define CONFIG_HEAD                                                                                \
@@ -1443,6 +1525,7 @@ static void test_cnn_learns(void **state)
         mp_tensor_wrap(&in, MP_F32, 4, (int64_t[]){CNN_BATCH, 8, 8, 1}, x);
         mp_step_result r;
         assert_int_equal(mp_model_test_step(m, &in, labels, NULL, &r), MP_OK);
+        assert_plan_exact(m, CNN_BATCH, policies[pi]); /* Conv2D keeps a copy of the data */
         if (!(last < 0.5 * first) || r.correct < CNN_BATCH * 3 / 4)
             fail_msg("%s: loss %.4f in the first 5 steps, %.4f in the last 5; held out %lld/%d "
                      "right",
@@ -1533,6 +1616,8 @@ int main(void)
         cmocka_unit_test(test_mixed_policies),
         cmocka_unit_test(test_thread_count_independent),
         cmocka_unit_test(test_out_of_scratch),
+        cmocka_unit_test(test_pure_policies),
+        cmocka_unit_test(test_initial_kernels),
         cmocka_unit_test(test_config_round_trip),
         cmocka_unit_test(test_config_defaults_and_forms),
         cmocka_unit_test(test_config_refusals),
