@@ -91,36 +91,117 @@ static int64_t offset(const gemm_gather *ga, coord w, coord d)
     }
 }
 
+/* Where the contiguous channel run of kernel entry k starts for width
+ * position w (a pixel), or -1 when that entry reads padding. */
+static int64_t run_start(const gemm_gather *ga, coord w, coord k)
+{
+    return ga->view == GATHER_PATCHES ? patch_offset(ga->g, w, k) : dy_offset(ga->g, w, k);
+}
+
+/* Element (d, i) of a panel with W rows: f32 panel[d][i], or bf16 pairs
+ * along the depth panel[d / 2][i][d % 2]. */
+static inline void put(void *panel, gemm_fmt fmt, int W, int64_t d, int64_t i,
+                       const gemm_operand *op, int64_t o)
+{
+    if (fmt == GEMM_FMT_F32)
+        ((float *)panel)[d * W + i] = o < 0 ? 0.0f : mp_gemm_load_f32(op->base, op->type, o);
+    else
+        ((uint16_t *)panel)[(d / 2) * 2 * W + 2 * i + (d & 1)] =
+            o < 0 ? 0 : mp_gemm_load_bf16(op->base, op->type, o);
+}
+
+/* Patches and output-gradient patches: along the depth, each kernel entry's
+ * channels lie next to each other in memory, so a row is a few contiguous
+ * runs (or zeros). */
+static void pack_depth_runs(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
+                            int W, gemm_fmt fmt, void *dst, int64_t dpad)
+{
+    const gemm_gather *ga = op->gather;
+    const int64_t channels = ga->view == GATHER_PATCHES ? ga->g->c : ga->g->o;
+    const size_t es = fmt == GEMM_FMT_F32 ? 4 : 2;
+    for (int64_t w = 0; w < nw; w += W) {
+        char *panel = (char *)dst + (size_t)(w / W * dpad * W) * es;
+        int64_t nv = nw - w < W ? nw - w : W;
+        for (int64_t i = 0; i < W; i++) {
+            coord wc = i < nv ? width_coord(ga, w0 + w + i) : (coord){0, 0, 0};
+            for (int64_t d = 0; d < nd;) {
+                coord k = depth_coord(ga, d0 + d);
+                int64_t run = channels - k.c < nd - d ? channels - k.c : nd - d;
+                int64_t o = i < nv ? run_start(ga, wc, k) : -1;
+                if (fmt == GEMM_FMT_F32 && op->type == MP_F32) {
+                    float *pf = (float *)panel + d * W + i;
+                    const float *src = (const float *)op->base + o;
+                    if (o < 0)
+                        for (int64_t t = 0; t < run; t++) pf[t * W] = 0.0f;
+                    else
+                        for (int64_t t = 0; t < run; t++) pf[t * W] = src[t];
+                } else {
+                    for (int64_t t = 0; t < run; t++)
+                        put(panel, fmt, W, d + t, i, op, o < 0 ? -1 : o + t);
+                }
+                d += run;
+            }
+            if (fmt == GEMM_FMT_BF16 && (nd & 1)) put(panel, fmt, W, nd, i, op, -1);
+        }
+    }
+}
+
+/* Transposed patches: along the width, each kernel entry's channels are
+ * contiguous in memory for every pixel of the depth. */
+static void pack_width_runs(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
+                            int W, gemm_fmt fmt, void *dst, int64_t dpad)
+{
+    const gemm_gather *ga = op->gather;
+    const size_t es = fmt == GEMM_FMT_F32 ? 4 : 2;
+    for (int64_t w = 0; w < nw; w += W) {
+        char *panel = (char *)dst + (size_t)(w / W * dpad * W) * es;
+        int64_t nv = nw - w < W ? nw - w : W;
+        for (int64_t d = 0; d < dpad; d++) {
+            coord pix = d < nd ? depth_coord(ga, d0 + d) : (coord){0, 0, 0};
+            for (int64_t i = 0; i < W;) {
+                coord k = i < nv ? width_coord(ga, w0 + w + i) : (coord){0, 0, 0};
+                int64_t run = i < nv ? ga->g->c - k.c : W - i;
+                if (run > nv - i && i < nv) run = nv - i;
+                int64_t o = i < nv && d < nd ? patch_offset(ga->g, pix, k) : -1;
+                if (fmt == GEMM_FMT_F32 && op->type == MP_F32) {
+                    float *pf = (float *)panel + d * W + i;
+                    const float *src = (const float *)op->base + o;
+                    if (o < 0)
+                        for (int64_t t = 0; t < run; t++) pf[t] = 0.0f;
+                    else
+                        for (int64_t t = 0; t < run; t++) pf[t] = src[t];
+                } else {
+                    for (int64_t t = 0; t < run; t++)
+                        put(panel, fmt, W, d, i + t, op, o < 0 ? -1 : o + t);
+                }
+                i += run;
+            }
+        }
+    }
+}
+
 bool mp_gemm_pack_gather(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
                          int W, gemm_fmt fmt, void *dst)
 {
     const gemm_gather *ga = op->gather;
-    coord *dc = mp_scratch(7, (size_t)nd * sizeof *dc), wc[64];
-    if (!dc || W > 64) return false;
-    for (int64_t d = 0; d < nd; d++) dc[d] = depth_coord(ga, d0 + d);
-    const bool f32 = fmt == GEMM_FMT_F32;
-    const int64_t dpad = f32 ? nd : nd + (nd & 1);
+    const int64_t dpad = fmt == GEMM_FMT_F32 ? nd : nd + (nd & 1);
+    if (ga->view == GATHER_PATCHES || ga->view == GATHER_DY_PATCHES) {
+        pack_depth_runs(op, w0, nw, d0, nd, W, fmt, dst, dpad);
+        return true;
+    }
+    if (ga->view == GATHER_PATCHES_T) {
+        pack_width_runs(op, w0, nw, d0, nd, W, fmt, dst, dpad);
+        return true;
+    }
+    /* the kernel seen for the data gradient: small, element by element */
     for (int64_t w = 0; w < nw; w += W) {
+        void *panel = (char *)dst + (size_t)(w / W * dpad * W) * (fmt == GEMM_FMT_F32 ? 4 : 2);
         int64_t nv = nw - w < W ? nw - w : W;
-        for (int64_t i = 0; i < nv; i++) wc[i] = width_coord(ga, w0 + w + i);
-        if (f32) {
-            float *p = (float *)dst + w / W * dpad * W;
-            for (int64_t d = 0; d < nd; d++) {
-                for (int64_t i = 0; i < nv; i++) {
-                    int64_t o = offset(ga, wc[i], dc[d]);
-                    p[d * W + i] = o < 0 ? 0.0f : mp_gemm_load_f32(op->base, op->type, o);
-                }
-                for (int64_t i = nv; i < W; i++) p[d * W + i] = 0.0f;
-            }
-        } else { /* pairs along the depth: panel[d / 2][i][d % 2] */
-            uint16_t *p = (uint16_t *)dst + w / W * dpad * W;
-            for (int64_t d = 0; d < dpad; d++) {
-                uint16_t *q = p + (d / 2) * 2 * W + (d & 1);
-                for (int64_t i = 0; i < W; i++) {
-                    int64_t o = i < nv && d < nd ? offset(ga, wc[i], dc[d]) : -1;
-                    q[2 * i] = o < 0 ? 0 : mp_gemm_load_bf16(op->base, op->type, o);
-                }
-            }
+        for (int64_t d = 0; d < dpad; d++) {
+            coord dc = d < nd ? depth_coord(ga, d0 + d) : (coord){0, 0, 0};
+            for (int64_t i = 0; i < W; i++)
+                put(panel, fmt, W, d, i, op,
+                    i < nv && d < nd ? offset(ga, width_coord(ga, w0 + w + i), dc) : -1);
         }
     }
     return true;
