@@ -530,6 +530,46 @@ static void test_memory_plan(void **state)
     mp_model_free(m);
 }
 
+/* ------------------------------------------------------------ examples */
+
+/* The model files under examples/ build: the seed MLP and ResNet-20 (74
+ * layers; 272,186 trainable parameters and 1,568 moving statistics, as
+ * Keras counts the same network on 28x28x1 inputs), and a forward pass of
+ * ResNet-20 gives probabilities. */
+static void test_example_models(void **state)
+{
+    (void)state;
+    mp_model *m = NULL;
+    assert_int_equal(mp_model_from_config_file("examples/mlp.json", NULL, 1, 1, &m), MP_OK);
+    assert_string_equal(mp_model_policy(m).name, "mixed_bfloat16");
+    assert_int_equal(mp_model_num_layers(m), 5);
+    mp_model_free(m);
+    assert_int_equal(mp_model_from_config_file("examples/resnet20.json", NULL, 1, 2, &m), MP_OK);
+    assert_int_equal(mp_model_num_layers(m), 74);
+    int64_t trainable = 0, state_n = 0;
+    for (int i = 0; i < mp_model_num_params(m); i++) {
+        mp_model_param *p = mp_model_get_param(m, i);
+        *(p->trainable ? &trainable : &state_n) += p->n;
+    }
+    assert_true(trainable == 272186 && state_n == 1568);
+    float x[2 * 784];
+    fill(x, 2 * 784, 9);
+    mp_tensor tx;
+    mp_tensor_wrap(&tx, MP_F32, 4, (int64_t[]){2, 28, 28, 1}, x);
+    const mp_tensor *y;
+    assert_int_equal(mp_model_forward(m, &tx, false, &y), MP_OK);
+    for (int s = 0; s < 2; s++) {
+        double sum = 0;
+        for (int c = 0; c < 10; c++) {
+            float p = ((const float *)y->data)[s * 10 + c];
+            assert_true(p >= 0 && p <= 1);
+            sum += p;
+        }
+        assert_true(fabs(sum - 1) < 10 * 0x1p-24); /* ten float32 roundings */
+    }
+    mp_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -542,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_v1_checkpoint_resumes_bit_exactly),
         cmocka_unit_test(test_gemm_failure_in_backward_is_reported),
         cmocka_unit_test(test_memory_plan),
+        cmocka_unit_test(test_example_models),
     };
     return cmocka_run_group_tests_name("layers", tests, NULL, NULL);
 }

@@ -119,18 +119,20 @@ static void pack_depth_runs(const gemm_operand *op, int64_t w0, int64_t nw, int6
     const gemm_gather *ga = op->gather;
     const int64_t channels = ga->view == GATHER_PATCHES ? ga->g->c : ga->g->o;
     const size_t es = fmt == GEMM_FMT_F32 ? 4 : 2;
+    const bool f32 = fmt == GEMM_FMT_F32 && op->type == MP_F32;
+    coord wc[64];
     for (int64_t w = 0; w < nw; w += W) {
         char *panel = (char *)dst + (size_t)(w / W * dpad * W) * es;
         int64_t nv = nw - w < W ? nw - w : W;
-        for (int64_t i = 0; i < W; i++) {
-            coord wc = i < nv ? width_coord(ga, w0 + w + i) : (coord){0, 0, 0};
-            for (int64_t d = 0; d < nd;) {
-                coord k = depth_coord(ga, d0 + d);
-                int64_t run = channels - k.c < nd - d ? channels - k.c : nd - d;
-                int64_t o = i < nv ? run_start(ga, wc, k) : -1;
-                if (fmt == GEMM_FMT_F32 && op->type == MP_F32) {
+        for (int64_t i = 0; i < nv; i++) wc[i] = width_coord(ga, w0 + w + i);
+        for (int64_t d = 0; d < nd;) {
+            coord k = depth_coord(ga, d0 + d);
+            int64_t run = channels - k.c < nd - d ? channels - k.c : nd - d;
+            for (int64_t i = 0; i < W; i++) {
+                int64_t o = i < nv ? run_start(ga, wc[i], k) : -1;
+                if (f32) {
                     float *pf = (float *)panel + d * W + i;
-                    const float *src = (const float *)op->base + o;
+                    const float *src = (const float *)op->base + (o < 0 ? 0 : o);
                     if (o < 0)
                         for (int64_t t = 0; t < run; t++) pf[t * W] = 0.0f;
                     else
@@ -139,10 +141,11 @@ static void pack_depth_runs(const gemm_operand *op, int64_t w0, int64_t nw, int6
                     for (int64_t t = 0; t < run; t++)
                         put(panel, fmt, W, d + t, i, op, o < 0 ? -1 : o + t);
                 }
-                d += run;
             }
-            if (fmt == GEMM_FMT_BF16 && (nd & 1)) put(panel, fmt, W, nd, i, op, -1);
+            d += run;
         }
+        if (fmt == GEMM_FMT_BF16 && (nd & 1))
+            for (int64_t i = 0; i < W; i++) put(panel, fmt, W, nd, i, op, -1);
     }
 }
 
