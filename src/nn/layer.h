@@ -45,7 +45,8 @@ struct mp_layer_ops {
     mp_status (*backward)(mp_model *m, mp_layer *l, bool accumulate);
     /* activation-arena bytes of a forward at this batch, exactly */
     size_t (*saved_bytes)(const mp_model *m, const mp_layer *l, int64_t batch);
-    /* backward workspace beyond what every layer gets (NULL: none) */
+    /* temporaries (m->tmp) of its forward or backward beyond the input casts
+     * and input-gradient temporaries every layer gets (NULL: none) */
     size_t (*workspace_bytes)(const mp_model *m, const mp_layer *l, int64_t batch);
     /* the settings as fields of obj; and back into a zeroed config (errors
      * name the field) */

@@ -31,7 +31,7 @@ mp_status mp_layer_input_compute(mp_model *m, mp_layer *l, int j, bool keep, mp_
         out->owns_data = false;
         return MP_OK;
     }
-    if (mp_layer_alloc(m, src, keep ? m->act : m->ws, c, out))
+    if (mp_layer_alloc(m, src, keep ? m->act : m->tmp, c, out))
         return mp_layer_nomem(l, "an input copy");
     mp_convert(out->data, c, src->out.data, src->out.dtype, (size_t)mp_tensor_numel(out));
     return MP_OK;
@@ -51,7 +51,7 @@ mp_status mp_layer_input_grad(mp_model *m, mp_layer *l, int j, mp_tensor *dx, bo
     mp_layer *src = mp_layer_src(m, l, j);
     *direct = !src->has_grad && src->out_dtype == l->policy.compute;
     mp_tensor *t = *direct ? &src->grad : dx;
-    if (mp_layer_alloc(m, src, m->ws, l->policy.compute, t))
+    if (mp_layer_alloc(m, src, *direct ? m->ws : m->tmp, l->policy.compute, t))
         return mp_layer_nomem(l, "an input gradient");
     if (*direct) {
         src->has_grad = true;

@@ -64,6 +64,7 @@ void mp_model_free(mp_model *m)
     mp_model_free_params(m);
     mp_arena_destroy(m->act);
     mp_arena_destroy(m->ws);
+    mp_arena_destroy(m->tmp);
     for (int i = 0; i < m->nlayers; i++) {
         free(m->layers[i].inputs);
         free(m->layers[i].config);
@@ -231,27 +232,35 @@ mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
     return MP_OK;
 }
 
-/* Arenas for batches up to max_batch: the activations a forward keeps and
- * the backward's workspace, summed over the layers the output needs. */
+/* Arenas for batches up to max_batch: the activations a forward keeps, the
+ * gradients of every node during backward (summed over the layers the
+ * output needs) and one layer's temporaries (the largest). */
 static mp_status create_arenas(mp_model *m, int64_t max_batch)
 {
-    size_t act = 0, ws = 0;
+    size_t act = 0, grads = 0, tmp = 0;
     for (int i = 0; i < m->nlayers; i++) {
-        if (!m->layers[i].reachable) continue;
-        act += mp_layer_saved_bytes(m, &m->layers[i], max_batch);
-        ws += mp_layer_workspace_bytes(m, &m->layers[i], max_batch);
+        const mp_layer *l = &m->layers[i];
+        if (!l->reachable) continue;
+        act += mp_layer_saved_bytes(m, l, max_batch);
+        grads += mp_layer_grad_bytes(m, l, max_batch);
+        size_t t = mp_layer_temp_bytes(m, l, max_batch);
+        if (t > tmp) tmp = t;
     }
     mp_arena *a = mp_arena_create(act + 64, MP_MEM_ACTIVATIONS);
-    mp_arena *w = a ? mp_arena_create(ws + 64, MP_MEM_WORKSPACE) : NULL;
-    if (!a || !w) {
+    mp_arena *w = a ? mp_arena_create(grads + 64, MP_MEM_WORKSPACE) : NULL;
+    mp_arena *t = w ? mp_arena_create(tmp + 64, MP_MEM_WORKSPACE) : NULL;
+    if (!a || !w || !t) {
         mp_arena_destroy(a);
+        mp_arena_destroy(w);
         return mp_set_error(MP_ERR_NOMEM, "model: arenas for batch %lld: %s", (long long)max_batch,
                             mp_last_error());
     }
     mp_arena_destroy(m->act);
     mp_arena_destroy(m->ws);
+    mp_arena_destroy(m->tmp);
     m->act = a;
     m->ws = w;
+    m->tmp = t;
     m->max_batch = max_batch;
     m->ran_forward = false; /* the old arenas held the last step */
     return MP_OK;
@@ -271,15 +280,21 @@ size_t mp_layer_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
     return l->ops->saved_bytes ? l->ops->saved_bytes(m, l, batch) : 0;
 }
 
-size_t mp_layer_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
+size_t mp_layer_grad_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
-    size_t n_out = (size_t)layer_numel(l, batch);
-    /* every layer: the gradient of its output, the loss's at the output, a
-     * cast copy of each float input and the gradient for it unless it is
-     * data (which takes none) */
-    size_t bytes = arena_bytes(n_out * mp_dtype_size(l->out_dtype)) + 64;
-    if (l->index == m->output) bytes += 2 * arena_bytes(n_out * sizeof(float));
-    size_t cs = mp_dtype_size(l->policy.compute);
+    (void)m;
+    if (!l->ops->backward) return 0; /* data takes no gradient */
+    return arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->out_dtype));
+}
+
+size_t mp_layer_temp_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
+{
+    /* every layer: a cast copy of each float input and a temporary for its
+     * gradient unless it is data; the loss's two float32 tensors at the
+     * output; and what the kind says */
+    size_t bytes = 64, cs = mp_dtype_size(l->policy.compute);
+    if (l->index == m->output)
+        bytes += 2 * arena_bytes((size_t)layer_numel(l, batch) * sizeof(float));
     for (int j = 0; j < l->ninputs; j++) {
         const mp_layer *src = &m->layers[l->inputs[j]];
         if (src->out_dtype == MP_I32) continue;
@@ -329,6 +344,7 @@ mp_status mp_model_forward(mp_model *m, const mp_tensor *x, bool training, const
     m->ran_forward = false; /* until this one succeeds: no backward over a failed pass */
     mp_arena_reset(m->act);
     mp_arena_reset(m->ws);
+    mp_arena_reset(m->tmp);
     m->batch = x->shape[0];
     m->x = x;
     mp_status s = MP_OK;
@@ -337,6 +353,7 @@ mp_status mp_model_forward(mp_model *m, const mp_tensor *x, bool training, const
         l->has_out = l->has_grad = false;
         if (!l->reachable) continue;
         if (!(s = l->ops->forward(m, l, training))) l->has_out = true;
+        mp_arena_reset(m->tmp);
     }
     m->x = NULL;
     if (s) return s;
@@ -370,6 +387,7 @@ static mp_status run_backward(mp_model *m, bool accumulate)
         mp_layer *l = &m->layers[i];
         if (!l->reachable || !l->has_grad || !l->ops->backward) continue;
         mp_status s = l->ops->backward(m, l, accumulate);
+        mp_arena_reset(m->tmp);
         if (s) return s;
     }
     return MP_OK;
@@ -381,6 +399,7 @@ static mp_status begin_backward(mp_model *m)
     if (!m->ran_forward)
         return mp_set_error(MP_ERR_INVALID, "model: backward without a forward pass");
     mp_arena_reset(m->ws);
+    mp_arena_reset(m->tmp);
     for (int i = 0; i < m->nlayers; i++) m->layers[i].has_grad = false;
     return MP_OK;
 }
@@ -412,7 +431,7 @@ mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float sc
     mp_tensor g;
     if (fused) {
         /* softmax + cross-entropy from the logits the softmax kept */
-        if (mp_tensor_from_arena(&g, m->ws, MP_F32, z->ndim, z->shape))
+        if (mp_tensor_from_arena(&g, m->tmp, MP_F32, z->ndim, z->shape))
             return mp_set_error(MP_ERR_NOMEM, "model: workspace exhausted (%s)", mp_last_error());
         mp_loss_spec logit_spec = *spec;
         logit_spec.from_logits = true;
@@ -421,7 +440,7 @@ mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float sc
         s = mp_model_add_grad(m, o->inputs[0], g.data, MP_F32);
     } else {
         const mp_tensor *out = &o->out;
-        if (mp_tensor_from_arena(&g, m->ws, out->dtype, out->ndim, out->shape))
+        if (mp_tensor_from_arena(&g, m->tmp, out->dtype, out->ndim, out->shape))
             return mp_set_error(MP_ERR_NOMEM, "model: workspace exhausted (%s)", mp_last_error());
         s = mp_loss_compute(spec, out, scale, loss, &g);
         if (s) return s;

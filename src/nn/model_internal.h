@@ -56,7 +56,11 @@ struct mp_model {
     int output, input; /* nodes; input: the data input the output depends on */
     int64_t max_batch, batch;
     const mp_tensor *x; /* the data of the forward in progress */
-    mp_arena *act, *ws;
+    /* act: what forward keeps for backward; ws: the gradients of the nodes
+     * during backward; tmp: one layer's temporaries, emptied after each
+     * layer's forward or backward (so it is as big as the largest layer
+     * needs, not their sum) */
+    mp_arena *act, *ws, *tmp;
     uint64_t refreshes;
     /* compile/fit state owned by train/ (the model only frees it) */
     void *training;
@@ -83,10 +87,12 @@ mp_status mp_model_fail(mp_model *m, mp_status s, const char *fmt, ...) MP_PRINT
 mp_status mp_model_init_params(mp_model *m, mp_layer *l);
 void mp_model_free_params(mp_model *m);
 
-/* Exact arena bytes of layer l's forward, and the upper bound of its
- * backward's workspace, at this batch (the precision plan uses the same). */
+/* Exact arena bytes of layer l's forward; the bytes its output's gradient
+ * takes in the gradient arena; the upper bound of its temporaries in a
+ * forward or backward (the precision plan uses the same). */
 size_t mp_layer_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
-size_t mp_layer_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
+size_t mp_layer_grad_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
+size_t mp_layer_temp_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
 /* Add g (any dtype) to the gradient of node `node`. */
 mp_status mp_model_add_grad(mp_model *m, int node, const void *g, mp_dtype gt);
 

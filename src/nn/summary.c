@@ -49,7 +49,8 @@ mp_status mp_model_layer_info(const mp_model *m, int layer, int64_t batch, mp_la
     memcpy(out->shape, l->shape, sizeof out->shape);
     out->param_bytes = param_bytes(m, l, &out->params, &out->state);
     out->saved_bytes = l->reachable ? mp_layer_saved_bytes(m, l, batch) : 0;
-    out->workspace_bytes = l->reachable ? mp_layer_workspace_bytes(m, l, batch) : 0;
+    out->workspace_bytes =
+        l->reachable ? mp_layer_grad_bytes(m, l, batch) + mp_layer_temp_bytes(m, l, batch) : 0;
     return MP_OK;
 }
 
@@ -73,11 +74,16 @@ mp_status mp_model_memory_plan(const mp_model *m, int64_t batch, int optimizer_s
         out->gradients += n * 4;
         out->optimizer_state += n * 4 * (size_t)optimizer_slots;
     }
+    size_t tmp = 0; /* one layer's temporaries at a time */
     for (int i = 0; i < m->nlayers; i++) {
-        if (!m->layers[i].reachable) continue;
-        out->activations += mp_layer_saved_bytes(m, &m->layers[i], batch);
-        out->workspace += mp_layer_workspace_bytes(m, &m->layers[i], batch);
+        const mp_layer *l = &m->layers[i];
+        if (!l->reachable) continue;
+        out->activations += mp_layer_saved_bytes(m, l, batch);
+        out->workspace += mp_layer_grad_bytes(m, l, batch);
+        size_t t = mp_layer_temp_bytes(m, l, batch);
+        if (t > tmp) tmp = t;
     }
+    out->workspace += tmp;
     out->total = out->master_weights + out->weights + out->state + out->gradients +
                  out->optimizer_state + out->activations + out->workspace;
     return MP_OK;
@@ -169,7 +175,10 @@ mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
 /* ------------------------------------------------------- accessors */
 
 size_t mp_model_activation_bytes(const mp_model *m) { return m->act ? mp_arena_used(m->act) : 0; }
-size_t mp_model_workspace_bytes(const mp_model *m) { return m->ws ? mp_arena_peak(m->ws) : 0; }
+size_t mp_model_workspace_bytes(const mp_model *m)
+{
+    return m->ws ? mp_arena_peak(m->ws) + mp_arena_peak(m->tmp) : 0;
+}
 
 const mp_tensor *mp_model_node_output(const mp_model *m, mp_node node)
 {

@@ -32,14 +32,14 @@ static mp_status add_forward(mp_model *m, mp_layer *l, bool training)
     (void)training;
     mp_dtype ct = l->policy.compute;
     mp_tensor a, b;
-    size_t mark = mp_arena_mark(m->ws);
+    size_t mark = mp_arena_mark(m->tmp);
     if (mp_layer_input_compute(m, l, 0, false, &a) || mp_layer_input_compute(m, l, 1, false, &b))
         return MP_ERR_NOMEM;
     if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
     size_t n = (size_t)mp_tensor_numel(&l->out);
     mp_op_add(a.data, ct, b.data, ct, l->out.data, ct, n);
     for (int j = 2; j < l->ninputs; j++) { /* one rounding per term, left to right */
-        mp_arena_release(m->ws, mark);
+        mp_arena_release(m->tmp, mark);
         if (mp_layer_input_compute(m, l, j, false, &b)) return MP_ERR_NOMEM;
         mp_op_add(l->out.data, ct, b.data, ct, l->out.data, ct, n);
     }

@@ -106,7 +106,7 @@ static mp_status conv2d_forward(mp_model *m, mp_layer *l, bool training)
         const mp_model_param *b = mp_layer_param(m, l, 1);
         bias = b->master;
         if (!bias) { /* pure low-precision policy: widen the bias for the epilogue */
-            float *tmp = mp_arena_alloc(m->ws, (size_t)c->filters * sizeof(float));
+            float *tmp = mp_arena_alloc(m->tmp, (size_t)c->filters * sizeof(float));
             if (!tmp) return mp_layer_nomem(l, "a bias copy");
             mp_convert(tmp, MP_F32, b->weight, b->weight_dtype, (size_t)c->filters);
             bias = tmp;
@@ -144,7 +144,7 @@ static mp_status conv2d_backward(mp_model *m, mp_layer *l, bool accumulate)
     const mp_tensor *g = &l->grad;
     mp_tensor dz = *g;
     if (c->activation != MP_ACT_NONE) {
-        if (mp_layer_alloc(m, l, m->ws, ct, &dz))
+        if (mp_layer_alloc(m, l, m->tmp, ct, &dz))
             return mp_layer_nomem(l, "its pre-activation gradient");
         const mp_tensor *saved = keeps_pre(c) ? &st->pre : &l->out;
         mp_op_activation_grad(c->activation, saved->data, ct, g->data, g->dtype, dz.data, ct,

@@ -62,7 +62,7 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
     const float *bias = b->master;
     if (!bias) { /* pure low-precision policy: widen the bias for the epilogue */
-        float *tmp = mp_arena_alloc(m->ws, (size_t)c->units * sizeof(float));
+        float *tmp = mp_arena_alloc(m->tmp, (size_t)c->units * sizeof(float));
         if (!tmp) return mp_layer_nomem(l, "a bias copy");
         mp_convert(tmp, MP_F32, b->weight, b->weight_dtype, (size_t)c->units);
         bias = tmp;
@@ -107,7 +107,7 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
     const mp_tensor *g = &l->grad;
     mp_tensor dz = *g;
     if (c->act != MP_ACT_NONE) {
-        if (mp_layer_alloc(m, l, m->ws, ct, &dz))
+        if (mp_layer_alloc(m, l, m->tmp, ct, &dz))
             return mp_layer_nomem(l, "its pre-activation gradient");
         const mp_tensor *saved = keeps_pre(c) ? &st->pre : &l->out;
         mp_op_activation_grad(c->act, saved->data, ct, g->data, g->dtype, dz.data, ct,

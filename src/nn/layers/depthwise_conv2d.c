@@ -308,7 +308,7 @@ static mp_status dw_layer_backward(mp_model *m, mp_layer *l, bool accumulate)
     const mp_tensor *g = &l->grad;
     mp_tensor dz = *g;
     if (c->activation != MP_ACT_NONE) {
-        if (mp_layer_alloc(m, l, m->ws, ct, &dz))
+        if (mp_layer_alloc(m, l, m->tmp, ct, &dz))
             return mp_layer_nomem(l, "its pre-activation gradient");
         const mp_tensor *saved = keeps_pre(c) ? &st->pre : &l->out;
         mp_op_activation_grad(c->activation, saved->data, ct, g->data, g->dtype, dz.data, ct,

@@ -62,7 +62,7 @@ static mp_status layer_norm_backward(mp_model *m, mp_layer *l, bool accumulate)
     bool data = mp_layer_input_is_data(m, l, 0), direct = false;
     mp_tensor dx;
     if (data) { /* dgamma/dbeta still need the pass; dx is dropped */
-        if (mp_layer_alloc(m, mp_layer_src(m, l, 0), m->ws, ct, &dx))
+        if (mp_layer_alloc(m, mp_layer_src(m, l, 0), m->tmp, ct, &dx))
             return mp_layer_nomem(l, "a gradient");
     } else if (mp_layer_input_grad(m, l, 0, &dx, &direct)) {
         return MP_ERR_NOMEM;
