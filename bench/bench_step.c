@@ -75,6 +75,7 @@ int main(void)
     result r1[3], r8[3];
     printf("training step of the seed MLP 784-4096-4096-10 (Adam), %d threads, path %s\n",
            mp_num_threads(), mp_isa_name(mp_isa_active()));
+    mp_gemm_dispatch_report(stdout);
     printf("median of %d steps after %d warm-up steps at batch 1024\n\n", REPS, WARMUP);
     for (int p = 0; p < 3; p++) {
         r1[p] = run(policies[p], 1024, REPS, WARMUP);

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -259,6 +260,45 @@ typedef struct {
 mp_gemm_args mp_gemm_args_default(void);
 /* Validates arguments (MP_ERR_INVALID with a message on bad shapes/strides). */
 mp_status mp_gemm_ex(const mp_gemm_args *args);
+
+/* How mp_gemm picks its kernel. CPU feature flags say which kernels can run;
+ * where an input-type pair has more than one (bf16 or fp8 times bf16 or fp8
+ * with AVX512_BF16: vdpbf16ps, or exact widening to float32 and FMA), they
+ * are timed on that pair once per process, on its first use (about 15 ms),
+ * and the faster is kept. The result is cached per CPU model, version, thread
+ * count and pair in $XDG_CACHE_HOME/mixprec (else ~/.cache/mixprec;
+ * MP_DISPATCH_CACHE=DIR moves it, MP_DISPATCH_CACHE=0 turns it off). A forced
+ * path (MP_ISA, mp_isa_set) times nothing. Every kernel accumulates in
+ * float32 within the same error bound: the choice changes speed, not
+ * accuracy (though not the last bits: pin MP_ISA where runs in different
+ * processes must agree bit for bit and the cache is off). */
+typedef enum {
+    MP_DISPATCH_ONLY = 0,     /* one kernel can run the pair */
+    MP_DISPATCH_FORCED = 1,   /* MP_ISA or mp_isa_set chose the path */
+    MP_DISPATCH_MEASURED = 2, /* timed in this process */
+    MP_DISPATCH_CACHED = 3,   /* timed earlier, read from the cache file */
+    MP_DISPATCH_DEFAULT = 4,  /* timing ran out of memory: the most specialised kernel */
+} mp_dispatch_source;
+
+#define MP_DISPATCH_MAX_KERNELS 4
+typedef struct {
+    int n_kernels;                               /* candidates (1 unless timed) */
+    const char *kernel[MP_DISPATCH_MAX_KERNELS]; /* path names, as MP_ISA spells them */
+    const char *method[MP_DISPATCH_MAX_KERNELS]; /* "vdpbf16ps", "widen to float32, FMA" */
+    double gflops[MP_DISPATCH_MAX_KERNELS];      /* timed rate; 0 when not timed */
+    int chosen;                                  /* the kernel mp_gemm uses */
+    mp_dispatch_source source;
+    int threads;          /* threads of the timing */
+    char cache_file[512]; /* "" when the cache is off or not used */
+    char cache_note[160]; /* what happened to it: "read", "none yet, written", ... */
+} mp_gemm_dispatch_info;
+
+/* The kernel mp_gemm uses for inputs of types a_type and b_type, timing the
+ * candidates first if no GEMM has needed them yet. MP_ERR_INVALID on a NULL
+ * info or an unknown dtype. */
+mp_status mp_gemm_dispatch_query(mp_dtype a_type, mp_dtype b_type, mp_gemm_dispatch_info *info);
+/* The choices as text, rates included (what `mixprec info` prints). */
+mp_status mp_gemm_dispatch_report(FILE *out);
 
 /* Threads used by kernels: MP_NUM_THREADS, else OMP_NUM_THREADS, else all. */
 int mp_num_threads(void);

@@ -3,6 +3,8 @@
 # closing line with the totals over all of them.
 build="$1"; shift
 export MP_CLI="$build/mixprec"
+# Tests never read or write the user's kernel-choice cache.
+export MP_DISPATCH_CACHE=0
 passed=0; failed=0; skipped=0; broken=""
 for t in "$@"; do
     out=$("$t" 2>&1); rc=$?

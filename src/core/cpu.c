@@ -12,7 +12,9 @@
 #endif
 
 static mp_cpu_features features;
+static uint32_t signature;
 static atomic_int active_isa = -1;
+static atomic_int isa_forced = 0;
 static atomic_int detected = 0;
 
 #if MP_X86
@@ -36,6 +38,7 @@ static void detect(void)
         memcpy(f.vendor + 4, &d, 4);
         memcpy(f.vendor + 8, &c, 4);
         __get_cpuid(1, &a, &b, &c, &d);
+        signature = a;
         bool osxsave = (c >> 27) & 1;
         f.sse2 = (d >> 26) & 1;
         f.fma = (c >> 12) & 1;
@@ -139,8 +142,10 @@ mp_isa mp_isa_active(void)
         else if (!mp_isa_supported(want))
             fprintf(stderr, "mixprec: MP_ISA=%s is not supported by this CPU; using %s\n", env,
                     mp_isa_name(chosen));
-        else
+        else {
             chosen = want;
+            atomic_store(&isa_forced, 1);
+        }
     }
     int expected = -1;
     atomic_compare_exchange_strong(&active_isa, &expected, (int)chosen);
@@ -154,6 +159,25 @@ mp_status mp_isa_set(mp_isa isa)
     if (!mp_isa_supported(isa))
         return mp_set_error(MP_ERR_UNSUPPORTED, "ISA %s is not supported by this CPU",
                             mp_isa_name(isa));
+    atomic_store(&isa_forced, 1);
     atomic_store(&active_isa, (int)isa);
     return MP_OK;
+}
+
+bool mp_isa_forced(void)
+{
+    (void)mp_isa_active(); /* MP_ISA is read on first use */
+    return atomic_load(&isa_forced) != 0;
+}
+
+void mp_isa_reset(void)
+{
+    atomic_store(&isa_forced, 0);
+    atomic_store(&active_isa, -1);
+}
+
+uint32_t mp_cpu_signature(void)
+{
+    (void)mp_cpu();
+    return signature;
 }

@@ -4,7 +4,10 @@
  *
  * Kernel choice (documented rule for mixed input types):
  *   - both operands bf16 or fp8 and the CPU has AVX512_BF16: the vdpbf16ps
- *     kernel; fp8 is decoded to bf16 while packing, which is exact;
+ *     kernel (fp8 decoded to bf16 while packing, which is exact) or the FMA
+ *     kernel (bf16/fp8 widened exactly to f32), whichever was measured faster
+ *     on this pair of types on this machine (gemm_dispatch.c);
+ *     MP_ISA=avx512bf16 forces vdpbf16ps;
  *   - anything else (an f32 or f16 operand, or no AVX512_BF16): the f32 FMA
  *     kernel with every operand widened exactly to f32. An f32 input is never
  *     rounded to bf16, and f16 x f16 gives exact products accumulated in f32.
@@ -36,9 +39,12 @@ static bool bf16_like(mp_dtype t) { return t == MP_BF16 || t == MP_F8E4M3 || t =
 
 static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
 {
+    const gemm_impl *timing = mp_gemm_dispatch_override();
+    if (timing) return timing;
     mp_isa isa = mp_isa_active();
 #if MP_X86
-    if (isa >= MP_ISA_AVX512BF16 && bf16_like(at) && bf16_like(bt)) return &mp_gemm_avx512bf16_impl;
+    if (isa >= MP_ISA_AVX512BF16 && bf16_like(at) && bf16_like(bt))
+        return mp_isa_forced() ? &mp_gemm_avx512bf16_impl : mp_gemm_dispatch_bf16(at, bt);
     if (isa >= MP_ISA_AVX512) return &mp_gemm_avx512_impl;
 #else
     (void)isa;
@@ -47,6 +53,8 @@ static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
 #endif
     return &mp_gemm_scalar_impl;
 }
+
+const gemm_impl *mp_gemm_impl_for(mp_dtype at, mp_dtype bt) { return choose_impl(at, bt); }
 
 /* ------------------------------------------------------------ the driver */
 

@@ -97,4 +97,26 @@ extern const gemm_impl mp_gemm_avx512_impl;     /* f32 FMA */
 extern const gemm_impl mp_gemm_avx512bf16_impl; /* vdpbf16ps */
 #endif
 
+/* Measured kernel choice (gemm_dispatch.c). */
+/* The kernel for bf16-like operands of types at x bt on an unforced
+ * AVX512_BF16 path: the faster candidate on that pair, timed (or read from
+ * the cache) on the pair's first call in the process; thread-safe, callable
+ * inside OpenMP regions. */
+const gemm_impl *mp_gemm_dispatch_bf16(mp_dtype at, mp_dtype bt);
+/* The candidates for those operands this CPU supports, in order of
+ * preference (FMA first); returns how many (at most max). */
+int mp_gemm_dispatch_candidates(const gemm_impl **out, int max);
+/* The kernel the driver must use on this thread instead of its own choice
+ * (set during mp_gemm_ex_on); NULL otherwise. */
+const gemm_impl *mp_gemm_dispatch_override(void);
+/* mp_gemm_ex on kernel im, whatever the driver would choose (timing, tests). */
+mp_status mp_gemm_ex_on(const gemm_impl *im, const mp_gemm_args *g);
+/* Tests: forget the process's choice; the next use reads the cache or times. */
+void mp_gemm_dispatch_reset(void);
+/* Tests: GFLOP/s that replace the timing, 2 x candidates of them: with the
+ * caller's threads, then on one thread (NULL: time again). */
+void mp_gemm_dispatch_test_rates(const double *gflops);
+/* The kernel the driver picks for an input-type pair (gemm.c). */
+const gemm_impl *mp_gemm_impl_for(mp_dtype at, mp_dtype bt);
+
 #endif

@@ -1,0 +1,670 @@
+/* gemm_dispatch.c - GEMM kernel choice by measurement. Feature flags say
+ * which kernels a CPU can run, not which is fast: vdpbf16ps runs at twice the
+ * float32 FMA rate on some CPUs (AMD Zen 5) and at half of it on others
+ * (Intel Xeons without AMX). Where an input-type class has more than one
+ * kernel this CPU supports (today each pair of bf16 / fp8 input types:
+ * vdpbf16ps, or exact widening to float32 and FMA), the candidates are timed
+ * on that pair once per process on its first use and the faster is kept. The
+ * choice and the rates are cached per CPU model, library version, thread
+ * count and pair in small files under the user's cache directory; a file
+ * that is not exactly what this version would
+ * write is ignored, re-measured and replaced, so a bad one never breaks
+ * anything. MP_ISA / mp_isa_set force a path and skip all of this (gemm.c). */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/gemm_internal.h"
+
+/* The timing: best of TIMING_REPS runs per candidate of bf16 TIMING_N^3
+ * through the driver with the caller's threads, and of TIMING_N1^3 on one
+ * thread (see measure). About 15 ms per pair on two cores. */
+enum { TIMING_N = 384, TIMING_N1 = 240, TIMING_REPS = 5 };
+/* A later candidate must beat the preferred one by this factor: inside the
+ * noise the choice (and the low bits of results) then rarely flips between
+ * processes, and the preferred FMA route is exact on subnormal inputs, which
+ * vdpbf16ps reads as zero. */
+#define TIMING_MARGIN 1.03
+/* A choice is cached only when its kernel is ahead by this factor: a file
+ * outlives the process, so it holds only what no plausible noise made. */
+#define CACHE_MARGIN 1.10
+/* Cache files are tiny; anything longer is not ours. */
+enum { CACHE_MAX = 4096 };
+#define CACHE_MAGIC "mixprec gemm dispatch 1"
+
+typedef struct {
+    const gemm_impl *impl;
+    const char *name;   /* the path MP_ISA names it by */
+    const char *method; /* what it does with the operands */
+} kernel_desc;
+
+static const kernel_desc kernels[] = {
+    {&mp_gemm_scalar_impl, "scalar", "portable C, float32"},
+#if MP_X86
+    {&mp_gemm_avx512_impl, "avx512", "widen to float32, FMA"},
+    {&mp_gemm_avx512bf16_impl, "avx512bf16", "vdpbf16ps"},
+#endif
+};
+#define NKERNELS ((int)(sizeof kernels / sizeof kernels[0]))
+
+static const kernel_desc *describe(const gemm_impl *im)
+{
+    for (int i = 0; i < NKERNELS; i++)
+        if (kernels[i].impl == im) return &kernels[i];
+    return &kernels[0];
+}
+
+/* The candidates for bf16-like x bf16-like operands, in order of preference,
+ * with the path each needs. */
+#if MP_X86
+static const struct {
+    const gemm_impl *impl;
+    mp_isa needs;
+} bf16_candidates[] = {
+    {&mp_gemm_avx512_impl, MP_ISA_AVX512},
+    {&mp_gemm_avx512bf16_impl, MP_ISA_AVX512BF16},
+};
+#define NBF16 ((int)(sizeof bf16_candidates / sizeof bf16_candidates[0]))
+#endif
+
+/* The timed classes: every ordered pair of bf16-like input types, each timed
+ * on its own operands (decoding fp8 costs the two routes differently: on an
+ * Intel Xeon FMA wins on bf16 and loses on fp8). */
+static const struct {
+    mp_dtype type;
+    const char *tag;
+} like[] = {{MP_BF16, "bf16"}, {MP_F8E4M3, "e4m3"}, {MP_F8E5M2, "e5m2"}};
+enum { NLIKE = 3, NCLASSES = NLIKE * NLIKE };
+
+/* The class of an input-type pair, or -1 when either is not bf16-like. */
+static int class_of(mp_dtype a, mp_dtype b)
+{
+    int ia = -1, ib = -1;
+    for (int i = 0; i < NLIKE; i++) {
+        if (like[i].type == a) ia = i;
+        if (like[i].type == b) ib = i;
+    }
+    return ia < 0 || ib < 0 ? -1 : ia * NLIKE + ib;
+}
+
+/* ------------------------------------------------------------- the state */
+
+typedef struct {
+    int cls; /* a_type like[cls / NLIKE], b_type like[cls % NLIKE] */
+    int n;
+    const gemm_impl *cand[MP_DISPATCH_MAX_KERNELS];
+    double gflops[MP_DISPATCH_MAX_KERNELS];
+    int chosen;
+    mp_dispatch_source source;
+    int threads;
+    char path[sizeof(((mp_gemm_dispatch_info *)0)->cache_file)];
+    char note[sizeof(((mp_gemm_dispatch_info *)0)->cache_note)];
+} decision;
+
+enum { IDLE = 0, BUSY = 1, DONE = 2 };
+static atomic_int state[NCLASSES];        /* all IDLE */
+static decision dec[NCLASSES];            /* written only while BUSY, read after DONE */
+static const gemm_impl *chosen[NCLASSES]; /* dec's choice, for the fast path */
+static _Thread_local const gemm_impl *timing_impl;
+
+const gemm_impl *mp_gemm_dispatch_override(void) { return timing_impl; }
+
+mp_status mp_gemm_ex_on(const gemm_impl *im, const mp_gemm_args *g)
+{
+    const gemm_impl *saved = timing_impl;
+    timing_impl = im;
+    mp_status st = mp_gemm_ex(g);
+    timing_impl = saved;
+    return st;
+}
+
+int mp_gemm_dispatch_candidates(const gemm_impl **out, int max)
+{
+    int n = 0;
+#if MP_X86
+    for (int i = 0; i < NBF16 && n < max; i++)
+        if (mp_isa_supported(bf16_candidates[i].needs)) out[n++] = bf16_candidates[i].impl;
+#else
+    (void)out;
+    (void)max;
+#endif
+    return n;
+}
+
+/* ------------------------------------------------------------ the timing */
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Threads a GEMM started here gets: mp_num_threads(), or 1 inside an OpenMP
+ * region where nesting is off. */
+static int team_threads(void)
+{
+    int got = 1;
+#ifdef _OPENMP
+    int nt = mp_num_threads();
+#pragma omp parallel num_threads(nt)
+    if (omp_get_thread_num() == 0) got = omp_get_num_threads();
+#endif
+    return got;
+}
+
+/* Tests: rates that replace the timing, the team's then one thread's. */
+static const double *test_rates;
+
+void mp_gemm_dispatch_test_rates(const double *gflops) { test_rates = gflops; }
+
+/* Whole MFLOP/s, as the cache keeps them. */
+static double rounded_gflops(double gflops)
+{
+    double mflops = (double)(long long)(gflops * 1e3 + 0.5);
+    return (mflops < 1 ? 1 : mflops > 1e8 ? 1e8 : mflops) * 1e-3;
+}
+
+/* The timing data: A and B (TIMING_N^2 each of the class's types, values in
+ * [-1, 1)) and C. */
+typedef struct {
+    const decision *d;
+    mp_dtype at, bt;
+    void *a, *b;
+    float *c;
+} timing_data;
+
+/* One run of candidate i through the driver, with the caller's threads. */
+static bool run_driver(const timing_data *td, int i)
+{
+    mp_gemm_args g = mp_gemm_args_default();
+    g.m = g.n = g.k = TIMING_N;
+    g.a = td->a;
+    g.b = td->b;
+    g.c = td->c;
+    g.a_type = td->at;
+    g.b_type = td->bt;
+    g.lda = g.ldb = g.ldc = TIMING_N;
+    return mp_gemm_ex_on(td->d->cand[i], &g) == MP_OK;
+}
+
+/* One run of candidate i on this thread alone, as each driver thread works
+ * (pack a depth block of A and of B, microkernel over the tiles) on the
+ * leading TIMING_N1^3 of the data: a reference that other load on the
+ * machine cannot drag down the way it stalls a team of threads at its
+ * barriers. */
+static bool run_one_thread(const timing_data *td, int i)
+{
+    const gemm_impl *im = td->d->cand[i];
+    const gemm_operand a = {.base = td->a, .type = td->at, .sw = TIMING_N, .sd = 1};
+    const gemm_operand b = {.base = td->b, .type = td->bt, .sw = 1, .sd = TIMING_N};
+    const size_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const int64_t n = TIMING_N1, kc = im->kc < n ? im->kc : n;
+    char *ap = mp_scratch(0, (size_t)(n * (kc + 1)) * esz);
+    char *bp = mp_scratch(1, (size_t)(n * (kc + 1)) * esz);
+    if (!ap || !bp || n % im->mr || n % im->nr) return false;
+    for (int64_t pc = 0; pc < n; pc += kc) {
+        const int64_t kb = n - pc < kc ? n - pc : kc;
+        const int64_t kpad = im->fmt == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
+        im->pack(&a, 0, n, pc, kb, im->mr, ap);
+        im->pack(&b, 0, n, pc, kb, im->nr, bp);
+        for (int64_t ir = 0; ir < n; ir += im->mr)
+            for (int64_t jr = 0; jr < n; jr += im->nr)
+                im->kernel(kpad, ap + (size_t)(ir * kpad) * esz, bp + (size_t)(jr * kpad) * esz,
+                           td->c + ir * TIMING_N + jr, TIMING_N, pc > 0);
+    }
+    return true;
+}
+
+/* GFLOP/s of each candidate for runs of `flops`: the best of TIMING_REPS
+ * rounds after an untimed one, the candidates in turns (the order rotating)
+ * so drift in clock or load hits all alike. */
+static bool time_runs(const timing_data *td, bool (*run)(const timing_data *, int), double flops,
+                      double *gflops)
+{
+    const int n = td->d->n;
+    double best[MP_DISPATCH_MAX_KERNELS];
+    for (int i = 0; i < n; i++) best[i] = 1e30;
+    for (int rep = -1; rep < TIMING_REPS; rep++)
+        for (int j = 0; j < n; j++) {
+            const int i = (j + rep + 1) % n;
+            const double t0 = now();
+            if (!run(td, i)) return false;
+            const double t = now() - t0;
+            if (rep >= 0 && t < best[i]) best[i] = t;
+        }
+    for (int i = 0; i < n; i++)
+        gflops[i] = rounded_gflops(flops * 1e-9 / (best[i] > 1e-12 ? best[i] : 1e-12));
+    return true;
+}
+
+/* Times every candidate with the caller's threads (team, when there are
+ * more than one) and on one thread; false if the runs could not get memory. */
+static bool time_all(const decision *d, double *team, double *one)
+{
+    const size_t ne = (size_t)TIMING_N * TIMING_N;
+    timing_data td = {d,
+                      like[d->cls / NLIKE].type,
+                      like[d->cls % NLIKE].type,
+                      malloc(ne * 2),
+                      malloc(ne * 2),
+                      malloc(ne * sizeof(float))};
+    bool ok = td.a && td.b && td.c;
+    uint64_t z = 0x9E3779B97F4A7C15ull;
+    for (int op = 0; ok && op < 2; op++) {
+        for (size_t i = 0; i < ne; i++) {
+            z = mp_mix64(z + i);
+            td.c[i] = (float)((double)(z >> 40) * 0x1p-23 - 1.0); /* uniform in [-1, 1) */
+        }
+        mp_convert(op ? td.b : td.a, op ? td.bt : td.at, td.c, MP_F32, ne);
+    }
+    ok = ok && time_runs(&td, run_one_thread, 2.0 * TIMING_N1 * TIMING_N1 * TIMING_N1, one);
+    if (ok && d->threads > 1)
+        ok = time_runs(&td, run_driver, 2.0 * TIMING_N * TIMING_N * TIMING_N, team);
+    free(td.a);
+    free(td.b);
+    free(td.c);
+    return ok;
+}
+
+/* Fills d->gflops, and d->threads with the rates' thread count; false if the
+ * runs could not get memory. The team's rates decide unless some kernel ran
+ * slower on the team than on one thread: then the machine is busy with other
+ * work (a team stalled at its barriers times every kernel alike, or worse,
+ * at random), the one-thread rates decide and *busy is set. */
+static bool measure(decision *d, bool *busy)
+{
+    double team[MP_DISPATCH_MAX_KERNELS] = {0}, one[MP_DISPATCH_MAX_KERNELS] = {0};
+    if (test_rates) {
+        for (int i = 0; i < d->n; i++) {
+            team[i] = rounded_gflops(test_rates[i]);
+            one[i] = rounded_gflops(test_rates[d->n + i]);
+        }
+    } else if (!time_all(d, team, one)) {
+        return false;
+    }
+    *busy = false;
+    for (int i = 0; d->threads > 1 && i < d->n; i++) *busy = *busy || team[i] < one[i];
+    if (d->threads <= 1 || *busy) d->threads = 1;
+    memcpy(d->gflops, d->threads > 1 ? team : one, sizeof d->gflops);
+    return true;
+}
+
+static int pick(const decision *d)
+{
+    int best = 0;
+    for (int i = 1; i < d->n; i++)
+        if (d->gflops[i] > TIMING_MARGIN * d->gflops[best]) best = i;
+    return best;
+}
+
+/* Whether the choice stands clear of the noise: the chosen kernel beats every
+ * other by CACHE_MARGIN. Only such a choice is cached; closer rates (or a
+ * machine so loaded that every kernel looks alike) are timed again by the
+ * next process rather than kept for good. */
+static bool clear_choice(const decision *d)
+{
+    for (int i = 0; i < d->n; i++)
+        if (i != d->chosen && !(d->gflops[d->chosen] > CACHE_MARGIN * d->gflops[i])) return false;
+    return true;
+}
+
+/* ------------------------------------------------------------- the cache */
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The CPU model: brand string, CPUID signature and the paths it supports. */
+static uint64_t cpu_key(void)
+{
+    const mp_cpu_features *f = mp_cpu();
+    char s[160];
+    int n = snprintf(s, sizeof s, "%s|%s|%08x|", f->vendor, f->brand, (unsigned)mp_cpu_signature());
+    for (int i = 0; i < MP_ISA_COUNT && n > 0 && n < (int)sizeof s - 1; i++)
+        s[n++] = mp_isa_supported((mp_isa)i) ? '1' : '0';
+    return fnv1a(s, n > 0 && n < (int)sizeof s ? (size_t)n : 0);
+}
+
+/* The cache directory into dir; false (with the reason in note) when off. */
+static bool cache_dir(char *dir, size_t len, char *note, size_t nlen)
+{
+    const char *env = getenv("MP_DISPATCH_CACHE");
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int w;
+    if (env && !strcmp(env, "0")) {
+        snprintf(note, nlen, "off (MP_DISPATCH_CACHE=0)");
+        return false;
+    }
+    if (env && *env)
+        w = snprintf(dir, len, "%s", env);
+    else if (xdg && xdg[0] == '/') /* the XDG rule: a relative value is ignored */
+        w = snprintf(dir, len, "%s/mixprec", xdg);
+    else if (home && home[0] == '/')
+        w = snprintf(dir, len, "%s/.cache/mixprec", home);
+    else {
+        snprintf(note, nlen, "off (neither MP_DISPATCH_CACHE, XDG_CACHE_HOME nor HOME is set)");
+        return false;
+    }
+    if (w < 0 || (size_t)w >= len) {
+        snprintf(note, nlen, "off (the cache path is too long)");
+        return false;
+    }
+    return true;
+}
+
+/* The file's text for d: canonical, so a file is valid exactly when it equals
+ * what this function writes for the rates it holds. */
+static int cache_text(char *buf, size_t len, const decision *d, uint64_t key)
+{
+    int n = snprintf(buf, len, "%s\nversion %s\ncpu %016llx\nthreads %d\n%sx%s", CACHE_MAGIC,
+                     MP_VERSION_STRING, (unsigned long long)key, d->threads,
+                     like[d->cls / NLIKE].tag, like[d->cls % NLIKE].tag);
+    for (int i = 0; i < d->n && n > 0 && (size_t)n < len; i++)
+        n += snprintf(buf + n, len - (size_t)n, " %s %lld", describe(d->cand[i])->name,
+                      (long long)(d->gflops[i] * 1e3 + 0.5));
+    if (n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, " -> %s\n", describe(d->cand[d->chosen])->name);
+    if (n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, "check %016llx\n",
+                      (unsigned long long)fnv1a(buf, (size_t)n));
+    return n > 0 && (size_t)n < len ? n : -1;
+}
+
+/* Reads d's rates from path; false (the reason in why) unless the file is a
+ * regular file of at most CACHE_MAX bytes equal to what cache_text writes.
+ * Never blocks (a FIFO) and never follows a link at the last component. */
+static bool cache_read(const char *path, uint64_t key, decision *d, const char **why)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        *why = errno == ENOENT ? "none yet" : "ignored (cannot be opened)";
+        return false;
+    }
+    struct stat st;
+    char buf[CACHE_MAX + 2], want[CACHE_MAX + 2];
+    size_t n = 0;
+    bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    *why = "ignored (not a regular file)";
+    while (ok && n < CACHE_MAX + 1) {
+        ssize_t r = read(fd, buf + n, CACHE_MAX + 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) *why = "ignored (unreadable)";
+        if (r <= 0) {
+            ok = r == 0;
+            break;
+        }
+        n += (size_t)r;
+    }
+    close(fd);
+    if (!ok) return false;
+    *why = "ignored (too large)";
+    if (n > CACHE_MAX) return false;
+    buf[n] = '\0';
+    *why = "ignored (not this version's format, or corrupt)";
+    /* The rates: the one thing the text does not fix. */
+    char label[16];
+    snprintf(label, sizeof label, "\n%sx%s ", like[d->cls / NLIKE].tag, like[d->cls % NLIKE].tag);
+    const char *p = strstr(buf, label);
+    if (!p || memchr(buf, '\0', n)) return false;
+    p += strlen(label) - 1;
+    for (int i = 0; i < d->n; i++) {
+        const char *name = describe(d->cand[i])->name;
+        size_t len = strlen(name);
+        if (p[0] != ' ' || strncmp(p + 1, name, len) || p[len + 1] != ' ') return false;
+        p += len + 2;
+        long long v = 0;
+        int digits = 0;
+        for (; *p >= '0' && *p <= '9' && digits < 10; p++, digits++) v = v * 10 + (*p - '0');
+        if (digits == 0 || digits == 10 || v < 1) return false;
+        d->gflops[i] = (double)v * 1e-3;
+    }
+    d->chosen = pick(d);
+    int wn = cache_text(want, sizeof want, d, key);
+    if (wn < 0 || (size_t)wn != n || memcmp(buf, want, n)) return false;
+    *why = "read";
+    return true;
+}
+
+/* mkdir -p with mode 0700; 0 or an errno. */
+static int make_dirs(const char *dir)
+{
+    char p[sizeof(((mp_gemm_dispatch_info *)0)->cache_file)];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        const char c = *s;
+        *s = '\0';
+        if (mkdir(p, 0700) != 0 && errno != EEXIST) return errno;
+        *s = c;
+        if (c == '\0') break;
+    }
+    return 0;
+}
+
+/* Writes text to path through a temporary file and a rename, so a reader
+ * sees the old file or the new one, never a torn one; 0 or an errno. */
+static int cache_write(const char *dir, const char *path, const char *text, size_t n)
+{
+    char tmp[sizeof(((mp_gemm_dispatch_info *)0)->cache_file) + 8];
+    int err = make_dirs(dir);
+    if (err) return err;
+    snprintf(tmp, sizeof tmp, "%s.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) return errno;
+    size_t off = 0;
+    while (off < n && !err) {
+        ssize_t w = write(fd, text + off, n - off);
+        if (w < 0 && errno != EINTR) err = errno;
+        if (w > 0) off += (size_t)w;
+    }
+    if (!err && fsync(fd) != 0) err = errno;
+    if (close(fd) != 0 && !err) err = errno;
+    if (!err && rename(tmp, path) != 0) err = errno;
+    if (err) unlink(tmp);
+    return err;
+}
+
+/* ---------------------------------------------------------- the decision */
+
+static void decide(decision *d, int cls)
+{
+    memset(d, 0, sizeof *d);
+    d->cls = cls;
+    d->n = mp_gemm_dispatch_candidates(d->cand, MP_DISPATCH_MAX_KERNELS);
+    if (d->n <= 1) {
+        d->source = MP_DISPATCH_ONLY;
+        if (d->n == 0) d->cand[d->n++] = &mp_gemm_scalar_impl;
+        snprintf(d->note, sizeof d->note, "not used (nothing to choose)");
+        return;
+    }
+    d->threads = team_threads();
+    const uint64_t key = cpu_key();
+    char dir[sizeof d->path];
+    const bool cached = cache_dir(dir, sizeof dir, d->note, sizeof d->note);
+    const char *status = "";
+    if (cached) {
+        int w = snprintf(d->path, sizeof d->path, "%s/gemm-%016llx-%s-t%d-%sx%s", dir,
+                         (unsigned long long)key, MP_VERSION_STRING, d->threads,
+                         like[cls / NLIKE].tag, like[cls % NLIKE].tag);
+        if (w < 0 || (size_t)w >= sizeof d->path - 8) { /* room for the temporary's suffix */
+            d->path[0] = '\0';
+            snprintf(d->note, sizeof d->note, "off (the cache path is too long)");
+        } else if (cache_read(d->path, key, d, &status)) {
+            d->source = MP_DISPATCH_CACHED;
+            snprintf(d->note, sizeof d->note, "%s", status);
+            return;
+        }
+    }
+    const int team = d->threads;
+    bool busy = false;
+    if (!measure(d, &busy)) {
+        /* Out of memory: the feature-flag rule, the most specialised kernel. */
+        d->source = MP_DISPATCH_DEFAULT;
+        memset(d->gflops, 0, sizeof d->gflops);
+        d->chosen = d->n - 1;
+        snprintf(d->note, sizeof d->note, "%s%snot written (timing failed)", status,
+                 *status ? ", " : "");
+        return;
+    }
+    d->source = MP_DISPATCH_MEASURED;
+    d->chosen = pick(d);
+    if (!d->path[0]) return;
+    if (busy) {
+        snprintf(d->note, sizeof d->note,
+                 "%s, not written (%d threads ran slower than one: the machine is busy)", status,
+                 team);
+        return;
+    }
+    if (!clear_choice(d)) {
+        snprintf(d->note, sizeof d->note, "%s, not written (too close to keep: within %.0f%%)",
+                 status, (CACHE_MARGIN - 1) * 100);
+        return;
+    }
+    char text[CACHE_MAX];
+    int n = cache_text(text, sizeof text, d, key);
+    int err = n < 0 ? ENOSPC : cache_write(dir, d->path, text, (size_t)n);
+    snprintf(d->note, sizeof d->note, "%s, %s%s%s", status, err ? "not written (" : "written",
+             err ? strerror(err) : "", err ? ")" : "");
+}
+
+const gemm_impl *mp_gemm_dispatch_bf16(mp_dtype at, mp_dtype bt)
+{
+    int c = class_of(at, bt);
+    if (c < 0) c = 0; /* not a bf16-like pair: the driver does not ask */
+    if (atomic_load_explicit(&state[c], memory_order_acquire) == DONE) return chosen[c];
+    int expected = IDLE;
+    if (atomic_compare_exchange_strong(&state[c], &expected, BUSY)) {
+        /* The timing's own messages (a failed run) are not the caller's. */
+        char saved[512];
+        snprintf(saved, sizeof saved, "%s", mp_last_error());
+        decide(&dec[c], c);
+        chosen[c] = dec[c].cand[dec[c].chosen];
+        mp_set_error(MP_OK, "%s", saved);
+        atomic_store_explicit(&state[c], DONE, memory_order_release);
+    } else {
+        while (atomic_load_explicit(&state[c], memory_order_acquire) != DONE) sched_yield();
+    }
+    return chosen[c];
+}
+
+void mp_gemm_dispatch_reset(void)
+{
+    for (int c = 0; c < NCLASSES; c++) atomic_store(&state[c], IDLE);
+}
+
+/* ------------------------------------------------------------ the report */
+
+mp_status mp_gemm_dispatch_query(mp_dtype a_type, mp_dtype b_type, mp_gemm_dispatch_info *out)
+{
+    if (!out) return mp_set_error(MP_ERR_INVALID, "mp_gemm_dispatch_query: NULL info");
+    if ((unsigned)a_type >= MP_DTYPE_COUNT || (unsigned)b_type >= MP_DTYPE_COUNT)
+        return mp_set_error(MP_ERR_INVALID, "mp_gemm_dispatch_query: unknown dtype (a=%d, b=%d)",
+                            (int)a_type, (int)b_type);
+    memset(out, 0, sizeof *out);
+    /* Asking the driver's rule also runs the timing if this pair needs it. */
+    const gemm_impl *im = mp_gemm_impl_for(a_type, b_type);
+    /* The pair went through the measured choice: bf16-like operands on an
+     * unforced path that has more than one kernel for them. */
+    const int c = class_of(a_type, b_type);
+    const decision *d = c >= 0 && !mp_isa_forced() &&
+                                atomic_load_explicit(&state[c], memory_order_acquire) == DONE &&
+                                dec[c].cand[dec[c].chosen] == im
+                            ? &dec[c]
+                            : NULL;
+    if (d) {
+        out->n_kernels = d->n;
+        for (int i = 0; i < d->n; i++) {
+            out->kernel[i] = describe(d->cand[i])->name;
+            out->method[i] = describe(d->cand[i])->method;
+            out->gflops[i] = d->gflops[i];
+        }
+        out->chosen = d->chosen;
+        out->source = d->source;
+        out->threads = d->threads;
+        _Static_assert(sizeof out->cache_file == sizeof d->path, "path sizes");
+        _Static_assert(sizeof out->cache_note == sizeof d->note, "note sizes");
+        memcpy(out->cache_file, d->path, sizeof d->path);
+        memcpy(out->cache_note, d->note, sizeof d->note);
+    } else {
+        out->n_kernels = 1;
+        out->kernel[0] = describe(im)->name;
+        out->method[0] = describe(im)->method;
+        out->source = mp_isa_forced() ? MP_DISPATCH_FORCED : MP_DISPATCH_ONLY;
+        snprintf(out->cache_note, sizeof out->cache_note, "not used (nothing timed)");
+    }
+    return MP_OK;
+}
+
+static const char *const source_text[] = {
+    [MP_DISPATCH_ONLY] = "the only kernel for them",
+    [MP_DISPATCH_FORCED] = "forced by MP_ISA or mp_isa_set, nothing timed",
+    [MP_DISPATCH_MEASURED] = "timed in this process",
+    [MP_DISPATCH_CACHED] = "read from the cache",
+    [MP_DISPATCH_DEFAULT] = "timing failed (out of memory): the feature-flag rule",
+};
+
+mp_status mp_gemm_dispatch_report(FILE *out)
+{
+    if (!out) return mp_set_error(MP_ERR_INVALID, "mp_gemm_dispatch_report: NULL stream");
+    mp_gemm_dispatch_info in[NCLASSES], f32;
+    for (int c = 0; c < NCLASSES; c++) {
+        mp_status st = mp_gemm_dispatch_query(like[c / NLIKE].type, like[c % NLIKE].type, &in[c]);
+        if (st != MP_OK) return st;
+    }
+    mp_status st = mp_gemm_dispatch_query(MP_F32, MP_F32, &f32);
+    if (st != MP_OK) return st;
+    const mp_gemm_dispatch_info *b = &in[0];
+    if (b->source != MP_DISPATCH_MEASURED && b->source != MP_DISPATCH_CACHED &&
+        b->source != MP_DISPATCH_DEFAULT) {
+        /* One kernel for every pair: nothing was timed. */
+        fprintf(out, "gemm bf16/fp8 inputs: %s (%s), %s\n", b->kernel[0], b->method[0],
+                source_text[b->source]);
+    } else {
+        fprintf(out,
+                "gemm bf16/fp8 inputs: each pair's kernels timed once (best of %d runs of "
+                "%d^3 on %d threads), the faster kept (%s unless another is %.0f%% faster); "
+                "GFLOP/s:\n",
+                TIMING_REPS, TIMING_N, mp_num_threads(), b->kernel[0], (TIMING_MARGIN - 1) * 100);
+        fprintf(out, "  %-12s", "a x b");
+        for (int i = 0; i < b->n_kernels; i++) fprintf(out, " %11s", b->kernel[i]);
+        fprintf(out, "  %-11s %s\n", "chosen", "source");
+        for (int c = 0; c < NCLASSES; c++) {
+            const mp_gemm_dispatch_info *x = &in[c];
+            char pair[16];
+            snprintf(pair, sizeof pair, "%s x %s", like[c / NLIKE].tag, like[c % NLIKE].tag);
+            fprintf(out, "  %-12s", pair);
+            for (int i = 0; i < x->n_kernels; i++) fprintf(out, " %11.1f", x->gflops[i]);
+            fprintf(out, "  %-11s %s", x->kernel[x->chosen], source_text[x->source]);
+            if (x->threads == 1) fprintf(out, " (%d^3 on one thread)", TIMING_N1);
+            if (x->cache_file[0] && x->source != MP_DISPATCH_CACHED)
+                fprintf(out, "; cache: %s", x->cache_note);
+            fprintf(out, "\n");
+        }
+        fprintf(out, "  (");
+        for (int i = 0; i < b->n_kernels; i++)
+            fprintf(out, "%s%s: %s", i ? "; " : "", b->kernel[i], b->method[i]);
+        char dir[sizeof b->cache_file];
+        snprintf(dir, sizeof dir, "%s", b->cache_file);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        fprintf(out, ")\n  cache: %s\n", b->cache_file[0] ? dir : b->cache_note);
+    }
+    fprintf(out, "gemm other input types: %s (%s), %s\n", f32.kernel[0], f32.method[0],
+            source_text[f32.source]);
+    return ferror(out) ? mp_set_error(MP_ERR_IO, "mp_gemm_dispatch_report: write failed") : MP_OK;
+}
