@@ -113,10 +113,51 @@ static inline void put(void *panel, gemm_fmt fmt, int W, int64_t d, int64_t i,
 /* Patches and output-gradient patches: along the depth, each kernel entry's
  * channels lie next to each other in memory, so a row is a few contiguous
  * runs (or zeros). */
+/* Image patches of float32 data into float32 panels, the hot case: per row
+ * the pixel's window corner, per kernel entry one offset and two range
+ * checks. */
+static void pack_patches_f32(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
+                             int W, float *dst)
+{
+    const mp_conv_geom *g = op->gather->g;
+    const float *x = op->base;
+    int64_t base[64], top[64], left[64];
+    for (int64_t w = 0; w < nw; w += W) {
+        float *panel = dst + w / W * nd * W;
+        int64_t nv = nw - w < W ? nw - w : W;
+        for (int64_t i = 0; i < nv; i++) {
+            coord p = split(w0 + w + i, g->oh, g->ow);
+            top[i] = p.b * g->sh - g->pt;
+            left[i] = p.c * g->sw - g->pl;
+            base[i] = ((p.a * g->h + top[i]) * g->w + left[i]) * g->c;
+        }
+        for (int64_t d = 0; d < nd;) {
+            coord k = split(d0 + d, g->kw, g->c);
+            int64_t run = g->c - k.c < nd - d ? g->c - k.c : nd - d;
+            int64_t dh = k.a * g->dh, dw = k.b * g->dw, delta = (dh * g->w + dw) * g->c + k.c;
+            for (int64_t i = 0; i < W; i++) {
+                float *pf = panel + d * W + i;
+                int64_t ih = i < nv ? top[i] + dh : -1, iw = i < nv ? left[i] + dw : -1;
+                if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w) {
+                    for (int64_t t = 0; t < run; t++) pf[t * W] = 0.0f;
+                } else {
+                    const float *src = x + base[i] + delta;
+                    for (int64_t t = 0; t < run; t++) pf[t * W] = src[t];
+                }
+            }
+            d += run;
+        }
+    }
+}
+
 static void pack_depth_runs(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
                             int W, gemm_fmt fmt, void *dst, int64_t dpad)
 {
     const gemm_gather *ga = op->gather;
+    if (ga->view == GATHER_PATCHES && fmt == GEMM_FMT_F32 && op->type == MP_F32) {
+        pack_patches_f32(op, w0, nw, d0, nd, W, dst);
+        return;
+    }
     const int64_t channels = ga->view == GATHER_PATCHES ? ga->g->c : ga->g->o;
     const size_t es = fmt == GEMM_FMT_F32 ? 4 : 2;
     const bool f32 = fmt == GEMM_FMT_F32 && op->type == MP_F32;
