@@ -59,9 +59,9 @@ static void train_usage(FILE *f)
         "  --data-dir DIR                  Fashion-MNIST files (default $" MP_FASHION_MNIST_ENV
         " or /usr/share/datasets/fashion-mnist)\n"
         "  --test-data PATH.csv            evaluate on this CSV after training\n"
-        "  --model FILE.json               build the model from a JSON configuration (the schema\n"
+        "  --model FILE.json|resnet20      build the model from a JSON configuration (the schema\n"
         "                                  of the README's \"Model files\"; --policy, if given,\n"
-        "                                  replaces the file's policy)\n"
+        "                                  replaces the file's policy), or the built-in ResNet-20\n"
         "  --hidden N,N,...                hidden layer sizes of the MLP (default 4096,4096)\n"
         "  --activation NAME               relu, gelu, gelu_tanh, sigmoid, tanh (default relu)\n"
         "  --policy NAME                   float32, mixed_float16, mixed_bfloat16, float16, "
@@ -368,6 +368,7 @@ typedef struct {
     int64_t skipped;
     float scale;
     bool scaled;
+    int64_t batch_2g; /* the largest batch whose planned memory fits 2 GiB */
 } run_result;
 
 int mp_cli_load_spec(const char *spec, const char *dir, bool default_train, mp_dataset **out)
@@ -408,6 +409,12 @@ static int load_data(const train_args *a, bool train, mp_dataset **out)
 static mp_model *model_from_file(const train_args *a)
 {
     mp_model *m = NULL;
+    struct stat st;
+    if (mp_cli_is_builtin_model(a->model_file) && stat(a->model_file, &st) != 0) {
+        if (mp_cli_builtin_model(a->model_file, a->policy, a->seed, a->batch, &m))
+            fprintf(stderr, "mixprec train: --model %s: %s\n", a->model_file, mp_last_error());
+        return m;
+    }
     if (mp_model_from_config_file(a->model_file, a->policy_given ? a->policy : NULL, a->seed,
                                   a->batch, &m)) {
         fprintf(stderr, "mixprec train: --model %s\n", mp_last_error());
@@ -460,11 +467,17 @@ static mp_status resume_path(const char *resume, char *path, size_t len, bool *i
 /* The batch to train with: --batch-size, checked against --memory-limit, or
  * with auto the largest the limit allows (the model re-sized for it). 0
  * after printing why none fits. */
+/* float32 values per parameter the optimizer keeps (for memory plans). */
+static int optimizer_slots(const train_args *a)
+{
+    mp_optimizer_config oc = mp_optimizer_config_default(a->optimizer);
+    return a->optimizer == MP_OPTIMIZER_SGD ? (oc.momentum > 0) : 2;
+}
+
 static int64_t batch_for_limit(const train_args *a, mp_model *m)
 {
     if (!a->memory_limit) return a->batch;
-    mp_optimizer_config oc = mp_optimizer_config_default(a->optimizer);
-    int slots = a->optimizer == MP_OPTIMIZER_SGD ? (oc.momentum > 0) : 2;
+    int slots = optimizer_slots(a);
     int64_t fits = mp_model_batch_for_memory(m, a->memory_limit, slots, 1 << 20);
     mp_memory_plan p;
     mp_model_memory_plan(m, fits ? fits : 1, slots, &p);
@@ -602,6 +615,7 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     res->scaled = ls != NULL;
     res->scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
     snprintf(res->policy, sizeof res->policy, "%s", mp_model_policy(m).name);
+    res->batch_2g = mp_model_batch_for_memory(m, (size_t)2 << 30, optimizer_slots(a), 1 << 20);
     mp_history_free(&h);
     res->test_loss = res->test_acc = NAN;
     if (test && mp_model_evaluate(m, test, fo.batch_size, &res->test_loss, &res->test_acc))
@@ -680,6 +694,8 @@ int mp_cli_demo(int argc, char **argv)
             a.max_steps = user.max_steps;
         else if (!strcmp(argv[i], "--threads"))
             a.threads = user.threads;
+        else if (!strcmp(argv[i], "--model"))
+            a.model_file = user.model_file;
         else if (!strcmp(argv[i], "--hidden")) {
             a.nhidden = user.nhidden;
             memcpy(a.hidden, user.hidden, sizeof a.hidden);
@@ -691,37 +707,52 @@ int mp_cli_demo(int argc, char **argv)
     }
     const char *policies[3] = {"float32", "mixed_bfloat16", "mixed_float16"};
     run_result r[3];
-    printf("mixprec demo: MLP 784 -> ");
-    for (int i = 0; i < a.nhidden; i++) printf("%lld -> ", (long long)a.hidden[i]);
-    printf("10 (relu, float32 softmax), Adam lr %g, batch %lld, %d epoch%s on Fashion-MNIST (%lld "
-           "train / %lld test)\n",
+    if (a.model_file) {
+        printf("mixprec demo: %s", a.model_file);
+    } else {
+        printf("mixprec demo: MLP 784 -> ");
+        for (int i = 0; i < a.nhidden; i++) printf("%lld -> ", (long long)a.hidden[i]);
+        printf("10 (relu, float32 softmax)");
+    }
+    printf(", Adam lr %g, batch %lld, %d epoch%s%s on Fashion-MNIST (%lld train / %lld test)\n",
            (double)a.lr, (long long)a.batch, a.epochs, a.epochs > 1 ? "s" : "",
-           (long long)mp_dataset_count(train), (long long)mp_dataset_count(test));
+           a.max_steps ? " (capped by --max-steps)" : "", (long long)mp_dataset_count(train),
+           (long long)mp_dataset_count(test));
     printf("kernel path %s, %d threads\n\n", mp_isa_name(mp_isa_active()), mp_num_threads());
     for (int p = 0; p < 3; p++) {
         a.policy = policies[p];
+        a.policy_given = true;
         printf("training under %-15s ...", policies[p]);
         fflush(stdout);
+        if (a.model_file) { /* a fresh model in this policy */
+            mp_mem_reset_peaks();
+            a.model_base = model_peak_bytes();
+            if (!(a.model = model_from_file(&a))) {
+                rc = 2;
+                break;
+            }
+        }
         if ((rc = run_training(&a, train, test, false, &r[p]))) break;
         printf(" test accuracy %.4f, %.1f ms/step\n", r[p].test_acc, r[p].ms_per_step);
     }
     if (!rc) {
-        printf("\n%-16s %9s %10s %9s %12s %8s %13s %8s %8s %11s\n", "policy", "test acc", "ms/step",
-               "speed-up", "peak memory", "saving", "act+workspace", "saving", "skipped",
-               "loss scale");
+        printf("\n%-16s %9s %10s %9s %12s %8s %13s %8s %8s %11s %10s\n", "policy", "test acc",
+               "ms/step", "speed-up", "peak memory", "saving", "act+workspace", "saving", "skipped",
+               "loss scale", "batch@2GiB");
         for (int p = 0; p < 3; p++) {
             char scale[32];
             if (r[p].scaled)
                 snprintf(scale, sizeof scale, "%g", (double)r[p].scale);
             else
                 snprintf(scale, sizeof scale, "none");
-            printf("%-16s %9.4f %10.1f %8.2fx %8.1f MiB %7.1f%% %9.1f MiB %7.1f%% %8lld %11s\n",
-                   policies[p], r[p].test_acc, r[p].ms_per_step,
-                   r[0].ms_per_step / r[p].ms_per_step, (double)r[p].peak / (1 << 20),
-                   100.0 * (1.0 - (double)r[p].peak / (double)r[0].peak),
-                   (double)r[p].step_peak / (1 << 20),
-                   100.0 * (1.0 - (double)r[p].step_peak / (double)r[0].step_peak),
-                   (long long)r[p].skipped, scale);
+            printf(
+                "%-16s %9.4f %10.1f %8.2fx %8.1f MiB %7.1f%% %9.1f MiB %7.1f%% %8lld %11s %10lld\n",
+                policies[p], r[p].test_acc, r[p].ms_per_step, r[0].ms_per_step / r[p].ms_per_step,
+                (double)r[p].peak / (1 << 20),
+                100.0 * (1.0 - (double)r[p].peak / (double)r[0].peak),
+                (double)r[p].step_peak / (1 << 20),
+                100.0 * (1.0 - (double)r[p].step_peak / (double)r[0].step_peak),
+                (long long)r[p].skipped, scale, (long long)r[p].batch_2g);
         }
         printf(
             "\npeak memory: the library's own bytes (weights, masters, gradients, optimizer "
@@ -729,7 +760,9 @@ int mp_cli_demo(int argc, char **argv)
             "activations, workspace) at batch %lld; the dataset is not counted. Mixed policies add "
             "a\n"
             "low-precision copy of the weights and halve the per-step memory (act+workspace), so\n"
-            "they save overall once batches are large (see make bench-step, batch 8192).\n",
+            "they save overall once batches are large (see make bench-step, batch 8192).\n"
+            "batch@2GiB: the largest batch whose planned training memory (the summary's plan,\n"
+            "Adam state included) fits 2 GiB.\n",
             (long long)a.batch);
     }
     mp_dataset_free(train);

@@ -113,36 +113,120 @@ static inline void put(void *panel, gemm_fmt fmt, int W, int64_t d, int64_t i,
 /* Patches and output-gradient patches: along the depth, each kernel entry's
  * channels lie next to each other in memory, so a row is a few contiguous
  * runs (or zeros). */
-/* Image patches of float32 data into float32 panels, the hot case: per row
- * the pixel's window corner, per kernel entry one offset and two range
- * checks. */
-static void pack_patches_f32(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
-                             int W, float *dst)
+/* `run` (<= RUN_MAX) consecutive elements of op from element o, widened
+ * exactly to float32 (tmp holds them unless the data already is float32). */
+#define RUN_MAX 512
+static const float *run_f32(const gemm_operand *op, int64_t o, int64_t run, float *tmp)
 {
-    const mp_conv_geom *g = op->gather->g;
-    const float *x = op->base;
+    if (op->type == MP_F32) return (const float *)op->base + o;
+    mp_convert(tmp, MP_F32, (const char *)op->base + (size_t)o * mp_dtype_size(op->type), op->type,
+               (size_t)run);
+    return tmp;
+}
+
+/* The same as bf16 bits, for the bf16 panels (bf16 and fp8 data only, which
+ * bf16 holds exactly). */
+static const uint16_t *run_bf16(const gemm_operand *op, int64_t o, int64_t run, uint16_t *tmp)
+{
+    if (op->type == MP_BF16) return (const uint16_t *)op->base + o;
+    mp_convert(tmp, MP_BF16, (const char *)op->base + (size_t)o * mp_dtype_size(op->type), op->type,
+               (size_t)run);
+    return tmp;
+}
+
+/* Stores a run at depth d.., row i of a panel, with `step` between depths
+ * (W for the depth runs) or along the rows (1 for the width runs): zeros
+ * when o < 0. */
+static void store_run(const gemm_operand *op, gemm_fmt fmt, int W, void *panel, int64_t d,
+                      int64_t i, int64_t run, int64_t o, bool along_depth)
+{
+    float tf[RUN_MAX];
+    uint16_t tb[RUN_MAX];
+    for (int64_t c = 0; c < run; c += RUN_MAX) {
+        int64_t n = run - c < RUN_MAX ? run - c : RUN_MAX;
+        int64_t dd = along_depth ? d + c : d, ii = along_depth ? i : i + c;
+        if (fmt == GEMM_FMT_F32) {
+            float *pf = (float *)panel + dd * W + ii;
+            int64_t step = along_depth ? W : 1;
+            if (o < 0) {
+                for (int64_t t = 0; t < n; t++) pf[t * step] = 0.0f;
+            } else {
+                const float *v = run_f32(op, o + c, n, tf);
+                for (int64_t t = 0; t < n; t++) pf[t * step] = v[t];
+            }
+        } else { /* panel[d / 2][i][d % 2] */
+            uint16_t *pb = panel;
+            const uint16_t *v = o < 0 ? NULL : run_bf16(op, o + c, n, tb);
+            for (int64_t t = 0; t < n; t++) {
+                int64_t de = along_depth ? dd + t : dd, ie = along_depth ? ii : ii + t;
+                pb[(de / 2) * 2 * W + 2 * ie + (de & 1)] = v ? v[t] : 0;
+            }
+        }
+    }
+}
+
+/* A window gather into float32 panels, the hot case. Row r of the width is
+ * a pixel (n, y, x) of a grid of gh x gw; depth entry (a, b, ch) reads the
+ * source image [n, sh_, sw_, sc] at (y*sy + oy + a*ay, x*sx + ox + b*ax, ch),
+ * zero outside it. Image patches: the output grid, strides, -padding, the
+ * dilations. Output-gradient patches of a stride-1 convolution: the input
+ * grid, 1, +padding, -dilations (a transposed convolution). */
+typedef struct {
+    int64_t gh, gw;         /* grid of the width's pixels */
+    int64_t sh_, sw_, sc;   /* source image */
+    int64_t sy, sx, oy, ox; /* row -> window corner */
+    int64_t ay, ax, kw;     /* kernel entry -> offset from the corner */
+} window;
+
+static inline float widen(const void *base, mp_dtype t, int64_t i)
+{
+    switch (t) {
+    case MP_F32:
+        return ((const float *)base)[i];
+    case MP_BF16:
+        return mp_bits_f32((uint32_t)((const uint16_t *)base)[i] << 16);
+    default:
+        return mp_gemm_load_f32(base, t, i);
+    }
+}
+
+static void pack_window(const gemm_operand *op, const window *v, int64_t w0, int64_t nw, int64_t d0,
+                        int64_t nd, int W, float *dst)
+{
+    const mp_dtype t = op->type;
     int64_t base[64], top[64], left[64];
     for (int64_t w = 0; w < nw; w += W) {
         float *panel = dst + w / W * nd * W;
         int64_t nv = nw - w < W ? nw - w : W;
         for (int64_t i = 0; i < nv; i++) {
-            coord p = split(w0 + w + i, g->oh, g->ow);
-            top[i] = p.b * g->sh - g->pt;
-            left[i] = p.c * g->sw - g->pl;
-            base[i] = ((p.a * g->h + top[i]) * g->w + left[i]) * g->c;
+            coord p = split(w0 + w + i, v->gh, v->gw);
+            top[i] = p.b * v->sy + v->oy;
+            left[i] = p.c * v->sx + v->ox;
+            base[i] = ((p.a * v->sh_ + top[i]) * v->sw_ + left[i]) * v->sc;
         }
         for (int64_t d = 0; d < nd;) {
-            coord k = split(d0 + d, g->kw, g->c);
-            int64_t run = g->c - k.c < nd - d ? g->c - k.c : nd - d;
-            int64_t dh = k.a * g->dh, dw = k.b * g->dw, delta = (dh * g->w + dw) * g->c + k.c;
+            coord k = split(d0 + d, v->kw, v->sc);
+            int64_t run = v->sc - k.c < nd - d ? v->sc - k.c : nd - d;
+            int64_t dy = k.a * v->ay, dx = k.b * v->ax, delta = (dy * v->sw_ + dx) * v->sc + k.c;
             for (int64_t i = 0; i < W; i++) {
                 float *pf = panel + d * W + i;
-                int64_t ih = i < nv ? top[i] + dh : -1, iw = i < nv ? left[i] + dw : -1;
-                if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w) {
-                    for (int64_t t = 0; t < run; t++) pf[t * W] = 0.0f;
+                int64_t y = i < nv ? top[i] + dy : -1, x = i < nv ? left[i] + dx : -1;
+                if (y < 0 || y >= v->sh_ || x < 0 || x >= v->sw_) {
+                    for (int64_t e = 0; e < run; e++) pf[e * W] = 0.0f;
+                } else if (t == MP_F32) {
+                    const float *src = (const float *)op->base + base[i] + delta;
+                    for (int64_t e = 0; e < run; e++) pf[e * W] = src[e];
+                } else if (t == MP_BF16) {
+                    const uint16_t *src = (const uint16_t *)op->base + base[i] + delta;
+                    for (int64_t e = 0; e < run; e++)
+                        pf[e * W] = mp_bits_f32((uint32_t)src[e] << 16);
+                } else if (run >= 8 && run <= RUN_MAX) { /* the SIMD decoders pay off */
+                    float tf[RUN_MAX];
+                    const float *src = run_f32(op, base[i] + delta, run, tf);
+                    for (int64_t e = 0; e < run; e++) pf[e * W] = src[e];
                 } else {
-                    const float *src = x + base[i] + delta;
-                    for (int64_t t = 0; t < run; t++) pf[t * W] = src[t];
+                    for (int64_t e = 0; e < run; e++)
+                        pf[e * W] = widen(op->base, t, base[i] + delta + e);
                 }
             }
             d += run;
@@ -150,17 +234,34 @@ static void pack_patches_f32(const gemm_operand *op, int64_t w0, int64_t nw, int
     }
 }
 
+/* The window of a view, when it has one (patches; output-gradient patches
+ * of a stride-1 convolution). */
+static bool window_of(const gemm_gather *ga, window *v)
+{
+    const mp_conv_geom *g = ga->g;
+    if (ga->view == GATHER_PATCHES) {
+        *v = (window){g->oh, g->ow,  g->h,   g->w,  g->c,  g->sh,
+                      g->sw, -g->pt, -g->pl, g->dh, g->dw, g->kw};
+        return true;
+    }
+    if (ga->view == GATHER_DY_PATCHES && g->sh == 1 && g->sw == 1) {
+        *v = (window){g->h, g->w, g->oh, g->ow, g->o, 1, 1, g->pt, g->pl, -g->dh, -g->dw, g->kw};
+        return true;
+    }
+    return false;
+}
+
 static void pack_depth_runs(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
                             int W, gemm_fmt fmt, void *dst, int64_t dpad)
 {
     const gemm_gather *ga = op->gather;
-    if (ga->view == GATHER_PATCHES && fmt == GEMM_FMT_F32 && op->type == MP_F32) {
-        pack_patches_f32(op, w0, nw, d0, nd, W, dst);
+    window v;
+    if (fmt == GEMM_FMT_F32 && window_of(ga, &v)) {
+        pack_window(op, &v, w0, nw, d0, nd, W, dst);
         return;
     }
     const int64_t channels = ga->view == GATHER_PATCHES ? ga->g->c : ga->g->o;
     const size_t es = fmt == GEMM_FMT_F32 ? 4 : 2;
-    const bool f32 = fmt == GEMM_FMT_F32 && op->type == MP_F32;
     coord wc[64];
     for (int64_t w = 0; w < nw; w += W) {
         char *panel = (char *)dst + (size_t)(w / W * dpad * W) * es;
@@ -169,20 +270,9 @@ static void pack_depth_runs(const gemm_operand *op, int64_t w0, int64_t nw, int6
         for (int64_t d = 0; d < nd;) {
             coord k = depth_coord(ga, d0 + d);
             int64_t run = channels - k.c < nd - d ? channels - k.c : nd - d;
-            for (int64_t i = 0; i < W; i++) {
-                int64_t o = i < nv ? run_start(ga, wc[i], k) : -1;
-                if (f32) {
-                    float *pf = (float *)panel + d * W + i;
-                    const float *src = (const float *)op->base + (o < 0 ? 0 : o);
-                    if (o < 0)
-                        for (int64_t t = 0; t < run; t++) pf[t * W] = 0.0f;
-                    else
-                        for (int64_t t = 0; t < run; t++) pf[t * W] = src[t];
-                } else {
-                    for (int64_t t = 0; t < run; t++)
-                        put(panel, fmt, W, d + t, i, op, o < 0 ? -1 : o + t);
-                }
-            }
+            for (int64_t i = 0; i < W; i++)
+                store_run(op, fmt, W, panel, d, i, run, i < nv ? run_start(ga, wc[i], k) : -1,
+                          true);
             d += run;
         }
         if (fmt == GEMM_FMT_BF16 && (nd & 1))
@@ -207,17 +297,7 @@ static void pack_width_runs(const gemm_operand *op, int64_t w0, int64_t nw, int6
                 int64_t run = i < nv ? ga->g->c - k.c : W - i;
                 if (run > nv - i && i < nv) run = nv - i;
                 int64_t o = i < nv && d < nd ? patch_offset(ga->g, pix, k) : -1;
-                if (fmt == GEMM_FMT_F32 && op->type == MP_F32) {
-                    float *pf = (float *)panel + d * W + i;
-                    const float *src = (const float *)op->base + o;
-                    if (o < 0)
-                        for (int64_t t = 0; t < run; t++) pf[t] = 0.0f;
-                    else
-                        for (int64_t t = 0; t < run; t++) pf[t] = src[t];
-                } else {
-                    for (int64_t t = 0; t < run; t++)
-                        put(panel, fmt, W, d, i + t, op, o < 0 ? -1 : o + t);
-                }
+                store_run(op, fmt, W, panel, d, i, run, o, false);
                 i += run;
             }
         }
