@@ -122,6 +122,8 @@ typedef enum {
     ARCH_VIEWS,    /* input [2, 2] -> reshape [4] -> dense 4 (he_uniform, bias ones), dense 4
                       -> add of three -> dense 3 -> softmax (float32) */
     ARCH_TOKENS,   /* input int32 [3] -> embedding 5x4 -> flatten -> dense 3 -> softmax (float32) */
+    ARCH_CNN,      /* input [2, 2, 1] -> random flip -> conv 3x3 same (2) -> batch norm -> zero
+                      padding -> max pool -> global average pool -> dense 3 -> softmax (float32) */
 } arch;
 
 static mp_model *tiny(const char *policy, arch a)
@@ -160,6 +162,19 @@ static mp_model *tiny(const char *policy, arch a)
         x = mp_add_n(m, 3, d, NULL);
         x = mp_dense(m, x, 3, MP_ACT_NONE, NULL);
         break;
+    case ARCH_CNN: {
+        mp_conv2d_options c = mp_conv2d_options_default(2, 3, 3);
+        c.padding = MP_PADDING_SAME;
+        x = mp_input(m, 3, (int64_t[]){2, 2, 1}, NULL);
+        x = mp_random_flip(m, x, MP_FLIP_HORIZONTAL, NULL);
+        x = mp_conv2d(m, x, &c, NULL);
+        x = mp_batch_norm(m, x, NULL, NULL);
+        x = mp_zero_padding2d(m, x, 1, 1, 1, 1, NULL);
+        x = mp_max_pooling2d(m, x, NULL, NULL);
+        x = mp_global_average_pooling2d(m, x, NULL);
+        x = mp_dense(m, x, 3, MP_ACT_NONE, NULL);
+        break;
+    }
     case ARCH_TOKENS:
         x = mp_input_ex(m, 1, (int64_t[]){3}, MP_I32, NULL);
         x = mp_embedding(m, x, 5, 4, NULL);
@@ -600,6 +615,7 @@ static void write_seeds(void)
     save_ckpt("mixed_float16", ARCH_VIEWS, &sgd_static,
               "valid-ckpt-mixed_float16-reshape-add3-sgd-static");
     save_ckpt("mixed_bfloat16", ARCH_TOKENS, &adam, "valid-ckpt-mixed_bfloat16-embedding-adam");
+    save_ckpt("mixed_float16", ARCH_CNN, &adam, "valid-ckpt-mixed_float16-cnn-adam");
     /* the largest float a setting can have must survive its JSON round trip */
     const compile_spec flt_max = {
         MP_OPTIMIZER_ADAM, 0, false, MP_LOSS_SCALING_DYNAMIC, false, false, false, FLT_MAX};
@@ -617,6 +633,7 @@ static void write_seeds(void)
     save_weights("float32", ARCH_FLATTEN, "valid-weights-float32-flatten");
     save_weights("float32", ARCH_TOKENS, "valid-weights-float32-embedding");
     save_weights("mixed_bfloat16", ARCH_NORM, "valid-weights-mixed_bfloat16-batchnorm");
+    save_weights("float32", ARCH_CNN, "valid-weights-float32-cnn");
 
     /* hand-made variations that must still load */
     doc d;
