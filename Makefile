@@ -66,8 +66,11 @@ $(STATIC): $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
+# The soname's link next to the library, so a program linked against build/
+# starts with LD_LIBRARY_PATH=build.
 $(SHARED): $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libmixprec.so.0 -o $@ $^ $(LDLIBS_ALL)
+	ln -sf libmixprec.so $(BUILD)/libmixprec.so.0
 
 $(CLI): $(CLI_OBJ) $(STATIC)
 	$(CC) -o $@ $(CLI_OBJ) $(STATIC) $(LDLIBS_ALL)
