@@ -150,6 +150,9 @@ static void store_run(const gemm_operand *op, gemm_fmt fmt, int W, void *panel, 
             int64_t step = along_depth ? W : 1;
             if (o < 0) {
                 for (int64_t t = 0; t < n; t++) pf[t * step] = 0.0f;
+            } else if (op->type == MP_BF16) { /* widened inline: a shift */
+                const uint16_t *v = (const uint16_t *)op->base + o + c;
+                for (int64_t t = 0; t < n; t++) pf[t * step] = mp_bits_f32((uint32_t)v[t] << 16);
             } else {
                 const float *v = run_f32(op, o + c, n, tf);
                 for (int64_t t = 0; t < n; t++) pf[t * step] = v[t];
@@ -286,20 +289,36 @@ static void pack_width_runs(const gemm_operand *op, int64_t w0, int64_t nw, int6
                             int W, gemm_fmt fmt, void *dst, int64_t dpad)
 {
     const gemm_gather *ga = op->gather;
+    const mp_conv_geom *g = ga->g;
     const size_t es = fmt == GEMM_FMT_F32 ? 4 : 2;
+    /* the depth's pixels once per call: window corner and base offset */
+    int64_t top[RUN_MAX], left[RUN_MAX], base[RUN_MAX];
+    for (int64_t d = 0; d < nd && d < RUN_MAX; d++) {
+        coord p = split(d0 + d, g->oh, g->ow);
+        top[d] = p.b * g->sh - g->pt;
+        left[d] = p.c * g->sw - g->pl;
+        base[d] = ((p.a * g->h + top[d]) * g->w + left[d]) * g->c;
+    }
     for (int64_t w = 0; w < nw; w += W) {
         char *panel = (char *)dst + (size_t)(w / W * dpad * W) * es;
         int64_t nv = nw - w < W ? nw - w : W;
-        for (int64_t d = 0; d < dpad; d++) {
-            coord pix = d < nd ? depth_coord(ga, d0 + d) : (coord){0, 0, 0};
-            for (int64_t i = 0; i < W;) {
-                coord k = i < nv ? width_coord(ga, w0 + w + i) : (coord){0, 0, 0};
-                int64_t run = i < nv ? ga->g->c - k.c : W - i;
-                if (run > nv - i && i < nv) run = nv - i;
-                int64_t o = i < nv && d < nd ? patch_offset(ga->g, pix, k) : -1;
+        /* the panel's width as runs of one kernel entry's channels */
+        for (int64_t i = 0; i < W;) {
+            coord k = i < nv ? split(w0 + w + i, g->kw, g->c) : (coord){0, 0, 0};
+            int64_t run = i < nv ? g->c - k.c : W - i;
+            if (i < nv && run > nv - i) run = nv - i;
+            int64_t dy = k.a * g->dh, dx = k.b * g->dw, delta = (dy * g->w + dx) * g->c + k.c;
+            for (int64_t d = 0; d < dpad; d++) {
+                int64_t o = -1;
+                if (i < nv && d < nd && nd <= RUN_MAX) {
+                    int64_t y = top[d] + dy, x = left[d] + dx;
+                    if (y >= 0 && y < g->h && x >= 0 && x < g->w) o = base[d] + delta;
+                } else if (i < nv && d < nd) {
+                    o = patch_offset(g, split(d0 + d, g->oh, g->ow), k);
+                }
                 store_run(op, fmt, W, panel, d, i, run, o, false);
-                i += run;
             }
+            i += run;
         }
     }
 }
