@@ -1,6 +1,8 @@
 /* conv.c - 2-D convolution (NHWC, kernel [kh, kw, c, o]) forward, filter
  * gradient and data gradient, each one GEMM over gathered operands (see
  * conv.h for the three products). */
+#include <string.h>
+
 #include "kernels/conv.h"
 #include "kernels/gemm_internal.h"
 
@@ -62,9 +64,66 @@ mp_status mp_conv2d_backward_filter(const mp_conv_geom *g, const void *x, mp_dty
     return mp_gemm_run(m, g->o, k, &a, &b, &e);
 }
 
+/* The data gradient of a strided convolution, one phase (ph, pw) at a time:
+ * the input pixels (ph + sh*a, pw + sw*b) take gradient only from the
+ * kernel rows kh = kh0 + j*sh and columns kw = kw0 + l*sw, kh0 = (ph + pt)
+ * mod sh, from output row oh = a + (ph + pt - kh0)/sh - j. Each phase is a
+ * stride-1 data gradient with that sub-kernel, so no product with a zero is
+ * computed (the plain gather would waste sh*sw of the work). Dilation 1. */
+static mp_status backward_data_phases(const mp_conv_geom *g, const void *dy, mp_dtype dyt,
+                                      const void *w, mp_dtype wt, void *dx, mp_dtype dxt)
+{
+    const size_t xs = mp_dtype_size(dxt), ws = mp_dtype_size(wt);
+    const size_t pixel = (size_t)g->c * xs;
+    for (int64_t ph = 0; ph < g->sh && ph < g->h; ph++)
+        for (int64_t pw = 0; pw < g->sw && pw < g->w; pw++) {
+            mp_conv_geom p = *g;
+            p.h = (g->h - ph + g->sh - 1) / g->sh;
+            p.w = (g->w - pw + g->sw - 1) / g->sw;
+            int64_t kh0 = (ph + g->pt) % g->sh, kw0 = (pw + g->pl) % g->sw;
+            p.kh = kh0 < g->kh ? (g->kh - kh0 + g->sh - 1) / g->sh : 0;
+            p.kw = kw0 < g->kw ? (g->kw - kw0 + g->sw - 1) / g->sw : 0;
+            p.sh = p.sw = 1;
+            p.pt = (ph + g->pt - kh0) / g->sh;
+            p.pl = (pw + g->pl - kw0) / g->sw;
+            char *sub = mp_scratch(7, (size_t)(p.n * p.h * p.w) * pixel);
+            char *k =
+                mp_scratch(8, (size_t)((p.kh ? p.kh : 1) * (p.kw ? p.kw : 1) * g->c * g->o) * ws);
+            if (!sub || !k) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for a phase");
+            if (p.kh == 0 || p.kw == 0) {
+                memset(sub, 0, (size_t)(p.n * p.h * p.w) * pixel); /* no tap reaches it */
+            } else {
+                for (int64_t j = 0; j < p.kh; j++) /* the phase's sub-kernel */
+                    for (int64_t l = 0; l < p.kw; l++)
+                        memcpy(k + (size_t)((j * p.kw + l) * g->c * g->o) * ws,
+                               (const char *)w +
+                                   (size_t)(((kh0 + j * g->sh) * g->kw + kw0 + l * g->sw) * g->c *
+                                            g->o) *
+                                       ws,
+                               (size_t)(g->c * g->o) * ws);
+                const gemm_gather dy_patches = {GATHER_DY_PATCHES, &p},
+                                  kernel_t = {GATHER_KERNEL_T, &p};
+                gemm_operand a = {dy, dyt, 0, 0, &dy_patches}, b = {k, wt, 0, 0, &kernel_t};
+                gemm_epilogue e = {1.0f, 0.0f, sub, dxt, g->c, NULL, MP_ACT_NONE, false};
+                mp_status s = mp_gemm_run(p.n * p.h * p.w, g->c, p.kh * p.kw * g->o, &a, &b, &e);
+                if (s) return s;
+            }
+            for (int64_t n = 0; n < p.n; n++) /* scatter the phase into dx */
+                for (int64_t a = 0; a < p.h; a++)
+                    for (int64_t b = 0; b < p.w; b++)
+                        memcpy((char *)dx +
+                                   (size_t)((n * g->h + ph + a * g->sh) * g->w + pw + b * g->sw) *
+                                       pixel,
+                               sub + (size_t)((n * p.h + a) * p.w + b) * pixel, pixel);
+        }
+    return MP_OK;
+}
+
 mp_status mp_conv2d_backward_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt,
                                   const void *w, mp_dtype wt, void *dx, mp_dtype dxt)
 {
+    if ((g->sh > 1 || g->sw > 1) && g->dh == 1 && g->dw == 1)
+        return backward_data_phases(g, dy, dyt, w, wt, dx, dxt);
     const gemm_gather dy_patches = {GATHER_DY_PATCHES, g}, kernel_t = {GATHER_KERNEL_T, g};
     const int64_t m = g->n * g->h * g->w, k = g->kh * g->kw * g->o;
     gemm_operand a = {dy, dyt, 0, 0, &dy_patches};
