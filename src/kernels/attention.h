@@ -1,0 +1,53 @@
+/* attention.h - fused causal scaled-dot-product attention in the
+ * flash-attention style: tiles of queries against tiles of keys with an
+ * online softmax in float32 (running max and sum per query row), so no
+ * [T, T] matrix is ever stored; backward recomputes the tiles.
+ *
+ * Layout: q, k, v, o and their gradients are [batch, T, heads, d], row-major
+ * (the channels of a head contiguous, a head's rows heads * d apart): what a
+ * projection GEMM writes from [batch * T, model] rows, so no transposes. The
+ * per-row log-sum-exp is float32 [batch, heads, T].
+ *
+ *   forward   s_ij = (q_i . k_j) / sqrt(d) for j <= i (the causal mask),
+ *             o_i = sum_j softmax_j(s_i) v_j, lse_i = log sum_j exp(s_ij)
+ *   backward  p_ij = exp(s_ij - lse_i), D_i = dO_i . O_i,
+ *             dV_j = sum_i p_ij dO_i, dS_ij = p_ij (dO_i . v_j - D_i),
+ *             dQ_i = sum_j dS_ij k_j / sqrt(d), dK_j = sum_i dS_ij q_i / sqrt(d)
+ *
+ * Inputs may be in any float dtype (widened exactly to float32); all
+ * arithmetic is float32 and each output is rounded once to its dtype.
+ * Forward runs one task per (batch, head, query tile); backward runs one per
+ * (batch, head, key tile) for dK/dV (query tiles looped inside) and one per
+ * (batch, head, query tile) for dQ (key tiles inside): every output element
+ * is summed by one task in a fixed order, so results are bit-identical for
+ * any thread count, with no atomics. Each thread takes
+ * mp_attention_scratch_bytes(d) from its mp_scratch slot 3 and nothing else:
+ * memory is independent of T beyond the caller's tensors. */
+#ifndef MP_ATTENTION_H
+#define MP_ATTENTION_H
+
+#include "core/internal.h"
+
+enum { MP_ATTN_TILE = 64 }; /* query and key rows per tile */
+
+typedef struct {
+    int64_t batch, t, heads, d;
+} mp_attn_geom;
+
+/* Per-thread scratch (bytes) the forward or backward asks for at head size d. */
+size_t mp_attention_scratch_bytes(int64_t d);
+
+/* o [batch, T, heads, d] in ot, lse [batch, heads, T] float32 (may be NULL
+ * when no backward follows). q, k, v in their own dtypes. */
+mp_status mp_attention_forward(const mp_attn_geom *g, const void *q, mp_dtype qt, const void *k,
+                               mp_dtype kt, const void *v, mp_dtype vt, void *o, mp_dtype ot,
+                               float *lse);
+
+/* dq, dk, dv (each [batch, T, heads, d], written, in gt) from do (in dot),
+ * the forward's inputs, its output o (in ot) and lse. */
+mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype qt, const void *k,
+                                mp_dtype kt, const void *v, mp_dtype vt, const void *o, mp_dtype ot,
+                                const float *lse, const void *dout, mp_dtype dot, void *dq,
+                                void *dk, void *dv, mp_dtype gt);
+
+#endif
