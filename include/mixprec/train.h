@@ -151,6 +151,13 @@ typedef struct {
     /* if not NULL, receives where the fit ended (e.g. for a final
      * checkpoint); free with mp_fit_state_free */
     mp_fit_state *state_out;
+    /* run directory (created if missing; NULL: none): config.json, plan.json
+     * (the precision plan), history.csv at the end and diagnostics.jsonl
+     * (mp_diagnostics) go there */
+    const char *run_dir;
+    /* with run_dir: per-layer numerics at step 1 and every this many steps
+     * (0: only per-step events and epoch records) */
+    int64_t diagnostics_every;
 } mp_fit_options;
 
 mp_fit_options mp_fit_options_default(void);
@@ -162,6 +169,60 @@ mp_status mp_model_evaluate(mp_model *m, const mp_dataset *data, int64_t batch_s
                             double *accuracy);
 /* Model outputs (float32, [n, outputs]) for n samples of x ([n, input...]). */
 mp_status mp_model_predict(mp_model *m, const float *x, int64_t n, int64_t batch_size, float *out);
+
+/* ---------------------------------------------------------- diagnostics */
+
+/* What rounding a set of values into a target dtype does to them: one pass,
+ * in parallel. Underflow and overflow are those of round-to-nearest-even into
+ * `target` (values already in `target` round to themselves). */
+typedef struct {
+    int64_t n;
+    int64_t zeros;     /* values that are zero before rounding */
+    int64_t flush;     /* nonzero values that round to zero in the target */
+    int64_t subnormal; /* nonzero values that round to a nonzero subnormal */
+    int64_t overflow;  /* finite values that round past the target's largest finite value */
+    int64_t nonfinite; /* inf or NaN before rounding */
+    double amax;       /* largest finite magnitude */
+    double sumsq;      /* sum of squares of the finite values (float64) */
+    double err_sumsq;  /* with a copy: sum of (copy - value)^2 over finite pairs */
+    double upd_amax;   /* with a before: largest |value - before| */
+    double upd_sumsq;  /* with a before: sum of (value - before)^2 */
+} mp_numerics;
+
+/* Statistics of n values x (in x_type) against target. copy (optional, in
+ * copy_type): a rounded copy of x (a compute copy of a master), giving
+ * err_sumsq; before (optional, float32): earlier values of x, giving the
+ * update figures. */
+void mp_numerics_compute(const void *x, mp_dtype x_type, int64_t n, mp_dtype target,
+                         const void *copy, mp_dtype copy_type, const float *before,
+                         mp_numerics *out);
+
+/* A run's diagnostics log: RUN_DIR/diagnostics.jsonl, one JSON object per
+ * line, each line one write() on a file opened for appending and fsync'd at
+ * epoch ends and on close (a killed run leaves whole lines, at worst a
+ * truncated last one). Records: "run" (at open: policy, dtypes and their
+ * ranges, layers), "step" (every `every` steps and step 1: loss, accuracy,
+ * loss scale, skipped, global gradient norm, learning rate, step time, memory
+ * by category, and per layer the output activation, each parameter's weight
+ * (compute copy vs float32 master), gradient (float32, unscaled after the
+ * step, with the scale used), update (master after vs before the step) and
+ * the gradient reaching the layer's output (in its dtype, scaled)), "event"
+ * (any other step that was skipped or changed the loss scale) and "epoch".
+ * Opening also writes RUN_DIR/config.json and RUN_DIR/plan.json. */
+typedef struct mp_diagnostics mp_diagnostics;
+mp_status mp_diagnostics_open(mp_diagnostics **out, mp_model *m, const char *run_dir, int64_t every,
+                              int64_t batch_size);
+/* Around each training step (step: 1-based count of the fit's steps); only
+ * diagnostic steps do work before the step (a copy of the masters). */
+mp_status mp_diagnostics_before_step(mp_diagnostics *d, mp_model *m, int64_t step);
+mp_status mp_diagnostics_after_step(mp_diagnostics *d, mp_model *m, const mp_step_result *r,
+                                    int64_t batch, int epoch);
+/* An epoch's record (step: training steps so far), then fsync. */
+mp_status mp_diagnostics_epoch_end(mp_diagnostics *d, const mp_epoch_log *log, int64_t step);
+/* RUN_DIR/history.csv, where fit writes the history. */
+const char *mp_diagnostics_history_path(const mp_diagnostics *d);
+/* fsync, close and free (NULL: nothing). */
+mp_status mp_diagnostics_close(mp_diagnostics *d);
 
 /* ----------------------------------------------------------- checkpoints */
 

@@ -36,6 +36,8 @@ typedef struct {
     mp_loss_scaling loss_scaling;
     float static_scale;
     const char *log;
+    const char *run_dir;       /* --run-dir: config, plan, history, diagnostics */
+    int64_t diagnostics_every; /* --diagnostics N */
     int patience;
     const char *save, *init_from;
     bool save_state;
@@ -82,6 +84,10 @@ static void train_usage(FILE *f)
         "  --loss-scale dynamic|static:X|none   (default: dynamic for float16 compute)\n"
         "  --patience N                    early stopping on val_loss (or loss)\n"
         "  --log FILE                      write the history as CSV\n"
+        "  --run-dir DIR                   collect the run in DIR: config.json, plan.json,\n"
+        "                                  history.csv, diagnostics.jsonl (mixprec report DIR)\n"
+        "  --diagnostics N                 with --run-dir: per-layer numerics (amax, underflow,\n"
+        "                                  overflow, copy error, update ratio) every N steps\n"
         "  --init-from FILE.safetensors    start from these weights (<layer>.kernel / .bias)\n"
         "  --save FILE.safetensors         save the trained weights and the model's configuration\n"
         "  --save-state                    with --save: the full training state too (resumable)\n"
@@ -273,6 +279,13 @@ static int parse_train_args(int argc, char **argv, train_args *a)
         } else if (!strcmp(f, "--log")) {
             NEED_VALUE;
             a->log = v;
+        } else if (!strcmp(f, "--run-dir")) {
+            NEED_VALUE;
+            a->run_dir = v;
+        } else if (!strcmp(f, "--diagnostics")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, INT64_MAX, &a->diagnostics_every))
+                return bad(f, v, "expected a positive integer");
         } else if (!strcmp(f, "--save")) {
             NEED_VALUE;
             a->save = v;
@@ -338,6 +351,7 @@ static int parse_train_args(int argc, char **argv, train_args *a)
     if ((a->checkpoint_every || a->keep_last) && !a->checkpoint_dir && !a->resume)
         return bad("--checkpoint-every/--keep-last", "", "needs --checkpoint-dir DIR");
     if (a->save_state && !a->save) return bad("--save-state", "", "needs --save FILE");
+    if (a->diagnostics_every && !a->run_dir) return bad("--diagnostics", "", "needs --run-dir DIR");
     if (a->lr < 0) a->lr = a->optimizer == MP_OPTIMIZER_SGD ? 1e-2f : 1e-3f;
     return 0;
 }
@@ -577,6 +591,8 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     fo.max_steps = a->max_steps;
     fo.verbose = a->quiet ? 0 : 1;
     fo.log_csv = a->log;
+    fo.run_dir = a->run_dir;
+    fo.diagnostics_every = a->diagnostics_every;
     fo.patience = a->patience;
     /* a resumed run that writes checkpoints keeps its cadence unless the
      * flags change it */

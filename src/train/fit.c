@@ -308,6 +308,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     int64_t n = mp_dataset_count(tr);
     mp_history h = {0, NULL};
     batcher b;
+    mp_diagnostics *dg = NULL; /* with a run_dir: its log (diagnostics.c) */
     if ((s = batcher_init(&b, m, mp_dataset_dim(tr), o.batch_size, n))) goto done;
     if (va && mp_dataset_dim(va) != mp_dataset_dim(tr)) {
         s = mp_set_error(MP_ERR_INVALID,
@@ -351,6 +352,9 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         h.count = r->history.count;
     }
     progress p = {o.out, isatty(fileno(o.out)) != 0, o.verbose > 0, nb, 0, 0};
+    if (o.run_dir &&
+        (s = mp_diagnostics_open(&dg, m, o.run_dir, o.diagnostics_every, o.batch_size)))
+        goto done;
     bool stop = false, saved = false;
     while (fs.epoch < o.epochs && !stop) {
         mp_epoch_log *log = &h.epochs[fs.epoch];
@@ -376,7 +380,9 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
             mp_tensor x;
             batch_tensor(&b, c, &x);
             mp_step_result res;
+            if (dg && (s = mp_diagnostics_before_step(dg, m, fs.steps + 1))) break;
             if ((s = mp_model_train_step(m, &x, b.y, NULL, &res))) break;
+            if (dg && (s = mp_diagnostics_after_step(dg, m, &res, c, fs.epoch + 1))) break;
             fs.steps++;
             fs.batch++;
             if (isfinite(res.loss)) { /* a skipped step's NaN loss would poison the mean */
@@ -416,6 +422,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
             log->has_validation = true;
         }
         h.count = fs.epoch + 1;
+        if (dg && (s = mp_diagnostics_epoch_end(dg, log, fs.steps))) break;
         draw(&p, fs.batch, log->loss, log->accuracy, log);
         if (stop) break; /* a partial epoch: logged, but not counted as done */
         fs.epoch++;
@@ -435,6 +442,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     }
     if (!s && o.checkpoint_dir && !saved) s = save_checkpoint(m, &o, &fs, h.epochs, p.on);
     if (!s && o.log_csv) s = write_csv(o.log_csv, &h);
+    if (!s && dg) s = write_csv(mp_diagnostics_history_path(dg), &h);
     if (!s && o.state_out) { /* a copy with its own completed-epoch history */
         *o.state_out = fs;
         o.state_out->history.count = fs.epoch;
@@ -447,6 +455,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
                    (size_t)o.state_out->history.count * sizeof(mp_epoch_log));
     }
 done:
+    if (mp_diagnostics_close(dg) && !s) s = MP_ERR_IO;
     if (hist && !s)
         *hist = h;
     else

@@ -1,0 +1,506 @@
+/* diagnostics.c - per-layer numerics while training (what rounding into the
+ * compute dtype does to activations, weights, gradients and updates), logged
+ * as JSON Lines into a run directory with the model's config and precision
+ * plan, for `mixprec report`. Work happens on diagnostic steps only: one
+ * parallel pass per tensor, plus a copy of the masters before the step so
+ * that the update can be measured exactly. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "train/train_internal.h"
+
+/* ------------------------------------------------------------ statistics */
+
+/* Values are decoded to float32 in chunks of this many (stack buffers). */
+#define CHUNK 2048
+
+/* Round-to-nearest-even thresholds of a target format, in float64 (exact). */
+typedef struct {
+    double half_sub; /* at or below: rounds to zero (the tie goes to even 0) */
+    double sub_hi;   /* below (and above half_sub): rounds to a subnormal */
+    double ovf;      /* above (at, when tie_ovf): rounds past the largest finite */
+    bool tie_ovf;
+} thresholds;
+
+static thresholds thresholds_of(mp_dtype t)
+{
+    mp_dtype_info in;
+    mp_dtype_get_info(t, &in);
+    thresholds th;
+    th.half_sub = (double)in.min_subnormal / 2;
+    /* the largest subnormal has an odd significand: the tie with min_normal
+     * rounds up to the normal */
+    th.sub_hi = (double)in.min_normal - (double)in.min_subnormal / 2;
+    int e;
+    frexp((double)in.max, &e); /* max = f * 2^e, f in [0.5, 1) */
+    double ulp = ldexp(1.0, e - 1 - in.mantissa_bits);
+    th.ovf = (double)in.max + ulp / 2;
+    /* E4M3's max has an even significand (1.110b): the tie stays at max;
+     * elsewhere max's significand is all ones and the tie rounds past it */
+    th.tie_ovf = t != MP_F8E4M3;
+    return th;
+}
+
+static const float *as_f32(const void *src, mp_dtype t, int64_t off, int64_t len, float *buf)
+{
+    if (t == MP_F32) return (const float *)src + off;
+    mp_convert(buf, MP_F32, (const char *)src + (size_t)off * mp_dtype_size(t), t, (size_t)len);
+    return buf;
+}
+
+void mp_numerics_compute(const void *x, mp_dtype x_type, int64_t n, mp_dtype target,
+                         const void *copy, mp_dtype copy_type, const float *before,
+                         mp_numerics *out)
+{
+    const thresholds th = thresholds_of(target);
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+    int64_t zeros = 0, flush = 0, sub = 0, ovf = 0, nonfin = 0;
+    double amax = 0, sumsq = 0, err = 0, uamax = 0, usumsq = 0;
+#pragma omp parallel for schedule(static) if (chunks > 4) num_threads(mp_num_threads())          \
+    reduction(+ : zeros, flush, sub, ovf, nonfin, sumsq, err, usumsq) reduction(max : amax, uamax)
+    for (int64_t c = 0; c < chunks; c++) {
+        float bx[CHUNK], bc[CHUNK];
+        const int64_t off = c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
+        const float *v = as_f32(x, x_type, off, len, bx);
+        const float *w = copy ? as_f32(copy, copy_type, off, len, bc) : NULL;
+        const float *b = before ? before + off : NULL;
+        for (int64_t i = 0; i < len; i++) {
+            if (!isfinite(v[i])) {
+                nonfin++;
+                continue;
+            }
+            double a = fabs((double)v[i]);
+            if (a == 0)
+                zeros++;
+            else if (a <= th.half_sub)
+                flush++;
+            else if (a < th.sub_hi)
+                sub++;
+            else if (a > th.ovf || (th.tie_ovf && a == th.ovf))
+                ovf++;
+            if (a > amax) amax = a;
+            sumsq += a * a;
+            if (w && isfinite(w[i])) {
+                double d = (double)w[i] - (double)v[i];
+                err += d * d;
+            }
+            if (b && isfinite(b[i])) {
+                double d = (double)v[i] - (double)b[i];
+                usumsq += d * d;
+                if (fabs(d) > uamax) uamax = fabs(d);
+            }
+        }
+    }
+    *out = (mp_numerics){n, zeros, flush, sub, ovf, nonfin, amax, sumsq, err, uamax, usumsq};
+}
+
+/* ------------------------------------------------------------- the log */
+
+typedef struct {
+    int node;
+    const char *name, *cls;
+    mp_dtype compute, output;
+    int nparams;
+    int *params; /* indices into the model's parameters */
+} dlayer;
+
+struct mp_diagnostics {
+    int fd;
+    int64_t every;
+    char history[4096];
+    int nlayers;
+    dlayer *layers;
+    float *before; /* the trainable masters before a diagnostic step */
+    size_t before_n;
+    int64_t *before_off; /* per parameter, offset in before (-1: none) */
+    /* the step in progress */
+    int64_t step;
+    bool diag;
+    float lr;
+    double t0;
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* JSON has no inf/NaN: those become null. */
+static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+/* One record, one write() of the whole line (a short write continues). */
+static mp_status write_record(mp_diagnostics *d, json_t *rec)
+{
+    char *s = json_dumps(rec, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(rec);
+    if (!s) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
+    size_t len = strlen(s);
+    char *line = realloc(s, len + 2);
+    if (!line) {
+        free(s);
+        return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
+    }
+    line[len++] = '\n';
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = write(d->fd, line + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            free(line);
+            return mp_set_error(MP_ERR_IO, "diagnostics: cannot write: %s", strerror(e));
+        }
+        done += (size_t)w;
+    }
+    free(line);
+    return MP_OK;
+}
+
+/* text to dir/name through a temporary and a rename: never a torn file */
+static mp_status write_file(const char *dir, const char *name, const char *text)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return mp_set_error(MP_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
+    bool ok =
+        fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return mp_set_error(MP_ERR_IO, "cannot write '%s'", path);
+    }
+    return MP_OK;
+}
+
+static json_t *dtype_range(mp_dtype t)
+{
+    mp_dtype_info in;
+    mp_dtype_get_info(t, &in);
+    return json_pack("{s:o,s:o,s:o}", "max", jnum((double)in.max), "min_normal",
+                     jnum((double)in.min_normal), "min_subnormal", jnum((double)in.min_subnormal));
+}
+
+static int optimizer_slots(mp_model *m)
+{
+    mp_optimizer *o = mp_model_optimizer(m);
+    return o ? mp_optimizer_num_slots(o) : 0;
+}
+
+/* plan.json: the precision plan and the planned memory at the fit's batch */
+static mp_status write_plan(mp_model *m, const char *dir, int64_t batch)
+{
+    json_t *layers = json_array();
+    for (int i = 0; i < mp_model_num_layers(m); i++) {
+        mp_layer_info li;
+        mp_status s = mp_model_layer_info(m, i, batch, &li);
+        if (s) {
+            json_decref(layers);
+            return s;
+        }
+        json_array_append_new(
+            layers, json_pack("{s:s,s:s,s:s,s:b,s:s,s:s,s:I,s:I,s:I,s:I,s:I}", "name", li.name,
+                              "class", li.type, "policy", li.policy.name, "policy_explicit",
+                              li.policy_explicit, "compute_dtype", mp_dtype_name(li.policy.compute),
+                              "output_dtype", mp_dtype_name(li.output_dtype), "params",
+                              (json_int_t)li.params, "state", (json_int_t)li.state, "param_bytes",
+                              (json_int_t)li.param_bytes, "saved_bytes", (json_int_t)li.saved_bytes,
+                              "workspace_bytes", (json_int_t)li.workspace_bytes));
+    }
+    mp_memory_plan mp;
+    mp_status s = mp_model_memory_plan(m, batch, optimizer_slots(m), &mp);
+    if (s) {
+        json_decref(layers);
+        return s;
+    }
+    json_t *plan = json_pack(
+        "{s:s,s:I,s:o,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "policy", mp_model_policy(m).name,
+        "batch_size", (json_int_t)batch, "layers", layers, "memory_plan", "master_weights",
+        (json_int_t)mp.master_weights, "weights", (json_int_t)mp.weights, "state",
+        (json_int_t)mp.state, "gradients", (json_int_t)mp.gradients, "optimizer_state",
+        (json_int_t)mp.optimizer_state, "activations", (json_int_t)mp.activations, "workspace",
+        (json_int_t)mp.workspace, "total", (json_int_t)mp.total);
+    char *text = plan ? json_dumps(plan, JSON_INDENT(2)) : NULL;
+    json_decref(plan);
+    if (!text) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
+    s = write_file(dir, "plan.json", text);
+    free(text);
+    return s;
+}
+
+static mp_status build_layers(mp_diagnostics *d, mp_model *m)
+{
+    int nl = mp_model_num_layers(m), np = mp_model_num_params(m);
+    d->layers = calloc((size_t)(nl ? nl : 1), sizeof *d->layers);
+    d->before_off = malloc((size_t)(np ? np : 1) * sizeof *d->before_off);
+    if (!d->layers || !d->before_off) return mp_set_error(MP_ERR_NOMEM, "diagnostics: no memory");
+    for (int p = 0; p < np; p++) {
+        mp_model_param *mpp = mp_model_get_param(m, p);
+        d->before_off[p] = -1;
+        if (mpp->trainable && mpp->master) {
+            d->before_off[p] = (int64_t)d->before_n;
+            d->before_n += (size_t)mpp->n;
+        }
+    }
+    for (int i = 0; i < nl; i++) {
+        mp_layer_info li;
+        mp_status s = mp_model_layer_info(m, i, 1, &li);
+        if (s) return s;
+        if (!strcmp(li.type, "InputLayer")) continue;
+        dlayer *l = &d->layers[d->nlayers++];
+        *l = (dlayer){i, li.name, li.type, li.policy.compute, li.output_dtype, 0, NULL};
+        l->params = malloc((size_t)(np ? np : 1) * sizeof *l->params);
+        if (!l->params) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
+        size_t len = strlen(li.name);
+        for (int p = 0; p < np; p++) {
+            const char *pn = mp_model_get_param(m, p)->name;
+            if (!strncmp(pn, li.name, len) && pn[len] == '.') l->params[l->nparams++] = p;
+        }
+    }
+    return MP_OK;
+}
+
+static mp_status write_run_record(mp_diagnostics *d, mp_model *m, int64_t batch)
+{
+    json_t *layers = json_array(), *formats = json_object();
+    for (int i = 0; i < d->nlayers; i++) {
+        const dlayer *l = &d->layers[i];
+        json_array_append_new(layers, json_pack("{s:s,s:s,s:s,s:s}", "name", l->name, "class",
+                                                l->cls, "compute_dtype", mp_dtype_name(l->compute),
+                                                "output_dtype", mp_dtype_name(l->output)));
+    }
+    for (int t = 0; t < MP_DTYPE_COUNT; t++)
+        json_object_set_new(formats, mp_dtype_name((mp_dtype)t), dtype_range((mp_dtype)t));
+    mp_policy p = mp_model_policy(m);
+    json_t *rec = json_pack("{s:s,s:i,s:s,s:s,s:s,s:I,s:I,s:o,s:o}", "type", "run", "version", 1,
+                            "mixprec", MP_VERSION_STRING, "policy", p.name, "compute_dtype",
+                            mp_dtype_name(p.compute), "diagnostics_every", (json_int_t)d->every,
+                            "batch_size", (json_int_t)batch, "formats", formats, "layers", layers);
+    if (!rec) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
+    return write_record(d, rec);
+}
+
+mp_status mp_diagnostics_open(mp_diagnostics **out, mp_model *m, const char *run_dir, int64_t every,
+                              int64_t batch_size)
+{
+    *out = NULL;
+    if (!run_dir || !*run_dir) return mp_set_error(MP_ERR_INVALID, "diagnostics: no run directory");
+    if (every < 0)
+        return mp_set_error(MP_ERR_INVALID, "diagnostics: every %lld steps", (long long)every);
+    if (mkdir(run_dir, 0777) != 0 && errno != EEXIST)
+        return mp_set_error(MP_ERR_IO, "cannot create the run directory '%s': %s", run_dir,
+                            strerror(errno));
+    mp_diagnostics *d = calloc(1, sizeof *d);
+    if (!d) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
+    d->fd = -1;
+    d->every = every;
+    snprintf(d->history, sizeof d->history, "%s/history.csv", run_dir);
+    mp_status s = build_layers(d, m);
+    char *config = s ? NULL : mp_model_config_json(m);
+    if (!s && !config) s = MP_ERR_INVALID; /* it left its message */
+    if (!s) s = write_file(run_dir, "config.json", config);
+    free(config);
+    if (!s) s = write_plan(m, run_dir, batch_size);
+    if (!s) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/diagnostics.jsonl", run_dir);
+        d->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+        if (d->fd < 0) s = mp_set_error(MP_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    }
+    if (!s) s = write_run_record(d, m, batch_size);
+    if (s) {
+        mp_diagnostics_close(d);
+        return s;
+    }
+    *out = d;
+    return MP_OK;
+}
+
+const char *mp_diagnostics_history_path(const mp_diagnostics *d) { return d ? d->history : NULL; }
+
+mp_status mp_diagnostics_before_step(mp_diagnostics *d, mp_model *m, int64_t step)
+{
+    d->step = step;
+    d->diag = d->every > 0 && (step == 1 || step % d->every == 0);
+    mp_optimizer *opt = mp_model_optimizer(m);
+    d->lr = opt ? mp_optimizer_learning_rate(opt) : NAN;
+    if (d->diag && d->before_n) {
+        if (!d->before) { /* charged to "other": the diagnostics' own memory */
+            d->before = mp_alloc(d->before_n * sizeof(float), MP_MEM_OTHER);
+            if (!d->before) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
+        }
+        for (int p = 0; p < mp_model_num_params(m); p++)
+            if (d->before_off[p] >= 0) {
+                const mp_model_param *mpp = mp_model_get_param(m, p);
+                memcpy(d->before + d->before_off[p], mpp->master, (size_t)mpp->n * sizeof(float));
+            }
+    }
+    d->t0 = now();
+    return MP_OK;
+}
+
+static json_t *numerics_json(const char *kind, const char *name, mp_dtype dtype, mp_dtype target,
+                             const mp_numerics *s)
+{
+    mp_dtype_info in;
+    mp_dtype_get_info(target, &in);
+    double n = (double)(s->n ? s->n : 1);
+    return json_pack("{s:s,s:s,s:s,s:s,s:I,s:o,s:o,s:I,s:I,s:I,s:o,s:I,s:I,s:o}", "kind", kind,
+                     "name", name, "dtype", mp_dtype_name(dtype), "target", mp_dtype_name(target),
+                     "n", (json_int_t)s->n, "amax", jnum(s->amax), "amax_rel",
+                     jnum(s->amax / (double)in.max), "zeros", (json_int_t)s->zeros, "flush",
+                     (json_int_t)s->flush, "subnormal", (json_int_t)s->subnormal, "underflow_frac",
+                     jnum((double)(s->flush + s->subnormal) / n), "overflow",
+                     (json_int_t)s->overflow, "nonfinite", (json_int_t)s->nonfinite, "norm",
+                     jnum(sqrt(s->sumsq)));
+}
+
+/* One layer's tensors; adds its gradients' squares to *gsq. */
+static json_t *layer_json(mp_diagnostics *d, mp_model *m, const dlayer *l, float scale, bool scaled,
+                          double *gsq)
+{
+    json_t *ts = json_array();
+    mp_numerics st;
+    const mp_tensor *t = mp_model_node_output(m, l->node);
+    if (t) {
+        mp_numerics_compute(t->data, t->dtype, mp_tensor_numel(t), t->dtype, NULL, MP_F32, NULL,
+                            &st);
+        json_array_append_new(ts, numerics_json("activation", l->name, t->dtype, t->dtype, &st));
+    }
+    for (int k = 0; k < l->nparams; k++) {
+        const mp_model_param *p = mp_model_get_param(m, l->params[k]);
+        if (!p->trainable) continue;
+        const float *before = d->before_off[l->params[k]] >= 0 && d->before
+                                  ? d->before + d->before_off[l->params[k]]
+                                  : NULL;
+        bool master = p->master != NULL;
+        /* a pure low-precision policy has no master: the copy is all there is */
+        mp_numerics_compute(master ? (const void *)p->master : p->weight,
+                            master ? MP_F32 : p->weight_dtype, p->n, p->weight_dtype,
+                            master ? p->weight : NULL, p->weight_dtype, before, &st);
+        json_t *w = numerics_json("weight", p->name, master ? MP_F32 : p->weight_dtype,
+                                  p->weight_dtype, &st);
+        json_object_set_new(w, "rel_error", jnum(st.sumsq > 0 ? sqrt(st.err_sumsq / st.sumsq) : 0));
+        json_array_append_new(ts, w);
+        if (before)
+            json_array_append_new(
+                ts, json_pack("{s:s,s:s,s:I,s:o,s:o,s:o}", "kind", "update", "name", p->name, "n",
+                              (json_int_t)p->n, "amax", jnum(st.upd_amax), "norm",
+                              jnum(sqrt(st.upd_sumsq)), "ratio",
+                              jnum(st.sumsq > 0 ? sqrt(st.upd_sumsq / st.sumsq) : 0)));
+        if (p->grad) {
+            mp_numerics_compute(p->grad, MP_F32, p->n, p->weight_dtype, NULL, MP_F32, NULL, &st);
+            json_t *g = numerics_json("gradient", p->name, MP_F32, p->weight_dtype, &st);
+            json_object_set_new(g, "scaled", json_boolean(scaled));
+            json_object_set_new(g, "loss_scale", jnum((double)scale));
+            json_array_append_new(ts, g);
+            *gsq += st.nonfinite ? INFINITY : st.sumsq;
+        }
+    }
+    const mp_tensor *g = mp_model_node_grad(m, l->node);
+    if (g) { /* what backward carried, in its dtype and multiplied by the loss scale */
+        mp_numerics_compute(g->data, g->dtype, mp_tensor_numel(g), g->dtype, NULL, MP_F32, NULL,
+                            &st);
+        json_t *o = numerics_json("output_grad", l->name, g->dtype, g->dtype, &st);
+        json_object_set_new(o, "scaled", json_boolean(scale != 1.0f));
+        json_object_set_new(o, "loss_scale", jnum((double)scale));
+        json_array_append_new(ts, o);
+    }
+    return json_pack("{s:s,s:s,s:s,s:s,s:o}", "name", l->name, "class", l->cls, "compute_dtype",
+                     mp_dtype_name(l->compute), "output_dtype", mp_dtype_name(l->output), "tensors",
+                     ts);
+}
+
+static json_t *memory_json(void)
+{
+    mp_mem_stats ms;
+    mp_mem_get_stats(&ms);
+    json_t *cur = json_object(), *peak = json_object();
+    for (int c = 0; c < MP_MEM_CATEGORY_COUNT; c++) {
+        json_object_set_new(cur, mp_mem_category_name((mp_mem_category)c),
+                            json_integer((json_int_t)ms.current[c]));
+        json_object_set_new(peak, mp_mem_category_name((mp_mem_category)c),
+                            json_integer((json_int_t)ms.peak[c]));
+    }
+    return json_pack("{s:o,s:o,s:I,s:I}", "current", cur, "peak", peak, "total",
+                     (json_int_t)ms.total_current, "total_peak", (json_int_t)ms.total_peak);
+}
+
+mp_status mp_diagnostics_after_step(mp_diagnostics *d, mp_model *m, const mp_step_result *r,
+                                    int64_t batch, int epoch)
+{
+    double ms = 1e3 * (now() - d->t0);
+    mp_loss_scaler *ls = mp_model_loss_scaler(m);
+    float next = ls ? mp_loss_scaler_scale(ls) : 1.0f;
+    if (!d->diag) { /* a skipped step or a new scale is an event the report marks */
+        if (r->applied && next == r->loss_scale) return MP_OK;
+        return write_record(d, json_pack("{s:s,s:I,s:i,s:o,s:o,s:o,s:b}", "type", "event", "step",
+                                         (json_int_t)d->step, "epoch", epoch, "loss",
+                                         jnum((double)r->loss), "loss_scale",
+                                         jnum((double)r->loss_scale), "next_loss_scale",
+                                         jnum((double)next), "skipped", !r->applied));
+    }
+    /* the scaler unscales in place before the optimizer reads them, unless
+     * 1/scale overflows (then the step is skipped with them as they were) */
+    bool scaled = ls && !isfinite(1.0 / (double)r->loss_scale);
+    double gsq = 0;
+    json_t *layers = json_array();
+    for (int i = 0; i < d->nlayers; i++)
+        json_array_append_new(layers, layer_json(d, m, &d->layers[i], r->loss_scale, scaled, &gsq));
+    json_t *rec =
+        json_pack("{s:s,s:I,s:i,s:o,s:o,s:o,s:o,s:b,s:o,s:o,s:o,s:o,s:o,s:o}", "type", "step",
+                  "step", (json_int_t)d->step, "epoch", epoch, "loss", jnum((double)r->loss),
+                  "accuracy", jnum(batch ? (double)r->correct / (double)batch : NAN), "loss_scale",
+                  jnum((double)r->loss_scale), "next_loss_scale", jnum((double)next), "skipped",
+                  !r->applied, "grad_norm", jnum(sqrt(gsq)), "lr", jnum((double)d->lr), "step_ms",
+                  jnum(ms), "diagnostics_ms", jnum(0), "memory", memory_json(), "layers", layers);
+    if (!rec) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
+    json_object_set_new(rec, "diagnostics_ms", jnum(1e3 * (now() - d->t0) - ms));
+    return write_record(d, rec);
+}
+
+mp_status mp_diagnostics_epoch_end(mp_diagnostics *d, const mp_epoch_log *e, int64_t step)
+{
+    json_t *rec = json_pack(
+        "{s:s,s:i,s:I,s:I,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:I}", "type", "epoch", "epoch", e->epoch,
+        "step", (json_int_t)step, "steps", (json_int_t)e->steps, "loss", jnum(e->loss), "accuracy",
+        jnum(e->accuracy), "val_loss", e->has_validation ? jnum(e->val_loss) : json_null(),
+        "val_accuracy", e->has_validation ? jnum(e->val_accuracy) : json_null(), "seconds",
+        jnum(e->seconds), "ms_per_step", jnum(e->ms_per_step), "loss_scale",
+        jnum((double)e->loss_scale), "skipped", (json_int_t)e->skipped);
+    if (!rec) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
+    mp_status s = write_record(d, rec);
+    if (!s && fsync(d->fd) != 0)
+        s = mp_set_error(MP_ERR_IO, "diagnostics: fsync: %s", strerror(errno));
+    return s;
+}
+
+mp_status mp_diagnostics_close(mp_diagnostics *d)
+{
+    if (!d) return MP_OK;
+    mp_status s = MP_OK;
+    if (d->fd >= 0) {
+        bool ok = fsync(d->fd) == 0;
+        ok = close(d->fd) == 0 && ok;
+        if (!ok)
+            s = mp_set_error(MP_ERR_IO, "diagnostics: cannot close the log: %s", strerror(errno));
+    }
+    for (int i = 0; i < d->nlayers; i++) free(d->layers[i].params);
+    free(d->layers);
+    free(d->before_off);
+    mp_free(d->before);
+    free(d);
+    return s;
+}
