@@ -8,6 +8,8 @@
 #   make demo            the main job
 #   make install PREFIX=/usr/local
 # WERROR=1 turns warnings into errors (CI sets it).
+# MPI=1 builds data-parallel training on MPI (the default where mpicc is
+# found), MPI=0 leaves it out (src/dist/ then answers MP_ERR_UNSUPPORTED).
 
 CC       ?= cc
 PREFIX   ?= /usr/local
@@ -32,7 +34,27 @@ endif
 CFLAGS_ALL := -std=c11 -D_DEFAULT_SOURCE $(OPT) $(WARN) -fopenmp -fPIC -Iinclude -Isrc $(CFLAGS)
 LDLIBS_ALL := -fopenmp -ljansson -lz -lm $(LDSAN) $(LDFLAGS)
 
-LIB_SRC  := $(wildcard src/core/*.c src/kernels/*.c src/nn/*.c src/nn/layers/*.c src/optim/*.c src/io/*.c src/train/*.c)
+# MPI: only src/dist/dist_mpi.c sees MPI's headers; everything that links the
+# library links MPI's libraries (mpicc --showme:link).
+MPI ?= $(shell command -v mpicc >/dev/null 2>&1 && echo 1 || echo 0)
+ifeq ($(MPI),1)
+ifeq ($(shell command -v mpicc 2>/dev/null),)
+$(error MPI=1 but mpicc is not installed: sh scripts/deps.sh mpi (libopenmpi-dev openmpi-bin))
+endif
+DIST_SRC := src/dist/common.c src/dist/dist_mpi.c
+MPI_CFLAGS := $(shell mpicc --showme:compile)
+MPI_LIBS := $(shell mpicc --showme:link)
+else
+DIST_SRC := src/dist/common.c src/dist/dist_stub.c
+MPI_CFLAGS :=
+MPI_LIBS :=
+endif
+LDLIBS_ALL += $(MPI_LIBS)
+# The library is relinked when MPI is switched on or off in the same build/.
+MPI_STAMP := $(BUILD)/.mpi
+$(shell mkdir -p $(BUILD); [ "$$(cat $(MPI_STAMP) 2>/dev/null)" = "$(MPI)" ] || echo $(MPI) > $(MPI_STAMP))
+
+LIB_SRC  := $(wildcard src/core/*.c src/kernels/*.c src/nn/*.c src/nn/layers/*.c src/optim/*.c src/io/*.c src/train/*.c) $(DIST_SRC)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_SRC  := $(wildcard src/cli/*.c)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
@@ -61,15 +83,17 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(STATIC): $(LIB_OBJ)
+$(BUILD)/obj/src/dist/dist_mpi.o: CFLAGS_ALL += $(MPI_CFLAGS)
+
+$(STATIC): $(LIB_OBJ) $(MPI_STAMP)
 	@mkdir -p $(dir $@)
 	rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(LIB_OBJ)
 
 # The soname's link next to the library, so a program linked against build/
 # starts with LD_LIBRARY_PATH=build.
-$(SHARED): $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,libmixprec.so.0 -o $@ $^ $(LDLIBS_ALL)
+$(SHARED): $(LIB_OBJ) $(MPI_STAMP)
+	$(CC) -shared -Wl,-soname,libmixprec.so.0 -o $@ $(LIB_OBJ) $(LDLIBS_ALL)
 	ln -sf libmixprec.so $(BUILD)/libmixprec.so.0
 
 $(CLI): $(CLI_OBJ) $(STATIC)
@@ -156,7 +180,7 @@ install: $(STATIC) $(SHARED) $(CLI)
 	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/libmixprec.so.0
 	ln -sf libmixprec.so.0 $(DESTDIR)$(PREFIX)/lib/libmixprec.so
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n 's/.*MP_VERSION_STRING "\(.*\)"/\1/p' include/mixprec.h)|' \
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@MPI_LIBS@|$(MPI_LIBS)|' -e 's|@VERSION@|$(shell sed -n 's/.*MP_VERSION_STRING "\(.*\)"/\1/p' include/mixprec.h)|' \
 		mixprec.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/mixprec.pc
 
 # Install into a scratch prefix and build a program against it with pkg-config.

@@ -313,5 +313,6 @@ void mp_set_num_threads(int n);
 #include "mixprec/train.h"
 #include "mixprec/data.h"
 #include "mixprec/io.h"
+#include "mixprec/dist.h"
 
 #endif /* MIXPREC_H */

@@ -10,6 +10,7 @@ case "$1" in
     bench) pkgs="gcc make libc6-dev libopenblas-dev libdnnl-dev python3-torch" ;;
     data) pkgs="dataset-fashion-mnist" ;;
     pkgconfig) pkgs="pkg-config" ;;
+    mpi) pkgs="gcc make libc6-dev libopenmpi-dev openmpi-bin" ;;
     *) echo "deps.sh: unknown group '$1'" >&2; exit 2 ;;
 esac
 missing=""

@@ -20,7 +20,7 @@ C
 cc -std=c11 -o "$prefix/t" "$prefix/t.c" $(pkg-config --cflags --libs mixprec) -Wl,-rpath,"$prefix/lib"
 "$prefix/t"
 cc -std=c11 -o "$prefix/ts" "$prefix/t.c" $(pkg-config --cflags mixprec) "$prefix/lib/libmixprec.a" \
-    $(pkg-config --static --libs-only-other mixprec) -ljansson -lz -lm
+    $(pkg-config --static --libs mixprec | sed 's/-lmixprec//')
 "$prefix/ts"
 "$prefix/bin/mixprec" --version
 echo "install: 1 passed, 0 failed"
