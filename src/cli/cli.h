@@ -9,6 +9,7 @@ int mp_cli_demo(int argc, char **argv);
 int mp_cli_evaluate(int argc, char **argv);
 int mp_cli_predict(int argc, char **argv);
 int mp_cli_inspect(int argc, char **argv);
+int mp_cli_report(int argc, char **argv); /* report_cmd.c */
 
 /* Shared by the subcommands: a decimal integer in [lo, hi], all of s. */
 bool mp_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);

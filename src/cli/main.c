@@ -19,6 +19,7 @@ static void usage(FILE *out)
             "  evaluate   loss and accuracy of a saved model; mixprec evaluate FILE --data ...\n"
             "  predict    predicted classes of a saved model, as CSV\n"
             "  inspect    what a safetensors file or checkpoint holds; mixprec inspect FILE\n"
+            "  report     an HTML report of run directories; mixprec report DIR... -o FILE.html\n"
             "  info       CPU features, the kernel path in use, threads\n"
             "  formats    the number formats and their facts\n"
             "\n"
@@ -86,6 +87,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "evaluate")) return mp_cli_evaluate(argc - 2, argv + 2);
     if (!strcmp(cmd, "predict")) return mp_cli_predict(argc - 2, argv + 2);
     if (!strcmp(cmd, "inspect")) return mp_cli_inspect(argc - 2, argv + 2);
+    if (!strcmp(cmd, "report")) return mp_cli_report(argc - 2, argv + 2);
     fprintf(stderr, "mixprec: unknown command '%s' (try mixprec --help)\n", cmd);
     return 2;
 }

@@ -1,0 +1,204 @@
+/* test_report.c - `mixprec train --run-dir --diagnostics` and `mixprec
+ * report` end to end on small generated CSV data: the run directory's files,
+ * a page with an <svg> per chart, axis labels and legends and nothing
+ * fetched, and damaged runs (a malformed middle line, a truncated last line,
+ * no history, an empty log) giving a page with notes and exit status 1.
+ * The CLI under test is $MP_CLI (tests/run.sh sets it). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+
+static char dir[64];
+static const char *cli;
+
+static int setup(void **state)
+{
+    (void)state;
+    cli = getenv("MP_CLI");
+    if (!cli) cli = "build/mixprec";
+    if (test_scratch_dir(dir, sizeof dir, "mp_report")) return -1;
+    char p[128];
+    snprintf(p, sizeof p, "%s/train.csv", dir);
+    FILE *fp = fopen(p, "w");
+    if (!fp) return -1;
+    fprintf(fp, "a,b,c,d,label\n");
+    test_rng r = {2};
+    for (int i = 0; i < 240; i++) {
+        int c = (int)(test_rng_u32(&r) % 3);
+        for (int j = 0; j < 4; j++)
+            fprintf(fp, "%.4f,", (j == c ? 1.5 : 0.0) + test_rng_uniform(&r, -0.5, 0.5));
+        fprintf(fp, "%d\n", c);
+    }
+    fclose(fp);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return test_remove_tree(dir);
+}
+
+/* args with every %s the scratch directory; output to dir/out.txt */
+static int run(const char *args)
+{
+    char a[1024], cmd[1400];
+    snprintf(a, sizeof a, args, dir, dir, dir, dir, dir, dir);
+    snprintf(cmd, sizeof cmd, "%s %s > %s/out.txt 2>&1", cli, a, dir);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *slurp(const char *name)
+{
+    char p[256];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "r");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    buf[got] = 0;
+    fclose(f);
+    return buf;
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int k = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) k++;
+    return k;
+}
+
+static void train(const char *name, const char *policy)
+{
+    char args[512];
+    snprintf(args, sizeof args,
+             "train --data %%s/train.csv --hidden 16 --policy %s --epochs 2 --batch-size 32 "
+             "--validation-split 0.2 --quiet --run-dir %%s/%s --diagnostics 2",
+             policy, name);
+    assert_int_equal(run(args), 0);
+}
+
+static void test_run_dir_files(void **state)
+{
+    (void)state;
+    train("f16", "mixed_float16");
+    const char *files[] = {"f16/config.json", "f16/plan.json", "f16/history.csv",
+                           "f16/diagnostics.jsonl"};
+    for (int i = 0; i < 4; i++) {
+        char *s = slurp(files[i]);
+        assert_non_null(s);
+        assert_true(strlen(s) > 10);
+        free(s);
+    }
+    char *log = slurp("f16/diagnostics.jsonl");
+    /* 192 training rows, batch 32: 6 steps per epoch; steps 1 2 4 ... 12 */
+    assert_int_equal(count(log, "\"type\":\"step\""), 7);
+    assert_int_equal(count(log, "\"type\":\"epoch\""), 2);
+    assert_true(strstr(log, "\"underflow_frac\"") != NULL);
+    free(log);
+    assert_int_equal(run("train --data %s/train.csv --diagnostics 5 --quiet"), 2);
+    assert_int_equal(run("train --data %s/train.csv --run-dir %s/x --diagnostics 0 --quiet"), 2);
+}
+
+static void test_report_page(void **state)
+{
+    (void)state;
+    train("p16", "mixed_float16");
+    train("pbf16", "mixed_bfloat16");
+    assert_int_equal(run("report %s/p16 %s/pbf16 -o %s/report.html"), 0);
+    char *html = slurp("report.html");
+    assert_non_null(html);
+    /* loss, accuracy, loss scale, 2 heatmaps per run, memory, time */
+    assert_int_equal(count(html, "<svg"), 9);
+    assert_int_equal(count(html, "</svg>"), 9);
+    assert_true(count(html, "class=\"xlabel\"") >= 9);
+    assert_true(count(html, "class=\"ylabel\"") >= 5);
+    assert_true(strstr(html, "training step") != NULL);
+    assert_true(strstr(html, "loss (cross-entropy, nats)") != NULL);
+    assert_true(strstr(html, "memory (MiB)") != NULL);
+    assert_true(strstr(html, "time per step (ms)") != NULL);
+    /* legends name the runs */
+    assert_true(strstr(html, "class=\"legend\"") != NULL);
+    assert_true(strstr(html, "p16 (mixed_float16) train") != NULL);
+    assert_true(strstr(html, "pbf16 (mixed_bfloat16) validation") != NULL);
+    /* self-contained */
+    assert_null(strstr(html, "<script"));
+    assert_null(strstr(html, "http:"));
+    assert_null(strstr(html, "https:"));
+    assert_null(strstr(html, "src="));
+    assert_null(strstr(html, "class=\"note\">Note"));
+    /* the precision plan */
+    assert_true(strstr(html, "<td>dense</td><td>Dense</td><td>mixed_float16</td>") != NULL);
+    free(html);
+}
+
+static void write_file(const char *name, const char *text)
+{
+    char p[256];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A killed run (last line cut), a line damaged in the middle, no history,
+ * an empty log: a page for what is readable, notes, exit status 1. */
+static void test_damaged_runs(void **state)
+{
+    (void)state;
+    train("dmg", "mixed_float16");
+    char *log = slurp("dmg/diagnostics.jsonl");
+    assert_non_null(log);
+    /* line 3 broken, the last line cut in half */
+    char *l2 = strchr(strchr(log, '\n') + 1, '\n') + 1;
+    l2[5] = '#';
+    size_t len = strlen(log);
+    char *last = log + len - 2;
+    while (*last != '\n') last--;
+    last[(log + len - last) / 2] = 0;
+    write_file("dmg/diagnostics.jsonl", log);
+    free(log);
+    char p[256];
+    snprintf(p, sizeof p, "%s/dmg/history.csv", dir);
+    assert_int_equal(unlink(p), 0);
+    snprintf(p, sizeof p, "%s/empty", dir);
+    assert_int_equal(mkdir(p, 0777), 0);
+    write_file("empty/diagnostics.jsonl", "");
+    assert_int_equal(run("report %s/dmg %s/empty -o %s/bad.html"), 1);
+    char *out = slurp("out.txt");
+    assert_true(strstr(out, "diagnostics.jsonl line 3: malformed") != NULL);
+    assert_true(strstr(out, "truncated last line") != NULL);
+    assert_true(strstr(out, "no history.csv") != NULL);
+    assert_true(strstr(out, "diagnostics.jsonl is empty") != NULL);
+    free(out);
+    char *html = slurp("bad.html");
+    assert_non_null(html);
+    assert_int_equal(count(html, "<svg"), 7); /* heatmaps of the damaged run only */
+    assert_true(strstr(html, "line 3: malformed") != NULL);
+    assert_true(strstr(html, "diagnostics.jsonl is empty") != NULL);
+    /* the readable lines still gave curves: the epoch records stand in for the history */
+    assert_true(strstr(html, "dmg (mixed_float16) validation") != NULL);
+    free(html);
+    assert_int_equal(run("report -o %s/x.html"), 2);
+    assert_int_equal(run("report %s/dmg"), 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_run_dir_files),
+        cmocka_unit_test(test_report_page),
+        cmocka_unit_test(test_damaged_runs),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
