@@ -47,6 +47,16 @@ typedef struct {
  * labels (sparse losses) or target (others, output-shaped). */
 mp_status mp_model_train_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
                               const mp_tensor *target, mp_step_result *r);
+/* Data parallel (mixprec/dist.h): one step on this rank's shard x (rows of
+ * a global batch of global_batch rows, 0 rows allowed) with every rank
+ * calling it together. The loss and its gradient are this rank's part of the
+ * global batch's mean; the gradients are summed over the ranks in float32
+ * (in rank order when deterministic) before unscaling, so a non-finite
+ * gradient anywhere makes every rank skip. r gets the global batch's loss
+ * and correct count. */
+mp_status mp_model_train_step_shard(mp_model *m, const mp_tensor *x, const int32_t *labels,
+                                    const mp_tensor *target, int64_t global_batch,
+                                    bool deterministic, mp_step_result *r);
 /* Loss and correct count without training (inference mode). */
 mp_status mp_model_test_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
                              const mp_tensor *target, mp_step_result *r);
@@ -143,6 +153,15 @@ typedef struct {
      * or mp_model_from_checkpoint): same data, batch size, shuffle and seed;
      * `epochs` and max_steps count from the start of the first run */
     const mp_fit_state *resume;
+    /* data parallel over the MPI ranks (mixprec/dist.h, after
+     * mp_dist_init): every rank runs fit on the same data and options and
+     * takes rows [r*c/N, (r+1)*c/N) of each global batch of c rows (the
+     * single-process order); batch_size must divide by N. Gradients are
+     * summed over the ranks in float32, every rank takes the same step or
+     * skip; only rank 0 prints, writes log_csv and checkpoints.
+     * deterministic: the sum in rank order (mp_dist_allreduce_f32) */
+    bool data_parallel;
+    bool deterministic;
     /* if not NULL and *interrupt becomes nonzero (e.g. from a SIGINT
      * handler), the fit stops after the step in progress, as max_steps
      * would: it writes a checkpoint when checkpoint_dir is set and returns

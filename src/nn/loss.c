@@ -111,7 +111,9 @@ mp_status mp_loss_compute(const mp_loss_spec *spec, const mp_tensor *pred, float
     size_t ps = mp_dtype_size(pred->dtype);
     double total = 0;
     /* mean over samples for the categorical losses, over elements otherwise */
-    double denom = (spec->kind <= MP_LOSS_CATEGORICAL_CROSSENTROPY) ? (double)rows : (double)n;
+    double mean_rows = spec->mean_rows > 0 ? (double)spec->mean_rows : (double)rows;
+    double denom =
+        (spec->kind <= MP_LOSS_CATEGORICAL_CROSSENTROPY) ? mean_rows : mean_rows * (double)cols;
     for (int64_t r = 0; r < rows; r++) {
         mp_convert(p, MP_F32, (const char *)pred->data + (size_t)(r * cols) * ps, pred->dtype,
                    (size_t)cols);

@@ -23,8 +23,7 @@
     X(global_average_pooling2d)                                                                    \
     X(zero_padding2d)                                                                              \
     X(random_flip)                                                                                 \
-    X(random_translation)                                                                          \
-    X(multi_head_attention)
+    X(random_translation)
 
 #define DECLARE(kind) extern const mp_layer_ops mp_##kind##_ops;
 MP_LAYER_KINDS(DECLARE)

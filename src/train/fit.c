@@ -257,8 +257,8 @@ static mp_status check_resume(const mp_fit_state *r, const mp_fit_state *now, in
 }
 
 /* fs with its history: the completed epochs of the fit's log. */
-static mp_status save_checkpoint(mp_model *m, const mp_fit_options *o, const mp_fit_state *fs,
-                                 mp_epoch_log *log, bool verbose)
+static mp_status write_checkpoint(mp_model *m, const mp_fit_options *o, const mp_fit_state *fs,
+                                  mp_epoch_log *log, bool verbose)
 {
     mp_fit_state view = *fs;
     view.history = (mp_history){fs->epoch, log};
@@ -274,6 +274,15 @@ static mp_status save_checkpoint(mp_model *m, const mp_fit_options *o, const mp_
     if (verbose)
         fprintf(o->out, "%scheckpoint: %s\n", isatty(fileno(o->out)) ? "\r\033[K" : "", path);
     return MP_OK;
+}
+
+/* Data parallel: rank 0 writes, every rank learns whether it could. */
+static mp_status save_checkpoint(mp_model *m, const mp_fit_options *o, const mp_fit_state *fs,
+                                 mp_epoch_log *log, bool verbose)
+{
+    if (!o->data_parallel) return write_checkpoint(m, o, fs, log, verbose);
+    mp_status s = mp_dist_rank() == 0 ? write_checkpoint(m, o, fs, log, verbose) : MP_OK;
+    return mp_dist_agree(s, "writing the checkpoint on rank 0");
 }
 
 mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options *opt,
@@ -296,6 +305,9 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
                             "fit: checkpoint_every %lld / keep_last %d need a checkpoint_dir",
                             (long long)o.checkpoint_every, o.keep_last);
     if (!o.out) o.out = stdout;
+    int rank = 0, nranks = 1; /* data parallel: this rank's shard of each batch */
+    mp_status s0 = o.data_parallel ? mp_fit_dist_begin(o.batch_size, &rank, &nranks) : MP_OK;
+    if (s0) return s0;
 
     mp_dataset *train = NULL, *val = NULL;
     const mp_dataset *tr = data, *va = o.validation_data;
@@ -309,7 +321,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     mp_history h = {0, NULL};
     batcher b;
     mp_diagnostics *dg = NULL; /* with a run_dir: its log (diagnostics.c) */
-    if ((s = batcher_init(&b, m, mp_dataset_dim(tr), o.batch_size, n))) goto done;
+    if ((s = batcher_init(&b, m, mp_dataset_dim(tr), o.batch_size / nranks, n))) goto done;
     if (va && mp_dataset_dim(va) != mp_dataset_dim(tr)) {
         s = mp_set_error(MP_ERR_INVALID,
                          "fit: validation data has %lld features, training data %lld",
@@ -332,6 +344,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     fs.validation_split = o.validation_data ? 0 : o.validation_split;
     fs.data_count = n;
     fs.data_hash = data_hash(tr);
+    if (o.data_parallel && (s = mp_fit_dist_check_data(&fs))) goto done;
     const mp_fit_state *r = o.resume;
     if (r) {
         if ((s = check_resume(r, &fs, nb))) goto done;
@@ -351,8 +364,8 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         memcpy(h.epochs, r->history.epochs, (size_t)r->history.count * sizeof(mp_epoch_log));
         h.count = r->history.count;
     }
-    progress p = {o.out, isatty(fileno(o.out)) != 0, o.verbose > 0, nb, 0, 0};
-    if (o.run_dir &&
+    progress p = {o.out, isatty(fileno(o.out)) != 0, o.verbose > 0 && rank == 0, nb, 0, 0};
+    if (o.run_dir && rank == 0 &&
         (s = mp_diagnostics_open(&dg, m, o.run_dir, o.diagnostics_every, o.batch_size)))
         goto done;
     bool stop = false, saved = false;
@@ -371,17 +384,24 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         p.last_draw = 0;
         if ((s = mp_dataset_order(tr, (uint64_t)fs.epoch, o.seed, o.shuffle, b.order))) break;
         for (int64_t i = fs.batch * o.batch_size; i < n; i += o.batch_size) {
-            if ((o.max_steps && fs.steps >= o.max_steps) || (o.interrupt && *o.interrupt)) {
+            bool interrupted = o.interrupt && *o.interrupt;
+            if (o.data_parallel) interrupted = mp_dist_any(interrupted); /* stop together */
+            if ((o.max_steps && fs.steps >= o.max_steps) || interrupted) {
                 stop = true;
                 break;
             }
             int64_t c = n - i < o.batch_size ? n - i : o.batch_size;
-            if ((s = mp_dataset_gather(tr, b.order + i, c, b.x, b.y))) break;
+            int64_t lo = 0, hi = c; /* this rank's rows of the global batch */
+            if (o.data_parallel) mp_dist_shard(c, rank, nranks, &lo, &hi);
+            if ((s = mp_dataset_gather(tr, b.order + i + lo, hi - lo, b.x, b.y))) break;
             mp_tensor x;
-            batch_tensor(&b, c, &x);
+            batch_tensor(&b, hi - lo, &x);
             mp_step_result res;
             if (dg && (s = mp_diagnostics_before_step(dg, m, fs.steps + 1))) break;
-            if ((s = mp_model_train_step(m, &x, b.y, NULL, &res))) break;
+            if ((s = o.data_parallel
+                         ? mp_model_train_step_shard(m, &x, b.y, NULL, c, o.deterministic, &res)
+                         : mp_model_train_step(m, &x, b.y, NULL, &res)))
+                break;
             if (dg && (s = mp_diagnostics_after_step(dg, m, &res, c, fs.epoch + 1))) break;
             fs.steps++;
             fs.batch++;
@@ -441,7 +461,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         saved = false;
     }
     if (!s && o.checkpoint_dir && !saved) s = save_checkpoint(m, &o, &fs, h.epochs, p.on);
-    if (!s && o.log_csv) s = write_csv(o.log_csv, &h);
+    if (!s && o.log_csv && rank == 0) s = write_csv(o.log_csv, &h);
     if (!s && dg) s = write_csv(mp_diagnostics_history_path(dg), &h);
     if (!s && o.state_out) { /* a copy with its own completed-epoch history */
         *o.state_out = fs;

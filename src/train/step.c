@@ -14,6 +14,8 @@ typedef struct {
     int64_t applied, skipped;
     float *row; /* one output row in float32, for the accuracy count */
     int64_t row_cap;
+    float *reduce; /* data parallel: every gradient in one buffer */
+    size_t reduce_cap;
 } training;
 
 static void training_free(void *p)
@@ -23,6 +25,7 @@ static void training_free(void *p)
     mp_optimizer_free(t->opt);
     mp_loss_scaler_free(t->scaler);
     free(t->row);
+    free(t->reduce);
     free(t);
 }
 
@@ -142,20 +145,30 @@ static mp_status check_ready(mp_model *m, const char *what)
     return MP_OK;
 }
 
-mp_status mp_model_train_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
-                              const mp_tensor *target, mp_step_result *r)
+/* global_batch > 0: data parallel, x is this rank's shard (possibly empty)
+ * of a global batch of that many rows */
+static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
+                            const mp_tensor *target, int64_t global_batch, bool deterministic,
+                            mp_step_result *r)
 {
     mp_status s = check_ready(m, "train_step");
     if (s) return s;
     training *t = get(m);
     mp_step_result res = {0, 0, false, 1.0f};
-    const mp_tensor *y;
-    if ((s = mp_model_forward(m, x, true, &y))) return s;
-    res.correct = count_correct(t, y, labels);
-    mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target};
     float scale = t->scaler ? mp_loss_scaler_scale(t->scaler) : 1.0f;
     res.loss_scale = scale;
-    if ((s = mp_model_loss_backward(m, &spec, scale, false, &res.loss))) return s;
+    bool empty = global_batch > 0 && x->shape[0] == 0;
+    if (!empty) {
+        const mp_tensor *y;
+        if ((s = mp_model_forward(m, x, true, &y))) return s;
+        res.correct = count_correct(t, y, labels);
+        mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target, global_batch};
+        if ((s = mp_model_loss_backward(m, &spec, scale, false, &res.loss))) return s;
+    }
+    if (global_batch > 0 &&
+        (s = mp_train_reduce_shard(t->opt, &t->reduce, &t->reduce_cap, deterministic, empty,
+                                   &res.loss, &res.correct)))
+        return s;
     if (t->scaler) {
         bool found_inf = false;
         if ((s = mp_loss_scaler_get_unscaled_gradients(t->scaler, t->opt, &found_inf))) return s;
@@ -177,6 +190,24 @@ mp_status mp_model_train_step(mp_model *m, const mp_tensor *x, const int32_t *la
     return MP_OK;
 }
 
+mp_status mp_model_train_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
+                              const mp_tensor *target, mp_step_result *r)
+{
+    return train_step(m, x, labels, target, 0, false, r);
+}
+
+mp_status mp_model_train_step_shard(mp_model *m, const mp_tensor *x, const int32_t *labels,
+                                    const mp_tensor *target, int64_t global_batch,
+                                    bool deterministic, mp_step_result *r)
+{
+    if (global_batch < 1 || !x || x->ndim < 1 || x->shape[0] > global_batch)
+        return mp_set_error(MP_ERR_INVALID,
+                            "train_step_shard: a shard of %lld rows of a global "
+                            "batch of %lld",
+                            x && x->ndim ? (long long)x->shape[0] : -1LL, (long long)global_batch);
+    return train_step(m, x, labels, target, global_batch, deterministic, r);
+}
+
 mp_status mp_model_test_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
                              const mp_tensor *target, mp_step_result *r)
 {
@@ -186,7 +217,7 @@ mp_status mp_model_test_step(mp_model *m, const mp_tensor *x, const int32_t *lab
     const mp_tensor *y;
     if ((s = mp_model_forward(m, x, false, &y))) return s;
     mp_step_result res = {0, count_correct(t, y, labels), false, 1.0f};
-    mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target};
+    mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target, 0};
     if ((s = mp_loss_compute(&spec, y, 1.0f, &res.loss, NULL))) return s;
     if (r) *r = res;
     return MP_OK;

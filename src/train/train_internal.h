@@ -8,6 +8,26 @@
 /* Restore the applied/skipped step counts of a compiled model. */
 void mp_model_set_step_counts(mp_model *m, int64_t applied, int64_t skipped);
 
+/* Data parallel, after this rank's backward: every trainable gradient (in
+ * one float32 buffer, *buf of *cap floats, grown as needed) summed over the
+ * ranks, then the loss and the correct count (this rank's parts in, the
+ * global batch's out). empty: this rank had no rows (its gradients count as
+ * zero). The loss is summed in float64 and a non-finite part anywhere makes
+ * it non-finite everywhere, as the summed gradients are. */
+mp_status mp_train_reduce_shard(mp_optimizer *opt, float **buf, size_t *cap, bool deterministic,
+                                bool empty, float *loss, int64_t *correct);
+
+/* fit, data parallel: this rank and the number of ranks, which the batch
+ * size must divide by; then every rank must fit the same data in the same
+ * order (fingerprint, count, batch size, seed). */
+mp_status mp_fit_dist_begin(int64_t batch_size, int *rank, int *nranks);
+mp_status mp_fit_dist_check_data(const mp_fit_state *fs);
+/* Every rank learns whether s failed on any rank (the failing rank keeps its
+ * message, the others name `what`). */
+mp_status mp_dist_agree(mp_status s, const char *what);
+/* Whether flag is set on any rank (a stop request). */
+bool mp_dist_any(bool flag);
+
 /* Checkpoints in a directory: ckpt-<steps>.safetensors, ascending steps. */
 typedef struct {
     int64_t steps;
