@@ -66,7 +66,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: deps-build bench-step bench-checkpoint examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: test-mpi deps-build bench-step bench-checkpoint examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -111,6 +111,21 @@ test: deps-test
 	@$(MAKE) --no-print-directory $(TEST_BIN) $(CLI) $(EXAMPLES)
 	@sh tests/headers_test.sh
 	@sh tests/run.sh $(BUILD) $(TEST_BIN)
+	@$(MAKE) --no-print-directory test-mpi
+
+# Data parallel through mpirun (2 ranks on this machine); skipped, saying so,
+# in a build without MPI.
+ifeq ($(MPI),1)
+$(BUILD)/tests/dist_test: $(BUILD)/obj/tests/dist_test.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $< $(STATIC) $(LDLIBS_ALL)
+
+test-mpi: $(BUILD)/tests/dist_test $(CLI)
+	@sh tests/dist_test.sh $(BUILD)
+else
+test-mpi:
+	@echo "test-mpi: skipped (this build has no MPI: sh scripts/deps.sh mpi, then make MPI=1 test)"
+endif
 
 $(BUILD)/exhaustive: $(BUILD)/obj/tests/exhaustive.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)

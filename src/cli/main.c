@@ -65,7 +65,7 @@ static int cmd_formats(void)
     return 0;
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -90,4 +90,25 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "report")) return mp_cli_report(argc - 2, argv + 2);
     fprintf(stderr, "mixprec: unknown command '%s' (try mixprec --help)\n", cmd);
     return 2;
+}
+
+/* Under mpirun (a build with MPI): MPI starts first, every rank runs the
+ * command, and only rank 0's standard output is kept. */
+int main(int argc, char **argv)
+{
+    bool dist = mp_dist_launched() && mp_dist_available();
+    if (dist) {
+        if (mp_dist_init(&argc, &argv)) {
+            fprintf(stderr, "mixprec: %s\n", mp_last_error());
+            return 1;
+        }
+        if (mp_dist_rank() != 0 && !freopen("/dev/null", "w", stdout)) {
+            fprintf(stderr, "mixprec: rank %d cannot silence its output\n", mp_dist_rank());
+            mp_dist_finalize();
+            return 1;
+        }
+    }
+    int rc = run(argc, argv);
+    if (dist) mp_dist_finalize();
+    return rc;
 }

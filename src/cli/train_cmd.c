@@ -40,6 +40,7 @@ typedef struct {
     int64_t diagnostics_every; /* --diagnostics N */
     int patience;
     const char *save, *init_from;
+    bool deterministic; /* data parallel: gradients summed in rank order */
     bool save_state;
     int64_t checkpoint_every;
     const char *checkpoint_dir, *resume;
@@ -100,6 +101,11 @@ static void train_usage(FILE *f)
         "                                  order, history and checkpoint cadence come from it;\n"
         "                                  give the same --data\n"
         "  --quiet                         no progress output\n"
+        "  --deterministic                 under mpirun: sum gradients in rank order (the same\n"
+        "                                  bits on every run with the same number of ranks)\n"
+        "Under mpirun -np N (a build with MPI) the ranks train data parallel: each takes 1/N of\n"
+        "every batch (--batch-size is the global batch and must divide by N); rank 0 prints and\n"
+        "writes --log, --save and checkpoints.\n"
         "Ctrl-C (SIGINT) or SIGTERM while training: the step in progress finishes, a checkpoint\n"
         "goes to --checkpoint-dir, and mixprec exits with status 130 (a second signal kills).\n");
 }
@@ -294,6 +300,8 @@ static int parse_train_args(int argc, char **argv, train_args *a)
             a->init_from = v;
         } else if (!strcmp(f, "--save-state")) {
             a->save_state = true;
+        } else if (!strcmp(f, "--deterministic")) {
+            a->deterministic = true;
         } else if (!strcmp(f, "--checkpoint-dir")) {
             NEED_VALUE;
             a->checkpoint_dir = v;
@@ -602,6 +610,8 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
     fo.keep_last = a->keep_last || !inherit ? a->keep_last : resume.keep_last;
     fo.state_out = &final_state;
     fo.interrupt = &interrupted;
+    fo.data_parallel = mp_dist_size() > 1; /* under mpirun */
+    fo.deterministic = a->deterministic;
     mp_history h;
     interrupted = 0;
     catch_signals(true);
@@ -638,7 +648,7 @@ static int run_training(const train_args *a, const mp_dataset *train, const mp_d
         goto out;
     res->peak = model_peak_bytes() - base;
     res->step_peak = step_peak_bytes() - step_base;
-    if (a->save) {
+    if (a->save && mp_dist_rank() == 0) { /* data parallel: every rank holds the same */
         mp_status s = a->save_state ? mp_model_save_checkpoint(m, a->save, &final_state)
                                     : mp_model_save_weights(m, a->save);
         if (s) goto out;
@@ -659,6 +669,11 @@ int mp_cli_train(int argc, char **argv)
     train_args a;
     int rc = parse_train_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : rc;
+    if (mp_dist_launched() && !mp_dist_available()) {
+        fprintf(stderr, "mixprec train: started by an MPI launcher, but %s\n",
+                "this build has no MPI (sh scripts/deps.sh mpi, then make MPI=1)");
+        return 2;
+    }
     if (a.model_file) { /* a bad file is a usage error, found before the data loads */
         mp_mem_reset_peaks();
         a.model_base = model_peak_bytes();
