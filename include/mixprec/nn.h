@@ -140,6 +140,33 @@ mp_node mp_batch_norm(mp_model *m, mp_node x, const mp_batch_norm_options *bn,
 mp_node mp_embedding(mp_model *m, mp_node ids, int64_t input_dim, int64_t output_dim,
                      const mp_layer_options *o);
 
+/* MultiHeadAttention (Keras) with the causal mask, use_causal_mask = true
+ * being the only mask supported: query, value and key [batch, T, model_dim]
+ * of one shape (mp_multi_head_attention: self-attention on x; _ex takes 1-3
+ * inputs in Keras's call order, the key defaulting to the value and the
+ * value to the query). Per head h: softmax(Q_h K_h^T / sqrt(key_dim) + mask)
+ * V_h with Q = x_q Wq + bq, ...; output [batch, T, model_dim] = A Wo + bo.
+ * Kernels query/key/value [model_dim, num_heads, key_dim] (biases
+ * [num_heads, key_dim]) and attention_output [num_heads, key_dim,
+ * model_dim] (bias [model_dim]), named "<layer>.query.kernel", ...; glorot
+ * with Keras's fans. value_dim = key_dim, no attention dropout. Projections
+ * in the compute dtype with float32 accumulation; the softmax and its
+ * statistics float32 under every policy, in a fused kernel that stores no
+ * [T, T] matrix. */
+typedef struct {
+    int64_t num_heads;
+    int64_t key_dim;
+    bool use_bias;        /* true */
+    bool use_causal_mask; /* true (false is refused) */
+} mp_multi_head_attention_options;
+mp_multi_head_attention_options mp_multi_head_attention_options_default(int64_t num_heads,
+                                                                        int64_t key_dim);
+mp_node mp_multi_head_attention(mp_model *m, mp_node x, const mp_multi_head_attention_options *a,
+                                const mp_layer_options *o);
+mp_node mp_multi_head_attention_ex(mp_model *m, int n, const mp_node *inputs,
+                                   const mp_multi_head_attention_options *a,
+                                   const mp_layer_options *o);
+
 /* Image layers, channels-last: inputs [batch, height, width, channels]; any
  * other rank is refused at creation. A window (kernel or pool) of kh x kw
  * moves by strides (sh, sw). Padding, as Keras computes it:

@@ -23,7 +23,8 @@
     X(global_average_pooling2d)                                                                    \
     X(zero_padding2d)                                                                              \
     X(random_flip)                                                                                 \
-    X(random_translation)
+    X(random_translation)                                                                          \
+    X(multi_head_attention)
 
 #define DECLARE(kind) extern const mp_layer_ops mp_##kind##_ops;
 MP_LAYER_KINDS(DECLARE)
