@@ -3,9 +3,10 @@
  * per-thread scratch, with the running max and sum of the online softmax
  * per query row. Dot products are written as row updates over the key
  * columns (s[c] += q[k] * kT[k][c]) and the value sums as updates over the
- * channels, so -O2 vectorizes them without reassociating any sum: each sum
- * runs in one fixed order. Forward and backward recompute s_ij with the
- * same operations in the same order, so backward's p_ij = exp(s_ij - lse_i)
+ * channels, in blocks of CH lanes of constant length (rows padded with
+ * zeros to a multiple of CH), so -O2 vectorizes them without reassociating
+ * any sum: each sum runs in one fixed order, whatever the vector width. Forward and backward
+ * recompute s_ij with the same operations in the same order, so backward's p_ij = exp(s_ij - lse_i)
  * matches the forward's softmax. */
 #include <math.h>
 #include <string.h>
@@ -14,14 +15,37 @@
 
 #define TILE MP_ATTN_TILE
 #define SLOT 3
+#define CH 16 /* lanes of the vectorizable blocks */
 
-static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
+/* The tile loops for each vector width the CPU may have (chosen once at
+ * load): the arithmetic, and so every bit of the results, is the same in
+ * each (no contraction to FMA in ISO C mode, the same order of operations). */
+#if MP_X86 && defined(__GNUC__) && !defined(__clang__)
+#define TILE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TILE_CLONES
+#endif
+
+static size_t pad16(size_t n) { return (n + CH - 1) & ~(size_t)(CH - 1); }
+
+/* y[0..n) += a * x[0..n), n a multiple of CH, in blocks of constant length */
+static inline void axpy(float *restrict y, float a, const float *restrict x, int64_t n)
+{
+    for (int64_t i0 = 0; i0 < n; i0 += CH)
+        for (int i = 0; i < CH; i++) y[i0 + i] += a * x[i0 + i];
+}
+
+static inline void scal(float *y, float a, int64_t n)
+{
+    for (int64_t i0 = 0; i0 < n; i0 += CH)
+        for (int i = 0; i < CH; i++) y[i0 + i] *= a;
+}
 
 /* The largest of the three tasks: dK/dV (kT, vT, dK, dV, Q, dO, two rows of
- * TILE, lse and D, one channel row). */
+ * TILE, lse and D, one channel row); rows of d channels padded to dp. */
 size_t mp_attention_scratch_bytes(int64_t d)
 {
-    size_t td = pad16((size_t)TILE * (size_t)d);
+    size_t td = (size_t)TILE * pad16((size_t)d);
     return (6 * td + 4 * pad16(TILE) + pad16((size_t)d)) * sizeof(float);
 }
 
@@ -45,6 +69,7 @@ static void load_row(float *dst, const void *src, mp_dtype t, size_t off, int64_
         memcpy(dst, p, (size_t)d * sizeof(float));
     else
         mp_convert(dst, MP_F32, p, t, (size_t)d);
+    memset(dst + d, 0, (pad16((size_t)d) - (size_t)d) * sizeof(float));
 }
 
 static void store_row(void *dst, mp_dtype t, size_t off, const float *src, int64_t d)
@@ -52,12 +77,13 @@ static void store_row(void *dst, mp_dtype t, size_t off, const float *src, int64
     mp_convert((char *)dst + off * mp_dtype_size(t), t, src, MP_F32, (size_t)d);
 }
 
-/* n rows from row0 into dst [n][d]. */
+/* n rows from row0 into dst [n][dp], dp = d padded to CH. */
 static void load_rows(float *dst, const mp_attn_geom *g, const void *src, mp_dtype t, int64_t b,
                       int64_t h, int64_t row0, int64_t n)
 {
+    const int64_t dp = (int64_t)pad16((size_t)g->d);
     for (int64_t r = 0; r < n; r++)
-        load_row(dst + r * g->d, src, t, row_off(g, b, h, row0 + r), g->d);
+        load_row(dst + r * dp, src, t, row_off(g, b, h, row0 + r), g->d);
 }
 
 /* n rows from row0 transposed into dst [d][TILE], through one row of tmp. */
@@ -68,17 +94,19 @@ static void load_rows_t(float *dst, float *tmp, const mp_attn_geom *g, const voi
         load_row(tmp, src, t, row_off(g, b, h, row0 + r), g->d);
         for (int64_t k = 0; k < g->d; k++) dst[k * TILE + r] = tmp[k];
     }
+    if (n < TILE) /* the columns a block may read past the last row */
+        for (int64_t k = 0; k < g->d; k++)
+            memset(dst + k * TILE + n, 0, (size_t)(TILE - n) * sizeof(float));
 }
 
-/* s[c] = (q . kT[:, c]) * scale for c < nc. */
-static void scores(float *s, const float *q, const float *kt, int64_t d, int64_t nc, float scale)
+/* s[c] = (q . kT[:, c]) * scale for c < nc (and the block's padding). */
+static inline void scores(float *s, const float *q, const float *kt, int64_t d, int64_t nc,
+                          float scale)
 {
-    for (int64_t c = 0; c < nc; c++) s[c] = 0.0f;
-    for (int64_t k = 0; k < d; k++) {
-        const float a = q[k], *kr = kt + k * TILE;
-        for (int64_t c = 0; c < nc; c++) s[c] += a * kr[c];
-    }
-    for (int64_t c = 0; c < nc; c++) s[c] *= scale;
+    const int64_t n = (int64_t)pad16((size_t)nc);
+    memset(s, 0, (size_t)n * sizeof(float));
+    for (int64_t k = 0; k < d; k++) axpy(s, q[k], kt + k * TILE, n);
+    scal(s, scale, n);
 }
 
 /* Key columns of the tile at k0 (nk rows) that query i may see. */
@@ -96,11 +124,12 @@ static int threads_for(long long tasks)
 
 /* ---------------------------------------------------------------- forward */
 
-static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h, int64_t q0,
-                         const void *q, mp_dtype qt, const void *k, mp_dtype kt, const void *v,
-                         mp_dtype vt, void *o, mp_dtype ot, float *lse)
+TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h,
+                                     int64_t q0, const void *q, mp_dtype qt, const void *k,
+                                     mp_dtype kt, const void *v, mp_dtype vt, void *o, mp_dtype ot,
+                                     float *lse)
 {
-    const int64_t d = g->d, td = (int64_t)pad16((size_t)(TILE * d));
+    const int64_t d = g->d, dp = (int64_t)pad16((size_t)d), td = TILE * dp;
     const int64_t nr = g->t - q0 < TILE ? g->t - q0 : TILE;
     const float scale = 1.0f / sqrtf((float)d);
     float *Q = ws, *KT = Q + td, *V = KT + td, *acc = V + td, *s = acc + td;
@@ -110,7 +139,7 @@ static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h,
         mx[r] = -INFINITY;
         sum[r] = 0.0f;
     }
-    memset(acc, 0, (size_t)(nr * d) * sizeof(float));
+    memset(acc, 0, (size_t)(nr * dp) * sizeof(float));
     for (int64_t k0 = 0; k0 <= q0 + nr - 1; k0 += TILE) {
         const int64_t nk = g->t - k0 < TILE ? g->t - k0 : TILE;
         load_rows_t(KT, tmp, g, k, kt, b, h, k0, nk);
@@ -118,7 +147,7 @@ static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h,
         for (int64_t r = 0; r < nr; r++) {
             const int64_t nc = visible(q0 + r, k0, nk);
             if (nc == 0) continue;
-            scores(s, Q + r * d, KT, d, nc, scale);
+            scores(s, Q + r * dp, KT, d, nc, scale);
             float m = mx[r];
             for (int64_t c = 0; c < nc; c++) m = s[c] > m ? s[c] : m;
             const float corr = expf(mx[r] - m); /* 0 on the first tile: acc and sum are 0 */
@@ -129,17 +158,14 @@ static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h,
             }
             sum[r] = sum[r] * corr + add;
             mx[r] = m;
-            float *a = acc + r * d;
-            for (int64_t j = 0; j < d; j++) a[j] *= corr;
-            for (int64_t c = 0; c < nc; c++) {
-                const float p = s[c], *vr = V + c * d;
-                for (int64_t j = 0; j < d; j++) a[j] += p * vr[j];
-            }
+            float *a = acc + r * dp;
+            scal(a, corr, dp);
+            for (int64_t c = 0; c < nc; c++) axpy(a, s[c], V + c * dp, dp);
         }
     }
     for (int64_t r = 0; r < nr; r++) {
-        float *a = acc + r * d, inv = 1.0f / sum[r];
-        for (int64_t j = 0; j < d; j++) a[j] *= inv;
+        float *a = acc + r * dp;
+        scal(a, 1.0f / sum[r], dp);
         store_row(o, ot, row_off(g, b, h, q0 + r), a, d);
         if (lse) lse[(b * g->heads + h) * g->t + q0 + r] = mx[r] + logf(sum[r]);
     }
@@ -184,13 +210,13 @@ static void load_query_side(const mp_attn_geom *g, float *Q, float *dO, float *l
                             mp_dtype qt, const void *o, mp_dtype ot, const float *lse,
                             const void *dout, mp_dtype dot)
 {
-    const int64_t d = g->d;
+    const int64_t d = g->d, dp = (int64_t)pad16((size_t)d);
     load_rows(Q, g, q, qt, b, h, q0, nr);
     load_rows(dO, g, dout, dot, b, h, q0, nr);
     for (int64_t r = 0; r < nr; r++) {
         load_row(tmp, o, ot, row_off(g, b, h, q0 + r), d);
         float acc = 0.0f;
-        for (int64_t j = 0; j < d; j++) acc += dO[r * d + j] * tmp[j];
+        for (int64_t j = 0; j < d; j++) acc += dO[r * dp + j] * tmp[j];
         D[r] = acc;
         ls[r] = lse[(b * g->heads + h) * g->t + q0 + r];
     }
@@ -198,26 +224,25 @@ static void load_query_side(const mp_attn_geom *g, float *Q, float *dO, float *l
 
 /* One query row against nc key columns: p = exp(s - lse) into p, and
  * ds = p (dO . v - D) into ds. */
-static void row_grads(float *p, float *ds, const float *q, const float *dor, const float *KT,
-                      const float *VT, int64_t d, int64_t nc, float scale, float ls, float D)
+static inline void row_grads(float *p, float *ds, const float *q, const float *dor, const float *KT,
+                             const float *VT, int64_t d, int64_t nc, float scale, float ls, float D)
 {
     scores(p, q, KT, d, nc, scale);
     for (int64_t c = 0; c < nc; c++) p[c] = expf(p[c] - ls);
-    for (int64_t c = 0; c < nc; c++) ds[c] = 0.0f;
-    for (int64_t k = 0; k < d; k++) {
-        const float a = dor[k], *vr = VT + k * TILE;
-        for (int64_t c = 0; c < nc; c++) ds[c] += a * vr[c];
-    }
+    const int64_t n = (int64_t)pad16((size_t)nc);
+    memset(ds, 0, (size_t)n * sizeof(float));
+    for (int64_t k = 0; k < d; k++) axpy(ds, dor[k], VT + k * TILE, n);
     for (int64_t c = 0; c < nc; c++) ds[c] = p[c] * (ds[c] - D);
 }
 
 /* dK and dV of one key tile, all later query tiles looped inside. */
-static void backward_kv_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h, int64_t k0,
-                             const void *q, mp_dtype qt, const void *k, mp_dtype kt, const void *v,
-                             mp_dtype vt, const void *o, mp_dtype ot, const float *lse,
-                             const void *dout, mp_dtype dot, void *dk, void *dv, mp_dtype gt)
+TILE_CLONES static void backward_kv_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h,
+                                         int64_t k0, const void *q, mp_dtype qt, const void *k,
+                                         mp_dtype kt, const void *v, mp_dtype vt, const void *o,
+                                         mp_dtype ot, const float *lse, const void *dout,
+                                         mp_dtype dot, void *dk, void *dv, mp_dtype gt)
 {
-    const int64_t d = g->d, td = (int64_t)pad16((size_t)(TILE * d));
+    const int64_t d = g->d, dp = (int64_t)pad16((size_t)d), td = TILE * dp;
     const int64_t nk = g->t - k0 < TILE ? g->t - k0 : TILE;
     const float scale = 1.0f / sqrtf((float)d);
     float *KT = ws, *VT = KT + td, *dK = VT + td, *dV = dK + td, *Q = dV + td, *dO = Q + td;
@@ -225,65 +250,62 @@ static void backward_kv_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_
     float *tmp = D + pad16(TILE);
     load_rows_t(KT, tmp, g, k, kt, b, h, k0, nk);
     load_rows_t(VT, tmp, g, v, vt, b, h, k0, nk);
-    memset(dK, 0, (size_t)(nk * d) * sizeof(float));
-    memset(dV, 0, (size_t)(nk * d) * sizeof(float));
+    memset(dK, 0, (size_t)(nk * dp) * sizeof(float));
+    memset(dV, 0, (size_t)(nk * dp) * sizeof(float));
     for (int64_t q0 = k0; q0 < g->t; q0 += TILE) {
         const int64_t nr = g->t - q0 < TILE ? g->t - q0 : TILE;
         load_query_side(g, Q, dO, ls, D, tmp, b, h, q0, nr, q, qt, o, ot, lse, dout, dot);
         for (int64_t r = 0; r < nr; r++) {
             const int64_t nc = visible(q0 + r, k0, nk);
-            const float *qr = Q + r * d, *dor = dO + r * d;
+            const float *qr = Q + r * dp, *dor = dO + r * dp;
             row_grads(p, ds, qr, dor, KT, VT, d, nc, scale, ls[r], D[r]);
             for (int64_t c = 0; c < nc; c++) {
-                float *dvr = dV + c * d, *dkr = dK + c * d;
-                const float pc = p[c], sc = ds[c];
-                for (int64_t j = 0; j < d; j++) dvr[j] += pc * dor[j];
-                for (int64_t j = 0; j < d; j++) dkr[j] += sc * qr[j];
+                axpy(dV + c * dp, p[c], dor, dp);
+                axpy(dK + c * dp, ds[c], qr, dp);
             }
         }
     }
     for (int64_t c = 0; c < nk; c++) {
-        float *dkr = dK + c * d;
-        for (int64_t j = 0; j < d; j++) dkr[j] *= scale;
+        float *dkr = dK + c * dp;
+        scal(dkr, scale, dp);
         store_row(dk, gt, row_off(g, b, h, k0 + c), dkr, d);
-        store_row(dv, gt, row_off(g, b, h, k0 + c), dV + c * d, d);
+        store_row(dv, gt, row_off(g, b, h, k0 + c), dV + c * dp, d);
     }
 }
 
 /* dQ of one query tile, the key tiles it sees looped inside. */
-static void backward_q_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h, int64_t q0,
-                            const void *q, mp_dtype qt, const void *k, mp_dtype kt, const void *v,
-                            mp_dtype vt, const void *o, mp_dtype ot, const float *lse,
-                            const void *dout, mp_dtype dot, void *dq, mp_dtype gt)
+TILE_CLONES static void backward_q_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h,
+                                        int64_t q0, const void *q, mp_dtype qt, const void *k,
+                                        mp_dtype kt, const void *v, mp_dtype vt, const void *o,
+                                        mp_dtype ot, const float *lse, const void *dout,
+                                        mp_dtype dot, void *dq, mp_dtype gt)
 {
-    const int64_t d = g->d, td = (int64_t)pad16((size_t)(TILE * d));
+    const int64_t d = g->d, dp = (int64_t)pad16((size_t)d), td = TILE * dp;
     const int64_t nr = g->t - q0 < TILE ? g->t - q0 : TILE;
     const float scale = 1.0f / sqrtf((float)d);
     float *KT = ws, *VT = KT + td, *K = VT + td, *dQ = K + td, *Q = dQ + td, *dO = Q + td;
     float *p = dO + td, *ds = p + pad16(TILE), *ls = ds + pad16(TILE), *D = ls + pad16(TILE);
     float *tmp = D + pad16(TILE);
     load_query_side(g, Q, dO, ls, D, tmp, b, h, q0, nr, q, qt, o, ot, lse, dout, dot);
-    memset(dQ, 0, (size_t)(nr * d) * sizeof(float));
+    memset(dQ, 0, (size_t)(nr * dp) * sizeof(float));
     for (int64_t k0 = 0; k0 <= q0 + nr - 1; k0 += TILE) {
         const int64_t nk = g->t - k0 < TILE ? g->t - k0 : TILE;
         load_rows(K, g, k, kt, b, h, k0, nk);
-        for (int64_t c = 0; c < nk; c++)
-            for (int64_t j = 0; j < d; j++) KT[j * TILE + c] = K[c * d + j];
+        for (int64_t j = 0; j < d; j++) {
+            for (int64_t c = 0; c < nk; c++) KT[j * TILE + c] = K[c * dp + j];
+            for (int64_t c = nk; c < TILE; c++) KT[j * TILE + c] = 0.0f;
+        }
         load_rows_t(VT, tmp, g, v, vt, b, h, k0, nk);
         for (int64_t r = 0; r < nr; r++) {
             const int64_t nc = visible(q0 + r, k0, nk);
             if (nc == 0) continue;
-            row_grads(p, ds, Q + r * d, dO + r * d, KT, VT, d, nc, scale, ls[r], D[r]);
-            float *dqr = dQ + r * d;
-            for (int64_t c = 0; c < nc; c++) {
-                const float sc = ds[c], *kr = K + c * d;
-                for (int64_t j = 0; j < d; j++) dqr[j] += sc * kr[j];
-            }
+            row_grads(p, ds, Q + r * dp, dO + r * dp, KT, VT, d, nc, scale, ls[r], D[r]);
+            for (int64_t c = 0; c < nc; c++) axpy(dQ + r * dp, ds[c], K + c * dp, dp);
         }
     }
     for (int64_t r = 0; r < nr; r++) {
-        float *dqr = dQ + r * d;
-        for (int64_t j = 0; j < d; j++) dqr[j] *= scale;
+        float *dqr = dQ + r * dp;
+        scal(dqr, scale, dp);
         store_row(dq, gt, row_off(g, b, h, q0 + r), dqr, d);
     }
 }
