@@ -28,11 +28,20 @@
 
 static size_t pad16(size_t n) { return (n + CH - 1) & ~(size_t)(CH - 1); }
 
-/* y[0..n) += a * x[0..n), n a multiple of CH, in blocks of constant length */
-static inline void axpy(float *restrict y, float a, const float *restrict x, int64_t n)
+/* y[0..n) = (add ? y : 0) + sum over k < m, in order, of x[k * incx] *
+ * a[k * lda + 0..n): each block of CH sums stays in registers over k */
+static inline void gemv_t(float *restrict y, const float *restrict x, int64_t incx,
+                          const float *restrict a, int64_t lda, int64_t m, int64_t n, bool add)
 {
-    for (int64_t i0 = 0; i0 < n; i0 += CH)
-        for (int i = 0; i < CH; i++) y[i0 + i] += a * x[i0 + i];
+    for (int64_t i0 = 0; i0 < n; i0 += CH) {
+        float acc[CH];
+        for (int i = 0; i < CH; i++) acc[i] = add ? y[i0 + i] : 0.0f;
+        for (int64_t k = 0; k < m; k++) {
+            const float xk = x[k * incx], *ar = a + k * lda + i0;
+            for (int i = 0; i < CH; i++) acc[i] += xk * ar[i];
+        }
+        for (int i = 0; i < CH; i++) y[i0 + i] = acc[i];
+    }
 }
 
 static inline void scal(float *y, float a, int64_t n)
@@ -41,12 +50,12 @@ static inline void scal(float *y, float a, int64_t n)
         for (int i = 0; i < CH; i++) y[i0 + i] *= a;
 }
 
-/* The largest of the three tasks: dK/dV (kT, vT, dK, dV, Q, dO, two rows of
- * TILE, lse and D, one channel row); rows of d channels padded to dp. */
+/* The largest of the three tasks: dK/dV (kT, vT, dK, dV, Q, dO, the P and
+ * dS tiles, lse and D, one channel row); rows of d channels padded to dp. */
 size_t mp_attention_scratch_bytes(int64_t d)
 {
     size_t td = (size_t)TILE * pad16((size_t)d);
-    return (6 * td + 4 * pad16(TILE) + pad16((size_t)d)) * sizeof(float);
+    return (6 * td + 2 * TILE * TILE + 2 * pad16(TILE) + pad16((size_t)d)) * sizeof(float);
 }
 
 static mp_status check_geom(const mp_attn_geom *g, const char *what)
@@ -104,8 +113,7 @@ static inline void scores(float *s, const float *q, const float *kt, int64_t d, 
                           float scale)
 {
     const int64_t n = (int64_t)pad16((size_t)nc);
-    memset(s, 0, (size_t)n * sizeof(float));
-    for (int64_t k = 0; k < d; k++) axpy(s, q[k], kt + k * TILE, n);
+    gemv_t(s, q, 1, kt, TILE, d, n, false);
     scal(s, scale, n);
 }
 
@@ -160,7 +168,7 @@ TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b
             mx[r] = m;
             float *a = acc + r * dp;
             scal(a, corr, dp);
-            for (int64_t c = 0; c < nc; c++) axpy(a, s[c], V + c * dp, dp);
+            gemv_t(a, s, 1, V, dp, nc, dp, true);
         }
     }
     for (int64_t r = 0; r < nr; r++) {
@@ -229,9 +237,7 @@ static inline void row_grads(float *p, float *ds, const float *q, const float *d
 {
     scores(p, q, KT, d, nc, scale);
     for (int64_t c = 0; c < nc; c++) p[c] = expf(p[c] - ls);
-    const int64_t n = (int64_t)pad16((size_t)nc);
-    memset(ds, 0, (size_t)n * sizeof(float));
-    for (int64_t k = 0; k < d; k++) axpy(ds, dor[k], VT + k * TILE, n);
+    gemv_t(ds, dor, 1, VT, TILE, d, (int64_t)pad16((size_t)nc), false);
     for (int64_t c = 0; c < nc; c++) ds[c] = p[c] * (ds[c] - D);
 }
 
@@ -246,7 +252,7 @@ TILE_CLONES static void backward_kv_tile(const mp_attn_geom *g, float *ws, int64
     const int64_t nk = g->t - k0 < TILE ? g->t - k0 : TILE;
     const float scale = 1.0f / sqrtf((float)d);
     float *KT = ws, *VT = KT + td, *dK = VT + td, *dV = dK + td, *Q = dV + td, *dO = Q + td;
-    float *p = dO + td, *ds = p + pad16(TILE), *ls = ds + pad16(TILE), *D = ls + pad16(TILE);
+    float *P = dO + td, *dS = P + TILE * TILE, *ls = dS + TILE * TILE, *D = ls + pad16(TILE);
     float *tmp = D + pad16(TILE);
     load_rows_t(KT, tmp, g, k, kt, b, h, k0, nk);
     load_rows_t(VT, tmp, g, v, vt, b, h, k0, nk);
@@ -255,14 +261,16 @@ TILE_CLONES static void backward_kv_tile(const mp_attn_geom *g, float *ws, int64
     for (int64_t q0 = k0; q0 < g->t; q0 += TILE) {
         const int64_t nr = g->t - q0 < TILE ? g->t - q0 : TILE;
         load_query_side(g, Q, dO, ls, D, tmp, b, h, q0, nr, q, qt, o, ot, lse, dout, dot);
-        for (int64_t r = 0; r < nr; r++) {
-            const int64_t nc = visible(q0 + r, k0, nk);
-            const float *qr = Q + r * dp, *dor = dO + r * dp;
-            row_grads(p, ds, qr, dor, KT, VT, d, nc, scale, ls[r], D[r]);
-            for (int64_t c = 0; c < nc; c++) {
-                axpy(dV + c * dp, p[c], dor, dp);
-                axpy(dK + c * dp, ds[c], qr, dp);
-            }
+        for (int64_t r = 0; r < nr; r++)
+            row_grads(P + r * TILE, dS + r * TILE, Q + r * dp, dO + r * dp, KT, VT, d,
+                      visible(q0 + r, k0, nk), scale, ls[r], D[r]);
+        /* key c is seen by the rows from k0 + c on: its sums over them in
+         * row order, as one row at a time would add them */
+        for (int64_t c = 0; c < nk; c++) {
+            const int64_t r0 = k0 + c > q0 ? k0 + c - q0 : 0;
+            if (r0 >= nr) continue;
+            gemv_t(dV + c * dp, P + r0 * TILE + c, TILE, dO + r0 * dp, dp, nr - r0, dp, true);
+            gemv_t(dK + c * dp, dS + r0 * TILE + c, TILE, Q + r0 * dp, dp, nr - r0, dp, true);
         }
     }
     for (int64_t c = 0; c < nk; c++) {
@@ -300,7 +308,7 @@ TILE_CLONES static void backward_q_tile(const mp_attn_geom *g, float *ws, int64_
             const int64_t nc = visible(q0 + r, k0, nk);
             if (nc == 0) continue;
             row_grads(p, ds, Q + r * dp, dO + r * dp, KT, VT, d, nc, scale, ls[r], D[r]);
-            for (int64_t c = 0; c < nc; c++) axpy(dQ + r * dp, ds[c], K + c * dp, dp);
+            gemv_t(dQ + r * dp, ds, 1, K, dp, nc, dp, true);
         }
     }
     for (int64_t r = 0; r < nr; r++) {
