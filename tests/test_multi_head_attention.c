@@ -1,7 +1,9 @@
 /* test_multi_head_attention.c - the MultiHeadAttention layer (causal):
  * parameters named and shaped as Keras's, the forward against a float64
- * reference written here (float32 and mixed_bfloat16, each within a bound
- * derived below, so the two policies agree within the sum of the bounds),
+ * reference written here (float32, mixed_bfloat16 and pure bfloat16, each
+ * within a bound derived below, so the policies agree within the sum of
+ * their bounds; pure bfloat16 keeps no float32 masters, so its biases are
+ * widened for the GEMMs and its backward is run too),
  * gradients of every parameter and of the inputs (through Dense layers in
  * front) against central differences of the float64 reference, self- and
  * three-input attention, the causal mask directly (a change to later
@@ -64,8 +66,11 @@ static mp_model *make_model(const cfg *c, const char *policy, uint64_t seed)
         mp_model_param *p = mp_model_get_param(m, i);
         if (p->role != MP_ROLE_BIAS) continue;
         test_rng r = {seed * 31 + (uint64_t)i};
-        for (int64_t j = 0; j < p->n; j++) p->master[j] = (float)test_rng_uniform(&r, -0.5, 0.5);
-        mp_convert(p->weight, p->weight_dtype, p->master, MP_F32, (size_t)p->n);
+        float *v = malloc((size_t)p->n * sizeof *v);
+        for (int64_t j = 0; j < p->n; j++) v[j] = (float)test_rng_uniform(&r, -0.5, 0.5);
+        if (p->master) memcpy(p->master, v, (size_t)p->n * sizeof *v);
+        mp_convert(p->weight, p->weight_dtype, v, MP_F32, (size_t)p->n); /* pure: no master */
+        free(v);
     }
     return m;
 }
@@ -77,7 +82,11 @@ static double **params64(mp_model *m)
     for (int i = 0; i < n; i++) {
         mp_model_param *p = mp_model_get_param(m, i);
         P[i] = malloc((size_t)p->n * sizeof **P);
-        for (int64_t j = 0; j < p->n; j++) P[i][j] = p->master[j];
+        float *w = malloc((size_t)p->n * sizeof *w);
+        mp_convert(w, MP_F32, p->master ? (const void *)p->master : p->weight,
+                   p->master ? MP_F32 : p->weight_dtype, (size_t)p->n);
+        for (int64_t j = 0; j < p->n; j++) P[i][j] = w[j];
+        free(w);
     }
     return P;
 }
@@ -258,6 +267,19 @@ static void check_forward(const cfg *c, const char *policy, double us, float *ou
     const int64_t n = c->b * c->t * c->e;
     assert_int_equal(mp_tensor_numel(y), n);
     assert_int_equal(y->dtype, us ? MP_BF16 : MP_F32);
+    if (!strcmp(policy, "bfloat16")) { /* pure: biases bfloat16, widened for the GEMMs */
+        mp_tensor dy;
+        assert_int_equal(
+            mp_tensor_init(&dy, MP_F32, 3, (int64_t[]){c->b, c->t, c->e}, MP_MEM_OTHER), MP_OK);
+        for (int64_t i = 0; i < mp_tensor_numel(&dy); i++) ((float *)dy.data)[i] = 0.25f;
+        assert_int_equal(mp_model_forward(m, &x, true, &y), MP_OK);
+        assert_int_equal(mp_model_backward(m, &dy, false), MP_OK);
+        for (int i = 0; i < mp_model_num_params(m); i++) {
+            mp_model_param *p = mp_model_get_param(m, i);
+            for (int64_t j = 0; j < p->n; j++) assert_true(isfinite(p->grad[j]));
+        }
+        mp_tensor_release(&dy);
+    }
     float *got = malloc((size_t)n * 4);
     mp_convert(got, MP_F32, y->data, y->dtype, (size_t)n);
     double **P = params64(m), *ref = malloc((size_t)n * 8), *tol = malloc((size_t)n * 8);
@@ -299,6 +321,7 @@ static void test_forward(void **state)
         float *f32 = malloc((size_t)n * 4), *bf16 = malloc((size_t)n * 4);
         check_forward(&c, "float32", 0, f32);
         check_forward(&c, "mixed_bfloat16", 0x1p-8, bf16);
+        check_forward(&c, "bfloat16", 0x1p-8, NULL);
         free(f32), free(bf16);
     }
     print_message("largest error / bound: float32 %.3g, mixed_bfloat16 %.3g\n", worst_ratio[0],
