@@ -1,9 +1,9 @@
 /* test_multi_head_attention.c - the MultiHeadAttention layer (causal):
  * parameters named and shaped as Keras's, the forward against a float64
- * reference written here (float32, mixed_bfloat16 and pure bfloat16, each
- * within a bound derived below, so the policies agree within the sum of
- * their bounds; pure bfloat16 keeps no float32 masters, so its biases are
- * widened for the GEMMs and its backward is run too),
+ * reference written here (float32, mixed_bfloat16, pure bfloat16 and
+ * mixed_float16, each within a bound derived below, so the policies agree
+ * within the sum of their bounds; pure bfloat16 keeps no float32 masters,
+ * so its biases are widened for the GEMMs and its backward is run too),
  * gradients of every parameter and of the inputs (through Dense layers in
  * front) against central differences of the float64 reference, self- and
  * three-input attention, the causal mask directly (a change to later
@@ -13,9 +13,9 @@
  *
  * Forward bound, propagated stage by stage in float64 from the reference's
  * values (u = 2^-24 for float32 arithmetic, us = the storage unit roundoff:
- * 0 under float32, 2^-8 under mixed_bfloat16, where the input and the
- * weights are rounded to bfloat16 and so are Q, K, V, the attention output
- * and the output; biases stay float32):
+ * 0 under float32, 2^-8 under (mixed_)bfloat16, 2^-11 under mixed_float16,
+ * where the input and the weights are rounded to 16 bits and so are Q, K,
+ * V, the attention output and the output; biases are used as float32):
  *   projection P = x W + b (n = model_dim terms): e_P = (gamma_n + 2.01 us)
  *     sum|x W| + sum e_x |W| (1 + us) + u |b| + us |P|;
  *   scores s_ij = q_i . k_j / sqrt(d): e_s = scale sum (e_q |k| + |q| e_k +
@@ -266,7 +266,7 @@ static void check_forward(const cfg *c, const char *policy, double us, float *ou
     assert_int_equal(mp_model_forward(m, &x, false, &y), MP_OK);
     const int64_t n = c->b * c->t * c->e;
     assert_int_equal(mp_tensor_numel(y), n);
-    assert_int_equal(y->dtype, us ? MP_BF16 : MP_F32);
+    assert_int_equal(y->dtype, !us ? MP_F32 : strstr(policy, "bfloat16") ? MP_BF16 : MP_F16);
     if (!strcmp(policy, "bfloat16")) { /* pure: biases bfloat16, widened for the GEMMs */
         mp_tensor dy;
         assert_int_equal(
@@ -322,9 +322,10 @@ static void test_forward(void **state)
         check_forward(&c, "float32", 0, f32);
         check_forward(&c, "mixed_bfloat16", 0x1p-8, bf16);
         check_forward(&c, "bfloat16", 0x1p-8, NULL);
+        check_forward(&c, "mixed_float16", 0x1p-11, NULL);
         free(f32), free(bf16);
     }
-    print_message("largest error / bound: float32 %.3g, mixed_bfloat16 %.3g\n", worst_ratio[0],
+    print_message("largest error / bound: float32 %.3g, 16-bit policies %.3g\n", worst_ratio[0],
                   worst_ratio[1]);
 }
 
