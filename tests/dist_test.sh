@@ -10,7 +10,12 @@ export MP_DISPATCH_CACHE=0
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMP_NUM_THREADS=1
-mpirun="mpirun --oversubscribe --allow-run-as-root -np 2"
+# Under SANITIZE=1: Open MPI keeps what MPI_Init allocates, much of it in
+# components it has unloaded by exit (stacks LeakSanitizer cannot name, so no
+# suppression file can match them): leak checks are off for these runs only
+# (the rest of the suite checks the library's leaks; ASan and UBSan stay on).
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+mpirun="mpirun --oversubscribe --allow-run-as-root -x ASAN_OPTIONS -np 2"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/mp_dist.XXXXXX") || exit 1
 trap 'rm -rf "$dir"' EXIT
 fail=0
