@@ -320,6 +320,9 @@ static void page(FILE *f, report_run *runs, int nr)
         report_escape(f, runs[r].dir);
         fprintf(f, " (compute dtype %s, %d epochs, %d records)</li>\n", runs[r].compute,
                 runs[r].nepochs, runs[r].nsteps);
+    }
+    fputs("</ul>\n", f);
+    for (int r = 0; r < nr; r++) {
         for (int k = 0; k < runs[r].nnotes; k++) {
             fputs("<p class=\"note\">Note (", f);
             report_escape(f, runs[r].label);
@@ -328,7 +331,7 @@ static void page(FILE *f, report_run *runs, int nr)
             fputs("</p>\n", f);
         }
     }
-    fputs("</ul>\n<h2>Loss</h2>\n", f);
+    fputs("<h2>Loss</h2>\n", f);
     curves(f, runs, nr, true);
     fputs("<h2>Accuracy</h2>\n", f);
     curves(f, runs, nr, false);
