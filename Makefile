@@ -4,7 +4,7 @@
 #   make test SANITIZE=1 the same under AddressSanitizer + UBSan
 #   make test-exhaustive conversions checked on all 2^32 float32 inputs
 #   make fuzz            libFuzzer on the checkpoint loader (FUZZ_SECONDS=60)
-#   make bench           every benchmark (convert, gemm, step, checkpoint)
+#   make bench           every benchmark (convert, gemm, step, checkpoint, conv)
 #   make demo            the main job
 #   make install PREFIX=/usr/local
 # WERROR=1 turns warnings into errors (CI sets it).
@@ -66,7 +66,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: test-mpi deps-build bench-step bench-checkpoint examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: test-mpi deps-build bench-step bench-checkpoint bench-conv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -134,7 +134,7 @@ test-exhaustive: $(BUILD)/exhaustive
 	$(BUILD)/exhaustive
 
 # -------------------------------------------------------------- benchmarks
-bench: bench-convert bench-gemm bench-step bench-checkpoint
+bench: bench-convert bench-gemm bench-step bench-checkpoint bench-conv
 
 $(BUILD)/bench_convert: $(BUILD)/obj/bench/bench_convert.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
@@ -175,6 +175,26 @@ $(BUILD)/bench_checkpoint: $(BUILD)/obj/bench/bench_checkpoint.o $(STATIC)
 
 bench-checkpoint: $(BUILD)/bench_checkpoint
 	$(BUILD)/bench_checkpoint
+
+$(BUILD)/bench_conv: $(BUILD)/obj/bench/bench_conv.o $(STATIC)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+# Keras 3 on TensorFlow runs the same ResNet-20 in the same run, from a virtual
+# environment under build/ made on first use (python3 -m venv, then pip install
+# tensorflow-cpu keras from PyPI; never needed by make test). If that fails
+# (no network, no python3-venv) the Keras columns say n/a.
+KERAS_VENV := build/venv-keras
+bench-conv: $(BUILD)/bench_conv
+	@if [ ! -f $(KERAS_VENV)/.installed ]; then \
+	  echo "mixprec: installing tensorflow-cpu and keras from PyPI into $(KERAS_VENV) (python3 -m venv; pip install tensorflow-cpu keras)"; \
+	  rm -rf $(KERAS_VENV); \
+	  if python3 -m venv $(KERAS_VENV) >build/venv-keras.log 2>&1 && \
+	     $(KERAS_VENV)/bin/pip install -q --retries 2 tensorflow-cpu keras >>build/venv-keras.log 2>&1; then \
+	    touch $(KERAS_VENV)/.installed; \
+	  else rm -rf $(KERAS_VENV); \
+	    echo "mixprec: could not install tensorflow-cpu/keras (build/venv-keras.log): Keras will be n/a"; fi; \
+	fi
+	$(BUILD)/bench_conv --keras-python $(KERAS_VENV)/bin/python
 
 # ------------------------------------------------------------------- demo
 # The main job: the seed MLP on Fashion-MNIST under float32, mixed_bfloat16

@@ -7,7 +7,7 @@ case "$1" in
     build) pkgs="gcc make libc6-dev zlib1g-dev libjansson-dev" ;;
     test) pkgs="gcc make libc6-dev zlib1g-dev libjansson-dev libcmocka-dev python3-numpy" ;;
     fuzz) pkgs="clang libclang-rt-dev libomp-dev zlib1g-dev libjansson-dev" ;;
-    bench) pkgs="gcc make libc6-dev libopenblas-dev libdnnl-dev python3-torch" ;;
+    bench) pkgs="gcc make libc6-dev libopenblas-dev libdnnl-dev python3-torch python3-venv" ;;
     data) pkgs="dataset-fashion-mnist" ;;
     pkgconfig) pkgs="pkg-config" ;;
     mpi) pkgs="gcc make libc6-dev libopenmpi-dev openmpi-bin" ;;
