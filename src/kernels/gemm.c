@@ -268,7 +268,15 @@ mp_status mp_gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
     if (flops < 4e6) nt = 1;
     if ((int64_t)nt > mt * ntl) nt = (int)(mt * ntl);
     int tm = 1, tn = 1;
-    split_grid(mt, ntl, nt, &tm, &tn);
+    /* A gathered operand (a convolution's patches) costs more to pack than
+     * its products: split the other side's range so that no two threads
+     * gather the same panels, unless that leaves a thread without work. */
+    if (pl.b.gather && !pl.a.gather && ntl >= nt)
+        tn = nt;
+    else if (pl.a.gather && !pl.b.gather && mt >= nt)
+        tm = nt;
+    else
+        split_grid(mt, ntl, nt, &tm, &tn);
 
     bool ok = true;
     if (nt <= 1) {
