@@ -1,0 +1,103 @@
+/* demo_cmd.c - `mixprec demo`: one model (the seed MLP, or --model) trained
+ * under float32, mixed_bfloat16 and mixed_float16 on Fashion-MNIST, and one
+ * table comparing accuracy, time, memory, loss scaling and the largest
+ * batch that fits 2 GiB. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/train.h"
+
+int mp_cli_demo(int argc, char **argv)
+{
+    train_args a;
+    /* defaults sized to finish in a few minutes on two cores */
+    char *defaults[] = {"--epochs", "2", "--batch-size", "256", "--quiet"};
+    int rc = mp_cli_parse_train_args(5, defaults, &a);
+    train_args user;
+    if ((rc = mp_cli_parse_train_args(argc, argv, &user))) return rc == 1 ? 0 : rc;
+    for (int i = 0; i < argc; i++) /* user flags override the demo's defaults */
+        if (!strcmp(argv[i], "--epochs"))
+            a.epochs = user.epochs;
+        else if (!strcmp(argv[i], "--batch-size"))
+            a.batch = user.batch;
+        else if (!strcmp(argv[i], "--data-dir"))
+            a.data_dir = user.data_dir;
+        else if (!strcmp(argv[i], "--max-steps"))
+            a.max_steps = user.max_steps;
+        else if (!strcmp(argv[i], "--threads"))
+            a.threads = user.threads;
+        else if (!strcmp(argv[i], "--model"))
+            a.model_file = user.model_file;
+        else if (!strcmp(argv[i], "--hidden")) {
+            a.nhidden = user.nhidden;
+            memcpy(a.hidden, user.hidden, sizeof a.hidden);
+        }
+    mp_dataset *train = NULL, *test = NULL;
+    if (mp_cli_load_data(&a, true, &train) || mp_cli_load_data(&a, false, &test)) {
+        mp_dataset_free(train);
+        return 1;
+    }
+    const char *policies[3] = {"float32", "mixed_bfloat16", "mixed_float16"};
+    run_result r[3];
+    if (a.model_file) {
+        printf("mixprec demo: %s", a.model_file);
+    } else {
+        printf("mixprec demo: MLP 784 -> ");
+        for (int i = 0; i < a.nhidden; i++) printf("%lld -> ", (long long)a.hidden[i]);
+        printf("10 (relu, float32 softmax)");
+    }
+    printf(", Adam lr %g, batch %lld, %d epoch%s%s on Fashion-MNIST (%lld train / %lld test)\n",
+           (double)a.lr, (long long)a.batch, a.epochs, a.epochs > 1 ? "s" : "",
+           a.max_steps ? " (capped by --max-steps)" : "", (long long)mp_dataset_count(train),
+           (long long)mp_dataset_count(test));
+    printf("kernel path %s, %d threads\n\n", mp_isa_name(mp_isa_active()), mp_num_threads());
+    for (int p = 0; p < 3; p++) {
+        a.policy = policies[p];
+        a.policy_given = true;
+        printf("training under %-15s ...", policies[p]);
+        fflush(stdout);
+        if (a.model_file) { /* a fresh model in this policy */
+            mp_mem_reset_peaks();
+            a.model_base = mp_cli_model_peak_bytes();
+            if (!(a.model = mp_cli_model_from_file(&a))) {
+                rc = 2;
+                break;
+            }
+        }
+        if ((rc = mp_cli_run_training(&a, train, test, false, &r[p]))) break;
+        printf(" test accuracy %.4f, %.1f ms/step\n", r[p].test_acc, r[p].ms_per_step);
+    }
+    if (!rc) {
+        printf("\n%-16s %9s %10s %9s %12s %8s %13s %8s %8s %11s %10s\n", "policy", "test acc",
+               "ms/step", "speed-up", "peak memory", "saving", "act+workspace", "saving", "skipped",
+               "loss scale", "batch@2GiB");
+        for (int p = 0; p < 3; p++) {
+            char scale[32];
+            if (r[p].scaled)
+                snprintf(scale, sizeof scale, "%g", (double)r[p].scale);
+            else
+                snprintf(scale, sizeof scale, "none");
+            printf(
+                "%-16s %9.4f %10.1f %8.2fx %8.1f MiB %7.1f%% %9.1f MiB %7.1f%% %8lld %11s %10lld\n",
+                policies[p], r[p].test_acc, r[p].ms_per_step, r[0].ms_per_step / r[p].ms_per_step,
+                (double)r[p].peak / (1 << 20),
+                100.0 * (1.0 - (double)r[p].peak / (double)r[0].peak),
+                (double)r[p].step_peak / (1 << 20),
+                100.0 * (1.0 - (double)r[p].step_peak / (double)r[0].step_peak),
+                (long long)r[p].skipped, scale, (long long)r[p].batch_2g);
+        }
+        printf(
+            "\npeak memory: the library's own bytes (weights, masters, gradients, optimizer "
+            "state,\n"
+            "activations, workspace) at batch %lld; the dataset is not counted. Mixed policies add "
+            "a\n"
+            "low-precision copy of the weights and halve the per-step memory (act+workspace), so\n"
+            "they save overall once batches are large (see make bench-step, batch 8192).\n"
+            "batch@2GiB: the largest batch whose planned training memory (the summary's plan,\n"
+            "Adam state included) fits 2 GiB.\n",
+            (long long)a.batch);
+    }
+    mp_dataset_free(train);
+    mp_dataset_free(test);
+    return rc;
+}

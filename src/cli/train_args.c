@@ -1,0 +1,319 @@
+/* train_args.c - the flags of `mixprec train` (and the demo's, which are a
+ * subset): parsing with one clear line for every bad value, and --help. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/train.h"
+
+static void train_usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: mixprec train [options]\n"
+        "  --data fashion-mnist|PATH.csv   training data (default fashion-mnist)\n"
+        "  --data-dir DIR                  Fashion-MNIST files (default $" MP_FASHION_MNIST_ENV
+        " or /usr/share/datasets/fashion-mnist)\n"
+        "  --test-data PATH.csv            evaluate on this CSV after training\n"
+        "  --model FILE.json|resnet20      build the model from a JSON configuration (the schema\n"
+        "                                  of the README's \"Model files\"; --policy, if given,\n"
+        "                                  replaces the file's policy), or the built-in ResNet-20\n"
+        "  --hidden N,N,...                hidden layer sizes of the MLP (default 4096,4096)\n"
+        "  --activation NAME               relu, gelu, gelu_tanh, sigmoid, tanh (default relu)\n"
+        "  --policy NAME                   float32, mixed_float16, mixed_bfloat16, float16, "
+        "bfloat16\n"
+        "  --optimizer sgd|adam|adamw      (default adam)\n"
+        "  --lr X                          learning rate (default 1e-3, sgd 1e-2)\n"
+        "  --batch-size N|auto             (default 256; auto: the largest batch whose planned\n"
+        "                                  memory fits --memory-limit)\n"
+        "  --memory-limit SIZE             refuse a batch whose planned memory (the summary's\n"
+        "                                  categories, optimizer state included) exceeds SIZE\n"
+        "                                  bytes (suffixes K, M, G: powers of 1024)\n"
+        "  --epochs N                      (default 5)\n"
+        "  --validation-split X            last fraction held out for validation (default 0)\n"
+        "  --seed N                        initialisation, shuffling, dropout (default 1)\n"
+        "  --threads N                     kernel threads (default: all cores)\n"
+        "  --max-steps N                   stop after N training steps\n"
+        "  --no-shuffle                    keep the data order\n"
+        "  --loss-scale dynamic|static:X|none   (default: dynamic for float16 compute)\n"
+        "  --patience N                    early stopping on val_loss (or loss)\n"
+        "  --log FILE                      write the history as CSV\n"
+        "  --run-dir DIR                   collect the run in DIR: config.json, plan.json,\n"
+        "                                  history.csv, diagnostics.jsonl (mixprec report DIR)\n"
+        "  --diagnostics N                 with --run-dir: per-layer numerics (amax, underflow,\n"
+        "                                  overflow, copy error, update ratio) every N steps\n"
+        "  --init-from FILE.safetensors    start from these weights (<layer>.kernel / .bias)\n"
+        "  --save FILE.safetensors         save the trained weights and the model's configuration\n"
+        "  --save-state                    with --save: the full training state too (resumable)\n"
+        "  --checkpoint-dir DIR            write checkpoints DIR/ckpt-<step>.safetensors (and one\n"
+        "                                  at the end)\n"
+        "  --checkpoint-every N            a checkpoint every N steps\n"
+        "  --keep-last K                   keep only the newest K checkpoints\n"
+        "  --resume FILE|DIR               continue the run a checkpoint (or DIR's newest valid\n"
+        "                                  one) describes: model, optimizer, loss scaler, data\n"
+        "                                  order, history and checkpoint cadence come from it;\n"
+        "                                  give the same --data\n"
+        "  --quiet                         no progress output\n"
+        "  --deterministic                 under mpirun: sum gradients in rank order (the same\n"
+        "                                  bits on every run with the same number of ranks)\n"
+        "Under mpirun -np N (a build with MPI) the ranks train data parallel: each takes 1/N of\n"
+        "every batch (--batch-size is the global batch and must divide by N); rank 0 prints and\n"
+        "writes --log, --save and checkpoints.\n"
+        "Ctrl-C (SIGINT) or SIGTERM while training: the step in progress finishes, a checkpoint\n"
+        "goes to --checkpoint-dir, and mixprec exits with status 130 (a second signal kills).\n");
+}
+
+static int bad(const char *flag, const char *value, const char *why)
+{
+    fprintf(stderr, "mixprec train: %s %s: %s\n", flag, value ? value : "", why);
+    return 2;
+}
+
+bool mp_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*end || errno || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_f(const char *s, double lo, double hi, double *out)
+{
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end || errno || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+/* "2G", "512M", "64K", "1000000": bytes (powers of 1024). */
+static bool parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = s && *s ? strtod(s, &end) : -1;
+    if (errno || !(v > 0) || (s && end == s)) return false;
+    double unit = 1;
+    if (*end == 'K' || *end == 'k')
+        unit = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm')
+        unit = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        unit = 1024.0 * 1024 * 1024, end++;
+    else if (*end == 'T' || *end == 't')
+        unit = 1024.0 * 1024 * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end || v * unit > 1e18) return false;
+    *out = (size_t)(v * unit);
+    return true;
+}
+
+int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->data = "fashion-mnist";
+    a->hidden[0] = a->hidden[1] = 4096;
+    a->nhidden = 2;
+    a->act = MP_ACT_RELU;
+    a->policy = "float32";
+    a->optimizer = MP_OPTIMIZER_ADAM;
+    a->lr = -1;
+    a->batch = 256;
+    a->epochs = 5;
+    a->seed = 1;
+    a->shuffle = true;
+    a->loss_scaling = MP_LOSS_SCALING_AUTO;
+    for (int i = 0; i < argc; i++) {
+        const char *f = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t iv;
+        double dv;
+#define NEED_VALUE                                                                                 \
+    do {                                                                                           \
+        if (!v) return bad(f, NULL, "needs a value");                                              \
+        i++;                                                                                       \
+    } while (0)
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            train_usage(stdout);
+            return 1;
+        } else if (!strcmp(f, "--data")) {
+            NEED_VALUE;
+            a->data = v;
+        } else if (!strcmp(f, "--model")) {
+            NEED_VALUE;
+            a->model_file = v;
+        } else if (!strcmp(f, "--data-dir")) {
+            NEED_VALUE;
+            a->data_dir = v;
+        } else if (!strcmp(f, "--test-data")) {
+            NEED_VALUE;
+            a->test_data = v;
+        } else if (!strcmp(f, "--hidden")) {
+            NEED_VALUE;
+            a->nhidden = 0;
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                if (a->nhidden == 16) return bad(f, v, "at most 16 hidden layers");
+                if (!mp_cli_parse_i64(tok, 1, 1 << 20, &iv))
+                    return bad(f, v, "expected sizes like 4096,4096");
+                a->hidden[a->nhidden++] = iv;
+            }
+        } else if (!strcmp(f, "--activation")) {
+            NEED_VALUE;
+            if (mp_activation_from_name(v, &a->act) || a->act == MP_ACT_SOFTMAX)
+                return bad(f, v, "expected relu, gelu, gelu_tanh, sigmoid, tanh or linear");
+        } else if (!strcmp(f, "--policy")) {
+            NEED_VALUE;
+            mp_policy p;
+            if (mp_policy_from_name(v, &p))
+                return bad(f, v,
+                           "expected float32, mixed_float16, mixed_bfloat16, float16 or bfloat16");
+            a->policy = v;
+            a->policy_given = true;
+        } else if (!strcmp(f, "--optimizer")) {
+            NEED_VALUE;
+            if (!strcmp(v, "sgd"))
+                a->optimizer = MP_OPTIMIZER_SGD;
+            else if (!strcmp(v, "adam"))
+                a->optimizer = MP_OPTIMIZER_ADAM;
+            else if (!strcmp(v, "adamw"))
+                a->optimizer = MP_OPTIMIZER_ADAMW;
+            else
+                return bad(f, v, "expected sgd, adam or adamw");
+        } else if (!strcmp(f, "--lr")) {
+            NEED_VALUE;
+            if (!parse_f(v, 1e-12, 1e3, &dv)) return bad(f, v, "expected a positive number");
+            a->lr = (float)dv;
+        } else if (!strcmp(f, "--batch-size")) {
+            NEED_VALUE;
+            if (!strcmp(v, "auto")) {
+                a->batch_auto = true;
+                a->batch = 1; /* built for 1, then re-sized to what fits */
+            } else if (!mp_cli_parse_i64(v, 1, 1 << 20, &a->batch)) {
+                return bad(f, v, "expected a positive integer or auto");
+            } else {
+                a->batch_auto = false;
+            }
+        } else if (!strcmp(f, "--memory-limit")) {
+            NEED_VALUE;
+            if (!parse_size(v, &a->memory_limit))
+                return bad(f, v, "expected a size in bytes such as 2G, 512M or 1000000");
+        } else if (!strcmp(f, "--epochs")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, 1000000, &iv))
+                return bad(f, v, "expected a positive integer");
+            a->epochs = (int)iv;
+        } else if (!strcmp(f, "--validation-split")) {
+            NEED_VALUE;
+            if (!parse_f(v, 0, 0.999, &a->validation_split))
+                return bad(f, v, "expected a fraction in [0, 1)");
+        } else if (!strcmp(f, "--seed")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 0, INT64_MAX, &iv))
+                return bad(f, v, "expected a non-negative integer");
+            a->seed = (uint64_t)iv;
+        } else if (!strcmp(f, "--threads")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, 4096, &iv)) return bad(f, v, "expected a positive integer");
+            a->threads = (int)iv;
+        } else if (!strcmp(f, "--max-steps")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, INT64_MAX, &a->max_steps))
+                return bad(f, v, "expected a positive integer");
+        } else if (!strcmp(f, "--patience")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, 1000000, &iv))
+                return bad(f, v, "expected a positive integer");
+            a->patience = (int)iv;
+        } else if (!strcmp(f, "--no-shuffle")) {
+            a->shuffle = false;
+        } else if (!strcmp(f, "--quiet")) {
+            a->quiet = true;
+        } else if (!strcmp(f, "--log")) {
+            NEED_VALUE;
+            a->log = v;
+        } else if (!strcmp(f, "--run-dir")) {
+            NEED_VALUE;
+            a->run_dir = v;
+        } else if (!strcmp(f, "--diagnostics")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, INT64_MAX, &a->diagnostics_every))
+                return bad(f, v, "expected a positive integer");
+        } else if (!strcmp(f, "--save")) {
+            NEED_VALUE;
+            a->save = v;
+        } else if (!strcmp(f, "--init-from")) {
+            NEED_VALUE;
+            a->init_from = v;
+        } else if (!strcmp(f, "--save-state")) {
+            a->save_state = true;
+        } else if (!strcmp(f, "--deterministic")) {
+            a->deterministic = true;
+        } else if (!strcmp(f, "--checkpoint-dir")) {
+            NEED_VALUE;
+            a->checkpoint_dir = v;
+        } else if (!strcmp(f, "--checkpoint-every")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, INT64_MAX, &a->checkpoint_every))
+                return bad(f, v, "expected a positive integer");
+        } else if (!strcmp(f, "--keep-last")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, 1000000, &iv))
+                return bad(f, v, "expected a positive integer");
+            a->keep_last = (int)iv;
+        } else if (!strcmp(f, "--resume")) {
+            NEED_VALUE;
+            a->resume = v;
+        } else if (!strcmp(f, "--loss-scale")) {
+            NEED_VALUE;
+            if (!strcmp(v, "dynamic"))
+                a->loss_scaling = MP_LOSS_SCALING_DYNAMIC;
+            else if (!strcmp(v, "none"))
+                a->loss_scaling = MP_LOSS_SCALING_NONE;
+            else if (!strncmp(v, "static:", 7) && parse_f(v + 7, 1e-30, 1e30, &dv)) {
+                a->loss_scaling = MP_LOSS_SCALING_STATIC;
+                a->static_scale = (float)dv;
+            } else
+                return bad(f, v, "expected dynamic, none or static:VALUE");
+        } else {
+            fprintf(stderr, "mixprec train: unknown option '%s' (see mixprec train --help)\n", f);
+            return 2;
+        }
+#undef NEED_VALUE
+        static const char *const from_checkpoint[] = {
+            "--hidden",     "--activation", "--policy",     "--optimizer",
+            "--lr",         "--seed",       "--batch-size", "--validation-split",
+            "--no-shuffle", "--loss-scale", "--init-from",  "--model"};
+        for (size_t k = 0; k < sizeof from_checkpoint / sizeof *from_checkpoint; k++)
+            if (!strcmp(f, from_checkpoint[k]) && !a->model_flag) a->model_flag = f;
+        if (!strcmp(f, "--epochs")) a->epochs_given = true;
+        if ((!strcmp(f, "--hidden") || !strcmp(f, "--activation")) && !a->mlp_flag) a->mlp_flag = f;
+    }
+    if (a->resume && a->model_flag) {
+        fprintf(stderr,
+                "mixprec train: --resume takes %s from the checkpoint; leave it out (it must not "
+                "change mid-run)\n",
+                a->model_flag + 2);
+        return 2;
+    }
+    if (a->batch_auto && !a->memory_limit)
+        return bad("--batch-size", "auto", "needs --memory-limit SIZE");
+    if (a->model_file && a->mlp_flag) {
+        fprintf(stderr, "mixprec train: %s shapes the built-in MLP; --model FILE gives the model\n",
+                a->mlp_flag);
+        return 2;
+    }
+    if ((a->checkpoint_every || a->keep_last) && !a->checkpoint_dir && !a->resume)
+        return bad("--checkpoint-every/--keep-last", "", "needs --checkpoint-dir DIR");
+    if (a->save_state && !a->save) return bad("--save-state", "", "needs --save FILE");
+    if (a->diagnostics_every && !a->run_dir) return bad("--diagnostics", "", "needs --run-dir DIR");
+    if (a->lr < 0) a->lr = a->optimizer == MP_OPTIMIZER_SGD ? 1e-2f : 1e-3f;
+    return 0;
+}
