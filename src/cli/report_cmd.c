@@ -14,6 +14,9 @@
 static const char *const mem_labels[REPORT_MEM] = {
     "weights", "master weights", "gradients", "optimizer", "activations", "workspace", "other"};
 
+/* a count as an allocation size (at least 1, never a negative int's wrap) */
+#define RUNS(n) ((size_t)((n) > 0 ? (n) : 1))
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mixprec report DIR [DIR...] -o report.html\n"
@@ -52,9 +55,9 @@ static double epoch_x(const report_epoch *e) { return isfinite(e->step) ? e->ste
  * epoch means without a log) and validation at epoch ends. */
 static void curves(FILE *f, report_run *runs, int nr, bool loss)
 {
-    pts *p = calloc((size_t)nr * 3, sizeof *p);
-    report_series *s = calloc((size_t)nr * 3, sizeof *s);
-    char(*names)[200] = calloc((size_t)nr * 2, sizeof *names);
+    pts *p = calloc(RUNS(nr) * 3, sizeof *p);
+    report_series *s = calloc(RUNS(nr) * 3, sizeof *s);
+    char(*names)[200] = calloc(RUNS(nr) * 2, sizeof *names);
     int ns = 0;
     for (int r = 0; r < nr && p && s && names; r++) {
         pts *tr = &p[3 * r], *va = &p[3 * r + 1];
@@ -91,8 +94,8 @@ static void curves(FILE *f, report_run *runs, int nr, bool loss)
 
 static void loss_scale_chart(FILE *f, report_run *runs, int nr)
 {
-    pts *p = calloc((size_t)nr * 2, sizeof *p);
-    report_series *s = calloc((size_t)nr, sizeof *s);
+    pts *p = calloc(RUNS(nr) * 2, sizeof *p);
+    report_series *s = calloc(RUNS(nr), sizeof *s);
     for (int r = 0; r < nr && p && s; r++) {
         pts *line = &p[2 * r], *mk = &p[2 * r + 1];
         for (int i = 0; i < runs[r].nsteps; i++) {
@@ -149,10 +152,10 @@ static void heatmaps(FILE *f, const report_run *r)
         keys = k;
         tensor_key(l, t, keys[nrows++], sizeof keys[0]);
     }
-    const char **rows = malloc((size_t)(nrows ? nrows : 1) * sizeof *rows);
-    double *cols = malloc((size_t)nd * sizeof *cols);
-    double *uf = malloc((size_t)(nrows ? nrows : 1) * (size_t)nd * sizeof *uf);
-    double *am = malloc((size_t)(nrows ? nrows : 1) * (size_t)nd * sizeof *am);
+    const char **rows = malloc(RUNS(nrows) * sizeof *rows);
+    double *cols = malloc(RUNS(nd) * sizeof *cols);
+    double *uf = malloc(RUNS(nrows) * RUNS(nd) * sizeof *uf);
+    double *am = malloc(RUNS(nrows) * RUNS(nd) * sizeof *am);
     if (!rows || !cols || !uf || !am) goto out;
     for (int k = 0; k < nrows; k++) rows[k] = keys[k];
     for (int k = 0; k < nrows * nd; k++) uf[k] = am[k] = NAN;
@@ -205,8 +208,8 @@ out:
 /* Peak bytes per category (MiB) of the last diagnostics record, else the plan. */
 static void memory_chart(FILE *f, report_run *runs, int nr)
 {
-    double *v = malloc((size_t)nr * REPORT_MEM * sizeof *v);
-    const char **names = malloc((size_t)nr * sizeof *names);
+    double *v = malloc(RUNS(nr) * REPORT_MEM * sizeof *v);
+    const char **names = malloc(RUNS(nr) * sizeof *names);
     if (!v || !names) goto out;
     static const char *const plan_keys[REPORT_MEM] = {
         "weights",     "master_weights", "gradients", "optimizer_state",
@@ -246,8 +249,8 @@ out:
 
 static void time_chart(FILE *f, report_run *runs, int nr)
 {
-    pts *p = calloc((size_t)nr, sizeof *p);
-    report_series *s = calloc((size_t)nr, sizeof *s);
+    pts *p = calloc(RUNS(nr), sizeof *p);
+    report_series *s = calloc(RUNS(nr), sizeof *s);
     for (int r = 0; r < nr && p && s; r++) {
         for (int i = 0; i < runs[r].nsteps; i++)
             if (runs[r].steps[i].diag && isfinite(runs[r].steps[i].step_ms))
@@ -360,7 +363,7 @@ static void page(FILE *f, report_run *runs, int nr)
 int mp_cli_report(int argc, char **argv)
 {
     const char *out = NULL;
-    const char **dirs = calloc((size_t)(argc ? argc : 1), sizeof *dirs);
+    const char **dirs = calloc(RUNS(argc), sizeof *dirs);
     int nd = 0;
     if (!dirs) return 2;
     for (int i = 0; i < argc; i++) {
@@ -384,7 +387,7 @@ int mp_cli_report(int argc, char **argv)
         free(dirs);
         return 2;
     }
-    report_run *runs = calloc((size_t)nd, sizeof *runs);
+    report_run *runs = calloc(RUNS(nd), sizeof *runs);
     if (!runs) return 2;
     bool partial = false;
     for (int r = 0; r < nd; r++) {
