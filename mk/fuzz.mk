@@ -27,7 +27,10 @@ FUZZ_REGRESS     := tests/fuzz/regress
 FUZZ_CFLAGS      := -std=c11 -D_DEFAULT_SOURCE -g -O1 -fno-omit-frame-pointer -fopenmp \
                     -fsanitize=address,undefined -fno-sanitize-recover=all \
                     -DMP_LIBFUZZER -Iinclude -Isrc
-FUZZ_OBJ          = $(LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o) $(FUZZ_DIR)/obj/fuzz/fuzz_checkpoint.o
+# The fuzzer never needs MPI: it always builds the stub of src/dist/.
+FUZZ_LIB_SRC      = $(filter-out src/dist/dist_mpi.c src/dist/dist_stub.c,$(LIB_SRC)) \
+                    src/dist/dist_stub.c
+FUZZ_OBJ          = $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o) $(FUZZ_DIR)/obj/fuzz/fuzz_checkpoint.o
 
 .PHONY: fuzz fuzz-check fuzz-corpus deps-fuzz
 
