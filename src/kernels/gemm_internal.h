@@ -88,8 +88,8 @@ bool mp_gemm_pack_gather(const gemm_operand *op, int64_t w0, int64_t nw, int64_t
                          int W, gemm_fmt fmt, void *dst);
 /* The driver on prepared operands: C[m x n] = epilogue(A B) with A width m,
  * B width n, both depth k (k == 0 or alpha == 0: A and B are not read). */
-mp_status mp_gemm_run(int64_t m, int64_t n, int64_t k, const gemm_operand *a,
-                      const gemm_operand *b, const gemm_epilogue *e);
+mp_status mp_gemm_run(int64_t m, int64_t n, int64_t k, const gemm_operand *a, const gemm_operand *b,
+                      const gemm_epilogue *e);
 extern const gemm_impl mp_gemm_scalar_impl;
 
 #if MP_X86
