@@ -141,6 +141,8 @@ mp_status mp_json_int_field(const json_t *o, const char *key, int64_t lo, int64_
 /* A number in [lo, hi] (lo excluded when lo_open). */
 mp_status mp_json_float_field(const json_t *o, const char *key, double lo, bool lo_open, double hi,
                               float *out);
+/* An optional boolean (absent: *out keeps its default). */
+mp_status mp_json_bool_opt(const json_t *o, const char *key, bool *out);
 mp_status mp_json_activation_field(const json_t *o, const char *key, mp_activation *out);
 /* A list of 1..MP_MAX_DIMS-1 dimensions, each in lo..hi (lo may be -1 for
  * Reshape's inferred one). */

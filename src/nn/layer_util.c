@@ -96,6 +96,15 @@ mp_status mp_json_float_field(const json_t *o, const char *key, double lo, bool 
     return MP_OK;
 }
 
+mp_status mp_json_bool_opt(const json_t *o, const char *key, bool *out)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v) return MP_OK;
+    if (!json_is_boolean(v)) return mp_set_error(MP_ERR_FORMAT, "'%s' must be true or false", key);
+    *out = json_is_true(v);
+    return MP_OK;
+}
+
 mp_status mp_json_activation_field(const json_t *o, const char *key, mp_activation *out)
 {
     const char *name = json_string_value(json_object_get(o, key));

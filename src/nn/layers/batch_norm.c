@@ -304,16 +304,6 @@ static mp_status batch_norm_to_json(const mp_layer *l, json_t *o)
     return MP_OK;
 }
 
-/* An optional boolean setting (absent: *out keeps its default). */
-static mp_status bool_field(const json_t *o, const char *key, bool *out)
-{
-    const json_t *v = json_object_get(o, key);
-    if (!v) return MP_OK;
-    if (!json_is_boolean(v)) return mp_set_error(MP_ERR_FORMAT, "'%s' must be true or false", key);
-    *out = json_is_true(v);
-    return MP_OK;
-}
-
 /* Every field is optional, as in Keras's from_config: absent ones take the
  * constructor's defaults. */
 static mp_status batch_norm_from_json(const json_t *o, void *config)
@@ -331,8 +321,8 @@ static mp_status batch_norm_from_json(const json_t *o, void *config)
         if (!(c->epsilon > 0.0f)) /* below float32's range */
             return mp_set_error(MP_ERR_FORMAT, "'epsilon' must be a number in (0, 1]");
     }
-    mp_status s = bool_field(o, "center", &c->center);
-    return s ? s : bool_field(o, "scale", &c->scale);
+    mp_status s = mp_json_bool_opt(o, "center", &c->center);
+    return s ? s : mp_json_bool_opt(o, "scale", &c->scale);
 }
 
 const mp_layer_ops mp_batch_norm_ops = {

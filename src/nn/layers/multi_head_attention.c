@@ -260,15 +260,6 @@ static mp_status mha_backward(mp_model *m, mp_layer *l, bool accumulate)
 
 /* --------------------------------------------------------------- JSON */
 
-static mp_status bool_field(const json_t *o, const char *key, bool *out)
-{
-    const json_t *v = json_object_get(o, key);
-    if (!v) return MP_OK;
-    if (!json_is_boolean(v)) return mp_set_error(MP_ERR_FORMAT, "'%s' must be true or false", key);
-    *out = json_is_true(v);
-    return MP_OK;
-}
-
 static mp_status mha_to_json(const mp_layer *l, json_t *o)
 {
     const mha_config *c = l->config;
@@ -308,8 +299,8 @@ static mp_status mha_from_json(const json_t *o, void *config)
         if (v && !json_is_null(v))
             s = mp_set_error(MP_ERR_UNSUPPORTED, "'%s' must be null (the default)", key);
     }
-    if (!s) s = bool_field(o, "use_bias", &c->use_bias);
-    if (!s) s = bool_field(o, "use_causal_mask", &c->use_causal_mask);
+    if (!s) s = mp_json_bool_opt(o, "use_bias", &c->use_bias);
+    if (!s) s = mp_json_bool_opt(o, "use_causal_mask", &c->use_causal_mask);
     return s;
 }
 

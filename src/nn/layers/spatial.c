@@ -123,15 +123,6 @@ mp_status mp_json_padding_field(const json_t *o, const char *key, mp_padding *ou
     return MP_OK;
 }
 
-mp_status mp_json_bool_opt(const json_t *o, const char *key, bool *out)
-{
-    const json_t *v = json_object_get(o, key);
-    if (!v) return MP_OK;
-    if (!json_is_boolean(v)) return mp_set_error(MP_ERR_FORMAT, "'%s' must be true or false", key);
-    *out = json_is_true(v);
-    return MP_OK;
-}
-
 mp_status mp_json_pair_opt(const json_t *o, const char *key, int64_t lo, int64_t hi, int64_t out[2])
 {
     return json_object_get(o, key) ? mp_json_pair_field(o, key, lo, hi, out) : MP_OK;

@@ -41,8 +41,6 @@ json_t *mp_json_pair(const int64_t v[2]);
 /* "valid" or "same". */
 mp_status mp_json_padding_field(const json_t *o, const char *key, mp_padding *out);
 const char *mp_padding_name(mp_padding p);
-/* An optional boolean (absent: *out keeps its value). */
-mp_status mp_json_bool_opt(const json_t *o, const char *key, bool *out);
 /* An optional pair / activation (absent: out keeps its value). */
 mp_status mp_json_pair_opt(const json_t *o, const char *key, int64_t lo, int64_t hi,
                            int64_t out[2]);
