@@ -52,8 +52,16 @@ int mp_dist_size(void)
     return n;
 }
 
+/* The ordered sum's gather buffer: kept between steps (a fresh one each
+ * step would pay its first-touch page faults every step). */
+static float *gather_buf;
+static size_t gather_cap;
+
 void mp_dist_finalize(void)
 {
+    free(gather_buf);
+    gather_buf = NULL;
+    gather_cap = 0;
     if (started && running()) {
         MPI_Finalize();
         finished = true;
@@ -89,23 +97,25 @@ static mp_status allreduce_ordered(float *values, size_t n)
 {
     int size = mp_dist_size();
     size_t chunk = n < ((size_t)1 << 22) ? n : ((size_t)1 << 22);
-    float *all = malloc((size_t)size * (chunk ? chunk : 1) * sizeof *all);
-    if (!all) return mp_set_error(MP_ERR_NOMEM, "dist: out of memory for the ordered sum");
+    size_t need = (size_t)size * (chunk ? chunk : 1);
+    if (need > gather_cap) {
+        float *b = realloc(gather_buf, need * sizeof *b);
+        if (!b) return mp_set_error(MP_ERR_NOMEM, "dist: out of memory for the ordered sum");
+        gather_buf = b;
+        gather_cap = need;
+    }
+    float *all = gather_buf;
     for (size_t off = 0; off < n; off += chunk) {
         size_t c = n - off < chunk ? n - off : chunk;
         int rc =
             MPI_Allgather(values + off, (int)c, MPI_FLOAT, all, (int)c, MPI_FLOAT, MPI_COMM_WORLD);
-        if (rc != MPI_SUCCESS) {
-            free(all);
-            return mpi_error(rc, "MPI_Allgather");
-        }
+        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Allgather");
         for (size_t i = 0; i < c; i++) {
             float s = all[i];
             for (int r = 1; r < size; r++) s += all[(size_t)r * c + i];
             values[off + i] = s;
         }
     }
-    free(all);
     return MP_OK;
 }
 
