@@ -61,8 +61,6 @@ struct mp_layer_ops {
 
 /* The kind with this Keras class name, or NULL. */
 const mp_layer_ops *mp_layer_ops_find(const char *class_name);
-int mp_layer_ops_count(void);
-const mp_layer_ops *mp_layer_ops_at(int i);
 
 /* -------------------------------------------------------------- creation */
 

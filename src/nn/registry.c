@@ -31,16 +31,11 @@ MP_LAYER_KINDS(DECLARE)
 #define ENTRY(kind) &mp_##kind##_ops,
 static const mp_layer_ops *const kinds[] = {MP_LAYER_KINDS(ENTRY)};
 
-int mp_layer_ops_count(void) { return (int)(sizeof kinds / sizeof kinds[0]); }
-
-const mp_layer_ops *mp_layer_ops_at(int i)
-{
-    return i >= 0 && i < mp_layer_ops_count() ? kinds[i] : NULL;
-}
+static int count(void) { return (int)(sizeof kinds / sizeof kinds[0]); }
 
 const mp_layer_ops *mp_layer_ops_find(const char *class_name)
 {
-    for (int i = 0; class_name && i < mp_layer_ops_count(); i++)
+    for (int i = 0; class_name && i < count(); i++)
         if (!strcmp(kinds[i]->class_name, class_name)) return kinds[i];
     return NULL;
 }
