@@ -4,8 +4,10 @@
  * mixprec.h.
  *
  * A dataset holds n samples of `dim` float32 features (row-major [n, dim])
- * and one int32 class label per sample in [0, classes). It is immutable once
- * built, so several threads may read one dataset at a time. */
+ * and one int32 class label per sample in [0, classes) - or, for a text,
+ * windows of `context` byte tokens each labelled with the next byte at every
+ * position (a language model's data). It is immutable once built, so several
+ * threads may read one dataset at a time. */
 /* The whole API, in order: this part compiles when included alone. */
 #include "../mixprec.h"
 
@@ -95,6 +97,32 @@ mp_csv_options mp_csv_options_default(void);
  * (1-based) in the message. opt NULL = mp_csv_options_default(). */
 mp_status mp_dataset_load_csv(const char *path, const mp_csv_options *opt, mp_dataset **out);
 
+/* ------------------------------------------------------------------ text */
+
+/* Where Debian's fortunes package (fortunes, fortunes-min) puts its texts:
+ * about 2.5 MB of English, the default corpus for language models. */
+#define MP_FORTUNES_DIR "/usr/share/games/fortunes"
+
+/* Largest context (tokens per window) a text dataset takes. */
+#define MP_TEXT_MAX_CONTEXT (1 << 20)
+
+/* Any text as bytes (vocabulary 256: UTF-8 or not, every byte is a token).
+ * path is a file (plain or gzip) or a directory, whose regular files (not
+ * symbolic links, not hidden, not ending in .dat - the fortune indexes) are
+ * read in name order and concatenated. Sample w is the window starting at
+ * byte w: features text[w, w + context) as float32 token ids, labels
+ * text[w + 1, w + context + 1) (mp_dataset_label_dim = context), so there are
+ * len - context samples, and a shuffled order draws random windows.
+ * mp_dataset_split splits by bytes: the last fraction validates, in windows
+ * that tile it without overlap. An empty file, a text shorter than
+ * context + 1 bytes, a directory without files or a context outside
+ * 1..MP_TEXT_MAX_CONTEXT is an error naming the value and the limit. The
+ * features and labels pointers of a text dataset are NULL: use
+ * mp_dataset_gather (or mp_dataset_text for the bytes). */
+mp_status mp_dataset_load_text(const char *path, int64_t context, mp_dataset **out);
+/* The bytes of a text dataset (NULL otherwise); *len (optional) their count. */
+const uint8_t *mp_dataset_text(const mp_dataset *ds, int64_t *len);
+
 /* --------------------------------------------------------------- dataset */
 
 /* Copy n samples from memory: x is [n, dim] row-major, y has n labels in
@@ -109,8 +137,13 @@ void mp_dataset_free(mp_dataset *ds);
 int64_t mp_dataset_count(const mp_dataset *ds);
 int64_t mp_dataset_dim(const mp_dataset *ds);
 int32_t mp_dataset_classes(const mp_dataset *ds);
-const float *mp_dataset_features(const mp_dataset *ds); /* [count, dim] */
-const int32_t *mp_dataset_labels(const mp_dataset *ds); /* [count] */
+const float *mp_dataset_features(const mp_dataset *ds); /* [count, dim]; NULL: text */
+const int32_t *mp_dataset_labels(const mp_dataset *ds); /* [count]; NULL: text */
+/* Labels per sample: 1, or the context of a text dataset. */
+int64_t mp_dataset_label_dim(const mp_dataset *ds);
+/* A fingerprint of the samples (features and labels, or the text and its
+ * windowing), so that a resumed fit can refuse other data. */
+uint64_t mp_dataset_fingerprint(const mp_dataset *ds);
 
 /* Keras validation_split: the first split_at = floor(n * (1.0 - fraction))
  * samples (computed in double exactly as Keras does) train, the rest
@@ -135,8 +168,8 @@ int64_t mp_dataset_batch_count(const mp_dataset *ds, int64_t batch_size);
 mp_status mp_dataset_order(const mp_dataset *ds, uint64_t epoch, uint64_t seed, bool shuffle,
                            int64_t *order);
 
-/* Copy samples idx[0..count) into x ([count, dim]) and y ([count]; may be
- * NULL). Any index outside [0, mp_dataset_count) is MP_ERR_INVALID and
+/* Copy samples idx[0..count) into x ([count, dim]) and y ([count *
+ * label_dim]; may be NULL). Any index outside [0, mp_dataset_count) is MP_ERR_INVALID and
  * nothing is promised about x and y then. */
 mp_status mp_dataset_gather(const mp_dataset *ds, const int64_t *idx, int64_t count, float *x,
                             int32_t *y);

@@ -140,6 +140,13 @@ mp_node mp_batch_norm(mp_model *m, mp_node x, const mp_batch_norm_options *bn,
 mp_node mp_embedding(mp_model *m, mp_node ids, int64_t input_dim, int64_t output_dim,
                      const mp_layer_options *o);
 
+/* PositionEmbedding: a learned table [sequence_length, width] added to a
+ * sequence x [batch, T, width] (T <= sequence_length): out[b, t] = x[b, t] +
+ * P[t] in the compute dtype (keras_hub's PositionEmbedding followed by the
+ * Add, in one layer). A context longer than the table is refused at build. */
+mp_node mp_position_embedding(mp_model *m, mp_node x, int64_t sequence_length,
+                              const mp_layer_options *o);
+
 /* MultiHeadAttention (Keras) with the causal mask, use_causal_mask = true
  * being the only mask supported: query, value and key [batch, T, model_dim]
  * of one shape (mp_multi_head_attention: self-attention on x; _ex takes 1-3
@@ -391,9 +398,24 @@ const mp_tensor *mp_model_node_output(const mp_model *m, mp_node node);
 /* The gradient reaching a node in the last backward (NULL if none). */
 const mp_tensor *mp_model_node_grad(const mp_model *m, mp_node node);
 
+/* Incremental decoding (text generation with a key/value cache). m is a
+ * model whose input holds one position ([batch, 1] int32 ids, batch up to
+ * max_batch; mp_model_decoder_from_checkpoint builds one from a trained
+ * sequence model). reset starts new sequences with room for `capacity`
+ * positions; each step runs the input at the next position and returns the
+ * model's output there ([batch, 1, ...]): attention layers attend over every
+ * position so far from their cache, so a token costs one position, not a
+ * rerun of the prefix. A step past the capacity is MP_ERR_INVALID. */
+mp_status mp_model_decode_reset(mp_model *m, int64_t capacity);
+mp_status mp_model_decode_step(mp_model *m, const mp_tensor *x, const mp_tensor **y);
+/* Positions decoded since the reset. */
+int64_t mp_model_decode_position(const mp_model *m);
+
 /* Shapes without the batch dimension; return the number of dimensions. */
 int mp_model_input_shape(const mp_model *m, int64_t *shape);
 int mp_model_output_shape(const mp_model *m, int64_t *shape);
+/* What the input layer takes: MP_F32, or MP_I32 (token ids). */
+mp_dtype mp_model_input_dtype(const mp_model *m);
 bool mp_model_is_built(const mp_model *m);
 int64_t mp_model_max_batch(const mp_model *m);
 /* The compute dtype of the model's first weight layer. */

@@ -114,6 +114,7 @@ typedef struct {
     bool shuffle;
     uint64_t seed;
     double validation_split;
+    int64_t steps_per_epoch; /* the fit's epoch length (0: a pass over the data) */
     int64_t data_count; /* training samples (after the split) */
     uint64_t data_hash; /* of their features and labels */
     mp_history history; /* the completed epochs */
@@ -131,6 +132,12 @@ typedef struct {
     bool shuffle;                      /* default true: a new order per epoch */
     uint64_t seed;                     /* shuffling */
     int64_t max_steps;                 /* stop after this many training steps (0: no limit) */
+    /* Keras steps_per_epoch: an epoch is this many batches (0: one pass
+     * over the data); batch g of the fit is batch g mod P of pass g / P of
+     * the data (P batches a pass, each pass in its own seeded order), so
+     * epochs may end mid-pass - for a text, whose windows make passes far
+     * longer than the stretch between two validations */
+    int64_t steps_per_epoch;
     int verbose;         /* 0 silent, 1 progress bar (plain lines when not a terminal) */
     FILE *out;           /* progress stream (default stdout) */
     const char *log_csv; /* write the history as CSV here (NULL: no file) */
@@ -275,6 +282,11 @@ mp_status mp_model_from_checkpoint(const char *path, int64_t max_batch, mp_model
 typedef struct mp_safetensors mp_safetensors; /* mixprec/io.h */
 mp_status mp_model_from_safetensors(const mp_safetensors *f, const char *name, int64_t max_batch,
                                     mp_model **out, mp_fit_state *fit);
+/* The model of a checkpoint (or weights file) of a sequence model, rebuilt
+ * for incremental decoding (mp_model_decode_step): its input takes one
+ * position, batch 1, the weights loaded and a cache reset for the trained
+ * context, which *context (optional) receives. */
+mp_status mp_model_decoder_from_checkpoint(const char *path, mp_model **out, int64_t *context);
 /* The newest checkpoint in dir (ckpt-<steps>.safetensors) that reads and
  * validates, into path; MP_ERR_IO when there is none. */
 mp_status mp_checkpoint_latest(const char *dir, char *path, size_t len);

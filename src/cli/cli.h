@@ -16,6 +16,10 @@ bool mp_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 /* Load "fashion-mnist[:train|:test]" (from dir, or the default location) or
  * a CSV path; prints the error and returns the exit status (0 on success). */
 int mp_cli_load_spec(const char *spec, const char *dir, bool default_train, mp_dataset **out);
+/* The same, where "text:PATH" (or text:fortunes) is cut in windows of
+ * `context` tokens (0: no sequence model, so text is refused). */
+int mp_cli_load_spec_ex(const char *spec, const char *dir, bool default_train, int64_t context,
+                        mp_dataset **out);
 /* Models known by name (models.c): "resnet20". */
 bool mp_cli_is_builtin_model(const char *name);
 mp_status mp_cli_builtin_model(const char *name, const char *policy, uint64_t seed,

@@ -33,7 +33,7 @@ int mp_cli_demo(int argc, char **argv)
             memcpy(a.hidden, user.hidden, sizeof a.hidden);
         }
     mp_dataset *train = NULL, *test = NULL;
-    if (mp_cli_load_data(&a, true, &train) || mp_cli_load_data(&a, false, &test)) {
+    if (mp_cli_load_data(&a, true, 0, &train) || mp_cli_load_data(&a, false, 0, &test)) {
         mp_dataset_free(train);
         return 1;
     }

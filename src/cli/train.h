@@ -8,7 +8,7 @@
 #include "cli/cli.h"
 
 typedef struct {
-    const char *data; /* "fashion-mnist" or a CSV path */
+    const char *data; /* "fashion-mnist", "text:PATH" or a CSV path */
     const char *data_dir;
     const char *test_data; /* CSV for evaluation (fashion-mnist uses its test split) */
     int64_t hidden[16];
@@ -22,6 +22,8 @@ typedef struct {
     size_t memory_limit; /* --memory-limit: bytes the planned step may take (0: none) */
     int epochs;
     double validation_split;
+    bool validation_split_given;
+    int64_t steps_per_epoch; /* --steps-per-epoch (0: a pass over the data) */
     uint64_t seed;
     int threads;
     int64_t max_steps;
@@ -53,6 +55,7 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a);
 typedef struct {
     char policy[24];
     double test_loss, test_acc, ms_per_step;
+    double val_loss; /* the last epoch's (NaN without validation) */
     size_t peak, step_peak;
     int64_t skipped;
     float scale;
@@ -62,8 +65,9 @@ typedef struct {
 
 /* Library bytes of everything but MP_MEM_OTHER (the dataset), at their peaks. */
 size_t mp_cli_model_peak_bytes(void);
-/* The training (train) or test (train = false) data the flags name. */
-int mp_cli_load_data(const train_args *a, bool train, mp_dataset **out);
+/* The training (train) or test (train = false) data the flags name; a text
+ * is cut in windows of `context` tokens (the model's input length). */
+int mp_cli_load_data(const train_args *a, bool train, int64_t context, mp_dataset **out);
 /* The model of --model (a file or a built-in name), or NULL after printing. */
 mp_model *mp_cli_model_from_file(const train_args *a);
 /* Build (or take a->model), compile, fit, evaluate; fills res. */

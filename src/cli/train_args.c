@@ -13,6 +13,9 @@ static void train_usage(FILE *f)
         f,
         "usage: mixprec train [options]\n"
         "  --data fashion-mnist|PATH.csv   training data (default fashion-mnist)\n"
+        "  --data text:FILE|DIR|fortunes   a text as bytes for a language model (--model with an\n"
+        "                                  int32 sequence input): random windows as long as the\n"
+        "                                  model's input; fortunes = " MP_FORTUNES_DIR "\n"
         "  --data-dir DIR                  Fashion-MNIST files (default $" MP_FASHION_MNIST_ENV
         " or /usr/share/datasets/fashion-mnist)\n"
         "  --test-data PATH.csv            evaluate on this CSV after training\n"
@@ -30,8 +33,13 @@ static void train_usage(FILE *f)
         "  --memory-limit SIZE             refuse a batch whose planned memory (the summary's\n"
         "                                  categories, optimizer state included) exceeds SIZE\n"
         "                                  bytes (suffixes K, M, G: powers of 1024)\n"
-        "  --epochs N                      (default 5)\n"
-        "  --validation-split X            last fraction held out for validation (default 0)\n"
+        "  --epochs N                      (default 5)\n");
+    fprintf(
+        f,
+        "  --validation-split X            last fraction held out for validation (default 0;\n"
+        "                                  0.1 for text)\n"
+        "  --steps-per-epoch N             an epoch is N batches (default: a pass over the data;\n"
+        "                                  200 for text): validation and the log run per epoch\n"
         "  --seed N                        initialisation, shuffling, dropout (default 1)\n"
         "  --threads N                     kernel threads (default: all cores)\n"
         "  --max-steps N                   stop after N training steps\n"
@@ -214,6 +222,11 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
             NEED_VALUE;
             if (!parse_f(v, 0, 0.999, &a->validation_split))
                 return bad(f, v, "expected a fraction in [0, 1)");
+            a->validation_split_given = true;
+        } else if (!strcmp(f, "--steps-per-epoch")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, INT64_MAX, &a->steps_per_epoch))
+                return bad(f, v, "expected a positive integer");
         } else if (!strcmp(f, "--seed")) {
             NEED_VALUE;
             if (!mp_cli_parse_i64(v, 0, INT64_MAX, &iv))
@@ -288,9 +301,9 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
         }
 #undef NEED_VALUE
         static const char *const from_checkpoint[] = {
-            "--hidden",     "--activation", "--policy",     "--optimizer",
-            "--lr",         "--seed",       "--batch-size", "--validation-split",
-            "--no-shuffle", "--loss-scale", "--init-from",  "--model"};
+            "--hidden",    "--activation", "--policy",           "--optimizer",  "--lr",
+            "--seed",      "--batch-size", "--validation-split", "--no-shuffle", "--loss-scale",
+            "--init-from", "--model",      "--steps-per-epoch"};
         for (size_t k = 0; k < sizeof from_checkpoint / sizeof *from_checkpoint; k++)
             if (!strcmp(f, from_checkpoint[k]) && !a->model_flag) a->model_flag = f;
         if (!strcmp(f, "--epochs")) a->epochs_given = true;
@@ -315,5 +328,12 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
     if (a->save_state && !a->save) return bad("--save-state", "", "needs --save FILE");
     if (a->diagnostics_every && !a->run_dir) return bad("--diagnostics", "", "needs --run-dir DIR");
     if (a->lr < 0) a->lr = a->optimizer == MP_OPTIMIZER_SGD ? 1e-2f : 1e-3f;
+    if (!strncmp(a->data, "text:", 5)) { /* a language model's defaults */
+        if (!a->validation_split_given) a->validation_split = 0.1;
+        if (!a->steps_per_epoch) a->steps_per_epoch = 200;
+        if (!a->model_file && !a->resume)
+            return bad("--data", a->data,
+                       "text needs --model (a sequence model such as examples/gpt_mini.json)");
+    }
     return 0;
 }

@@ -35,6 +35,12 @@ static size_t step_peak_bytes(void)
 
 int mp_cli_load_spec(const char *spec, const char *dir, bool default_train, mp_dataset **out)
 {
+    return mp_cli_load_spec_ex(spec, dir, default_train, 0, out);
+}
+
+int mp_cli_load_spec_ex(const char *spec, const char *dir, bool default_train, int64_t context,
+                        mp_dataset **out)
+{
     mp_status s;
     if (!strncmp(spec, "fashion-mnist", 13) && (spec[13] == '\0' || spec[13] == ':')) {
         const char *part = spec[13] ? spec + 14 : (default_train ? "train" : "test");
@@ -46,6 +52,16 @@ int mp_cli_load_spec(const char *spec, const char *dir, bool default_train, mp_d
             return 2;
         }
         s = mp_dataset_load_fashion_mnist(dir, !strcmp(part, "train"), out);
+    } else if (!strncmp(spec, "text:", 5)) {
+        if (context < 1) {
+            fprintf(stderr,
+                    "mixprec: --data %s: text data is read in windows as long as the "
+                    "model's sequence input, and this command has no sequence model\n",
+                    spec);
+            return 2;
+        }
+        const char *path = !strcmp(spec + 5, "fortunes") ? MP_FORTUNES_DIR : spec + 5;
+        s = mp_dataset_load_text(path, context, out);
     } else {
         mp_csv_options co = mp_csv_options_default();
         s = mp_dataset_load_csv(spec, &co, out);
@@ -57,13 +73,13 @@ int mp_cli_load_spec(const char *spec, const char *dir, bool default_train, mp_d
     return 0;
 }
 
-int mp_cli_load_data(const train_args *a, bool train, mp_dataset **out)
+int mp_cli_load_data(const train_args *a, bool train, int64_t context, mp_dataset **out)
 {
     *out = NULL;
-    if (train) return mp_cli_load_spec(a->data, a->data_dir, true, out);
+    if (train) return mp_cli_load_spec_ex(a->data, a->data_dir, true, context, out);
     if (!strcmp(a->data, "fashion-mnist"))
         return mp_cli_load_spec("fashion-mnist:test", a->data_dir, false, out);
-    return a->test_data ? mp_cli_load_spec(a->test_data, a->data_dir, false, out) : 0;
+    return a->test_data ? mp_cli_load_spec_ex(a->test_data, a->data_dir, false, context, out) : 0;
 }
 
 /* The model of --model FILE (its batch bound from --batch-size), or NULL
@@ -221,6 +237,7 @@ int mp_cli_run_training(const train_args *a, const mp_dataset *train, const mp_d
         fo.shuffle = resume.shuffle;
         fo.seed = resume.seed;
         fo.validation_split = resume.validation_split;
+        fo.steps_per_epoch = resume.steps_per_epoch;
         fo.epochs = a->epochs_given ? a->epochs : resume.epochs;
         fo.resume = &resume;
         fo.checkpoint_dir = a->checkpoint_dir ? a->checkpoint_dir : is_dir ? a->resume : NULL;
@@ -231,6 +248,7 @@ int mp_cli_run_training(const train_args *a, const mp_dataset *train, const mp_d
             goto out;
         }
         fo.epochs = a->epochs;
+        fo.steps_per_epoch = a->steps_per_epoch;
         fo.validation_split = a->validation_split;
         fo.shuffle = a->shuffle;
         fo.seed = a->seed;
@@ -283,6 +301,8 @@ int mp_cli_run_training(const train_args *a, const mp_dataset *train, const mp_d
     res->scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
     snprintf(res->policy, sizeof res->policy, "%s", mp_model_policy(m).name);
     res->batch_2g = mp_model_batch_for_memory(m, (size_t)2 << 30, optimizer_slots(a), 1 << 20);
+    res->val_loss =
+        h.count && h.epochs[h.count - 1].has_validation ? h.epochs[h.count - 1].val_loss : NAN;
     mp_history_free(&h);
     res->test_loss = res->test_acc = NAN;
     if (test && mp_model_evaluate(m, test, fo.batch_size, &res->test_loss, &res->test_acc))
@@ -305,6 +325,28 @@ out:
     return rc;
 }
 
+/* The sequence length of the model's input (what a text is cut into): from
+ * --model, or the checkpoint --resume names; 0 for a model that takes no
+ * sequence of ids; -1 after printing an error. */
+static int64_t sequence_length(const train_args *a)
+{
+    mp_model *m = a->model;
+    if (!m && a->resume && !strncmp(a->data, "text:", 5)) {
+        char path[4096];
+        bool is_dir;
+        if (resume_path(a->resume, path, sizeof path, &is_dir) ||
+            mp_model_from_checkpoint(path, 1, &m, NULL)) {
+            fprintf(stderr, "mixprec: %s\n", mp_last_error());
+            return -1;
+        }
+    }
+    int64_t shape[MP_MAX_DIMS], len = 0;
+    if (m && mp_model_input_dtype(m) == MP_I32 && mp_model_input_shape(m, shape) == 1)
+        len = shape[0];
+    if (m != a->model) mp_model_free(m);
+    return len;
+}
+
 int mp_cli_train(int argc, char **argv)
 {
     train_args a;
@@ -321,12 +363,20 @@ int mp_cli_train(int argc, char **argv)
         if (!(a.model = mp_cli_model_from_file(&a))) return 2;
     }
     mp_dataset *train = NULL, *test = NULL;
-    if (mp_cli_load_data(&a, true, &train) || mp_cli_load_data(&a, false, &test)) {
+    int64_t context = sequence_length(&a);
+    if (context < 0 || mp_cli_load_data(&a, true, context, &train) ||
+        mp_cli_load_data(&a, false, context, &test)) {
         mp_dataset_free(train);
         mp_model_free(a.model);
         return 1;
     }
-    if (!a.quiet)
+    int64_t text_len;
+    if (a.quiet)
+        ;
+    else if (mp_dataset_text(train, &text_len))
+        printf("data: a text of %lld bytes: %lld windows of %lld tokens\n", (long long)text_len,
+               (long long)mp_dataset_count(train), (long long)context);
+    else
         printf("data: %lld training samples of %lld features, %d classes%s\n",
                (long long)mp_dataset_count(train), (long long)mp_dataset_dim(train),
                (int)mp_dataset_classes(train), test ? "" : " (no test set)");
@@ -334,6 +384,9 @@ int mp_cli_train(int argc, char **argv)
     rc = mp_cli_run_training(&a, train, test, !a.quiet, &r);
     if (!rc) {
         if (test) printf("test: loss %.4f - accuracy %.4f\n", r.test_loss, r.test_acc);
+        if (mp_dataset_text(train, NULL) && isfinite(r.val_loss)) /* a language model */
+            printf("validation: %.4f nats per byte (%.4f bits), perplexity %.3f\n", r.val_loss,
+                   r.val_loss / log(2.0), exp(r.val_loss));
         printf("policy %s: %.1f ms/step, peak memory %.1f MiB, %lld skipped steps, final loss "
                "scale %s",
                r.policy, r.ms_per_step, (double)r.peak / (1 << 20), (long long)r.skipped,

@@ -1,6 +1,8 @@
 /* dataset.c - the in-memory dataset: shared immutable storage with views for
  * the Keras validation split, reproducible per-epoch orders and batch
- * gathering. */
+ * gathering. Two kinds of storage: feature rows with one label each, or a
+ * byte text whose samples are windows (inputs text[o, o+T), labels
+ * text[o+1, o+T+1)) made on the fly. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@ typedef struct {
     atomic_long refs;
     float *x;
     int32_t *y;
+    uint8_t *text; /* a text dataset's bytes (x and y NULL) */
 } storage;
 
 struct mp_dataset {
@@ -22,6 +25,9 @@ struct mp_dataset {
     const int32_t *y;
     int64_t n, dim;
     int32_t classes;
+    /* text: this view's bytes, and windows of dim tokens every stride bytes */
+    const uint8_t *text;
+    int64_t text_len, stride;
 };
 
 static void storage_unref(storage *st)
@@ -30,6 +36,7 @@ static void storage_unref(storage *st)
     if (atomic_fetch_sub(&st->refs, 1) == 1) {
         mp_free(st->x);
         mp_free(st->y);
+        free(st->text);
         free(st);
     }
 }
@@ -37,7 +44,7 @@ static void storage_unref(storage *st)
 static mp_status make_view(storage *st, int64_t first, int64_t n, int64_t dim, int32_t classes,
                            mp_dataset **out)
 {
-    mp_dataset *d = malloc(sizeof *d);
+    mp_dataset *d = calloc(1, sizeof *d);
     if (!d) return mp_set_error(MP_ERR_NOMEM, "dataset: out of memory");
     atomic_fetch_add(&st->refs, 1);
     d->st = st;
@@ -54,7 +61,7 @@ mp_status mp_dataset_adopt(float *x, int32_t *y, int64_t n, int64_t dim, int32_t
                            mp_dataset **out)
 {
     *out = NULL;
-    storage *st = malloc(sizeof *st);
+    storage *st = calloc(1, sizeof *st);
     if (!st) {
         mp_free(x);
         mp_free(y);
@@ -67,6 +74,49 @@ mp_status mp_dataset_adopt(float *x, int32_t *y, int64_t n, int64_t dim, int32_t
     if (s) {
         mp_free(x);
         mp_free(y);
+        free(st);
+    }
+    return s;
+}
+
+/* Windows of `context` tokens starting every `stride` bytes of
+ * st->text[first, first + len): window w reads [o, o + context + 1) with
+ * o = first + w * stride. */
+static mp_status make_text_view(storage *st, int64_t first, int64_t len, int64_t context,
+                                int64_t stride, mp_dataset **out)
+{
+    if (len < context + 1)
+        return mp_set_error(MP_ERR_INVALID,
+                            "a text of %lld bytes holds no window of %lld tokens (that needs "
+                            "context + 1 = %lld bytes)",
+                            (long long)len, (long long)context, (long long)context + 1);
+    mp_dataset *d = calloc(1, sizeof *d);
+    if (!d) return mp_set_error(MP_ERR_NOMEM, "dataset: out of memory");
+    atomic_fetch_add(&st->refs, 1);
+    d->st = st;
+    d->text = st->text + first;
+    d->text_len = len;
+    d->stride = stride;
+    d->dim = context;
+    d->n = (len - context - 1) / stride + 1;
+    d->classes = 256;
+    *out = d;
+    return MP_OK;
+}
+
+mp_status mp_dataset_adopt_text(uint8_t *text, int64_t len, int64_t context, mp_dataset **out)
+{
+    *out = NULL;
+    storage *st = calloc(1, sizeof *st);
+    if (!st) {
+        free(text);
+        return mp_set_error(MP_ERR_NOMEM, "dataset: out of memory");
+    }
+    atomic_init(&st->refs, 0);
+    st->text = text;
+    mp_status s = make_text_view(st, 0, len, context, 1, out);
+    if (s) {
+        free(text);
         free(st);
     }
     return s;
@@ -133,6 +183,60 @@ int64_t mp_dataset_dim(const mp_dataset *ds) { return ds ? ds->dim : 0; }
 int32_t mp_dataset_classes(const mp_dataset *ds) { return ds ? ds->classes : 0; }
 const float *mp_dataset_features(const mp_dataset *ds) { return ds ? ds->x : NULL; }
 const int32_t *mp_dataset_labels(const mp_dataset *ds) { return ds ? ds->y : NULL; }
+int64_t mp_dataset_label_dim(const mp_dataset *ds) { return !ds ? 0 : ds->text ? ds->dim : 1; }
+const uint8_t *mp_dataset_text(const mp_dataset *ds, int64_t *len)
+{
+    if (len) *len = ds && ds->text ? ds->text_len : 0;
+    return ds ? ds->text : NULL;
+}
+
+uint64_t mp_dataset_fingerprint(const mp_dataset *ds)
+{
+    if (!ds) return 0;
+    uint64_t h[4] = {1, 2, 3, 4}; /* four independent lanes */
+    if (ds->text) {
+        int64_t i = 0, len = ds->text_len;
+        for (; i + 4 <= len; i += 4)
+            for (int l = 0; l < 4; l++) h[l] = mp_mix64(h[l] ^ ds->text[i + l]);
+        for (; i < len; i++) h[0] = mp_mix64(h[0] ^ ds->text[i]);
+        h[1] = mp_mix64(h[1] ^ (uint64_t)ds->dim);
+        h[2] = mp_mix64(h[2] ^ (uint64_t)ds->stride);
+        h[3] = mp_mix64(h[3] ^ 0x74657874u); /* "text": never equal to a feature dataset's */
+    } else {
+        int64_t nx = ds->n * ds->dim, i = 0;
+        const uint32_t *x = (const uint32_t *)ds->x, *y = (const uint32_t *)ds->y;
+        for (; i + 4 <= nx; i += 4)
+            for (int l = 0; l < 4; l++) h[l] = mp_mix64(h[l] ^ x[i + l]);
+        for (; i < nx; i++) h[0] = mp_mix64(h[0] ^ x[i]);
+        for (i = 0; i < ds->n; i++) h[1] = mp_mix64(h[1] ^ y[i]);
+    }
+    return mp_mix64(h[0] ^ mp_mix64(h[1] ^ mp_mix64(h[2] ^ mp_mix64(h[3] ^ (uint64_t)ds->n))));
+}
+
+/* A text splits by bytes: the first floor(len * (1 - fraction)) train (in
+ * windows every ds->stride bytes), the rest validate in windows that tile it
+ * without overlap (each byte is predicted once). */
+static mp_status split_text(const mp_dataset *ds, double fraction, mp_dataset **train,
+                            mp_dataset **val)
+{
+    int64_t first = ds->text - ds->st->text;
+    if (fraction == 0.0)
+        return make_text_view(ds->st, first, ds->text_len, ds->dim, ds->stride, train);
+    double keep = 1.0 - fraction;
+    double at = floor((double)ds->text_len * keep);
+    int64_t split_at = (int64_t)at;
+    mp_status s = make_text_view(ds->st, first, split_at, ds->dim, ds->stride, train);
+    if (!s)
+        s = make_text_view(ds->st, first + split_at, ds->text_len - split_at, ds->dim, ds->dim,
+                           val);
+    if (s) {
+        mp_dataset_free(*train);
+        *train = NULL;
+        return mp_set_error(MP_ERR_INVALID, "validation_split=%g of a text of %lld bytes: %s",
+                            fraction, (long long)ds->text_len, mp_last_error());
+    }
+    return MP_OK;
+}
 
 mp_status mp_dataset_split(const mp_dataset *ds, double fraction, mp_dataset **train,
                            mp_dataset **val)
@@ -143,6 +247,7 @@ mp_status mp_dataset_split(const mp_dataset *ds, double fraction, mp_dataset **t
         return mp_set_error(MP_ERR_INVALID, "mp_dataset_split: NULL argument");
     if (!(fraction >= 0.0 && fraction < 1.0))
         return mp_set_error(MP_ERR_INVALID, "validation_split must be in [0, 1), got %g", fraction);
+    if (ds->text) return split_text(ds, fraction, train, val);
     int64_t first = ds->y - ds->st->y; /* where this view starts in storage */
     if (fraction == 0.0) return make_view(ds->st, first, ds->n, ds->dim, ds->classes, train);
     /* Two statements, as Keras evaluates floor(n * (1.0 - split)) in double:
@@ -231,6 +336,13 @@ mp_status mp_dataset_gather(const mp_dataset *ds, const int64_t *idx, int64_t co
                                 "mp_dataset_gather: index %lld (position %lld) is outside a "
                                 "dataset of %lld samples",
                                 (long long)k, (long long)i, (long long)ds->n);
+        if (ds->text) { /* window k: tokens and their next tokens */
+            const uint8_t *w = ds->text + k * ds->stride;
+            for (int64_t t = 0; t < ds->dim; t++) x[i * ds->dim + t] = (float)w[t];
+            if (y)
+                for (int64_t t = 0; t < ds->dim; t++) y[i * ds->dim + t] = w[t + 1];
+            continue;
+        }
         memcpy(x + i * ds->dim, ds->x + k * ds->dim, row);
         if (y) y[i] = ds->y[k];
     }

@@ -12,6 +12,10 @@
 mp_status mp_dataset_adopt(float *x, int32_t *y, int64_t n, int64_t dim, int32_t classes,
                            mp_dataset **out);
 
+/* Wrap a malloc'd text of len bytes in a dataset of windows of `context`
+ * tokens (mp_dataset_load_text); takes ownership of text either way. */
+mp_status mp_dataset_adopt_text(uint8_t *text, int64_t len, int64_t context, mp_dataset **out);
+
 /* Open a plain or gzip file for reading; a missing file, a directory or an
  * unreadable file is MP_ERR_IO with a message naming path. */
 mp_status mp_gz_open(const char *path, gzFile *out);

@@ -359,3 +359,38 @@ mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype q
                             bytes);
     return MP_OK;
 }
+
+/* ------------------------------------------------------------- decoding */
+
+void mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const void *kc,
+                             const void *vc, mp_dtype ct, int64_t len, void *o, mp_dtype ot,
+                             float *scratch)
+{
+    const int64_t hd = heads * d;
+    const size_t cs = mp_dtype_size(ct);
+    const float scale = 1.0f / sqrtf((float)d);
+    float qh[MP_ATTN_DECODE_MAX_D], row[MP_ATTN_DECODE_MAX_D], acc[MP_ATTN_DECODE_MAX_D];
+    float *p = scratch;
+    for (int64_t h = 0; h < heads; h++) {
+        mp_convert(qh, MP_F32, (const char *)q + (size_t)(h * d) * cs, ct, (size_t)d);
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < len; j++) {
+            mp_convert(row, MP_F32, (const char *)kc + (size_t)(j * hd + h * d) * cs, ct,
+                       (size_t)d);
+            float s = 0.0f;
+            for (int64_t c = 0; c < d; c++) s += qh[c] * row[c];
+            p[j] = s * scale;
+            mx = p[j] > mx ? p[j] : mx;
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < len; j++) sum += (p[j] = expf(p[j] - mx));
+        for (int64_t c = 0; c < d; c++) acc[c] = 0.0f;
+        for (int64_t j = 0; j < len; j++) {
+            mp_convert(row, MP_F32, (const char *)vc + (size_t)(j * hd + h * d) * cs, ct,
+                       (size_t)d);
+            for (int64_t c = 0; c < d; c++) acc[c] += p[j] * row[c];
+        }
+        for (int64_t c = 0; c < d; c++) acc[c] /= sum;
+        mp_convert((char *)o + (size_t)(h * d) * mp_dtype_size(ot), ot, acc, MP_F32, (size_t)d);
+    }
+}

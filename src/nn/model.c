@@ -66,6 +66,7 @@ void mp_model_free(mp_model *m)
     mp_arena_destroy(m->ws);
     mp_arena_destroy(m->tmp);
     for (int i = 0; i < m->nlayers; i++) {
+        if (m->layers[i].ops && m->layers[i].ops->release) m->layers[i].ops->release(&m->layers[i]);
         free(m->layers[i].inputs);
         free(m->layers[i].config);
         free(m->layers[i].state);

@@ -56,6 +56,10 @@ struct mp_model {
     int output, input; /* nodes; input: the data input the output depends on */
     int64_t max_batch, batch;
     const mp_tensor *x; /* the data of the forward in progress */
+    /* incremental decoding (decode.c): the sequence position of the input's
+     * first token (0 otherwise), and the positions the layers' key/value
+     * caches hold (0: not decoding) */
+    int64_t position, decode_capacity;
     /* act: what forward keeps for backward; ws: the gradients of the nodes
      * during backward; tmp: one layer's temporaries, emptied after each
      * layer's forward or backward (so it is as big as the largest layer

@@ -24,7 +24,8 @@
     X(zero_padding2d)                                                                              \
     X(random_flip)                                                                                 \
     X(random_translation)                                                                          \
-    X(multi_head_attention)
+    X(multi_head_attention)                                                                        \
+    X(position_embedding)
 
 #define DECLARE(kind) extern const mp_layer_ops mp_##kind##_ops;
 MP_LAYER_KINDS(DECLARE)

@@ -217,6 +217,11 @@ int mp_model_input_shape(const mp_model *m, int64_t *shape)
     return l->ndim;
 }
 
+mp_dtype mp_model_input_dtype(const mp_model *m)
+{
+    return m->input < 0 ? MP_F32 : m->layers[m->input].out_dtype;
+}
+
 int mp_model_output_shape(const mp_model *m, int64_t *shape)
 {
     if (m->output < 0) return 0;

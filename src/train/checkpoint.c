@@ -197,7 +197,7 @@ static json_t *fit_json(const mp_fit_state *f)
     }
     return json_pack(
         "{s:i, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:o, s:o, s:i, s:I, s:b, s:o, s:o, "
-        "s:I, s:o, s:o, s:i, s:I, s:i}",
+        "s:I, s:o, s:o, s:i, s:I, s:i, s:I}",
         "epoch", f->epoch, "batch", (json_int_t)f->batch, "steps", (json_int_t)f->steps, "loss_sum",
         jnum(f->loss_sum), "loss_samples", (json_int_t)f->loss_samples, "samples",
         (json_int_t)f->samples, "correct", (json_int_t)f->correct, "skipped_before",
@@ -206,7 +206,7 @@ static json_t *fit_json(const mp_fit_state *f)
         "seed", mp_json_hex(f->seed), "validation_split", jnum(f->validation_split), "data_count",
         (json_int_t)f->data_count, "data_hash", mp_json_hex(f->data_hash), "history", hist,
         "epochs", f->epochs, "checkpoint_every", (json_int_t)f->checkpoint_every, "keep_last",
-        f->keep_last);
+        f->keep_last, "steps_per_epoch", (json_int_t)f->steps_per_epoch);
 }
 
 #define MAX_EPOCHS 100000000
@@ -247,6 +247,10 @@ static mp_status fit_parse(const json_t *j, const char *path, mp_fit_state *f)
         BAD("'%s': mixprec.fit has a bad checkpoint cadence", path);
     f->checkpoint_every = every;
     f->keep_last = (int)keep;
+    /* so did steps_per_epoch (0: an epoch is a pass over the data) */
+    if (json_object_get(j, "steps_per_epoch") &&
+        !get_i64(j, "steps_per_epoch", 0, INT64_MAX, &f->steps_per_epoch))
+        BAD("'%s': mixprec.fit has a bad steps_per_epoch", path);
     if (f->correct > f->samples || f->loss_samples > f->samples)
         BAD("'%s': mixprec.fit counts are inconsistent", path);
     f->history.epochs = calloc((size_t)(epoch ? epoch : 1), sizeof *f->history.epochs);

@@ -40,19 +40,23 @@ mp_fit_options mp_fit_options_default(void)
 
 /* Batch buffers shared by fit, evaluate and predict. */
 typedef struct {
-    int64_t cap, dim;
-    float *x;
+    int64_t cap, dim, label_dim;
+    float *x; /* features; int32 token ids in place for an int32 input */
     int32_t *y;
-    int64_t *order;
+    int64_t *order; /* a pass's order over the training data */
+    int64_t *idx;   /* one batch's indices (evaluation) */
+    mp_dtype in_dtype;
     int in_ndim;
     int64_t in_shape[MP_MAX_DIMS];
 } batcher;
 
-static mp_status batcher_init(batcher *b, mp_model *m, int64_t dim, int64_t batch, int64_t n)
+static mp_status batcher_init(batcher *b, mp_model *m, const mp_dataset *ds, int64_t batch,
+                              int64_t n)
 {
     memset(b, 0, sizeof *b);
     b->in_ndim = mp_model_input_shape(m, b->in_shape);
-    int64_t want = 1;
+    b->in_dtype = mp_model_input_dtype(m);
+    int64_t want = 1, dim = mp_dataset_dim(ds);
     for (int i = 0; i < b->in_ndim; i++) want *= b->in_shape[i];
     if (want != dim)
         return mp_set_error(MP_ERR_INVALID,
@@ -64,11 +68,12 @@ static mp_status batcher_init(batcher *b, mp_model *m, int64_t dim, int64_t batc
                             (long long)batch, (long long)mp_model_max_batch(m));
     b->cap = batch;
     b->dim = dim;
+    b->label_dim = mp_dataset_label_dim(ds);
     b->x = malloc((size_t)(batch * dim) * sizeof *b->x);
-    b->y = malloc((size_t)batch * sizeof *b->y);
-    /* the epoch's order (n) and, reused, a batch of indices (batch) */
-    b->order = malloc((size_t)(n > batch ? n : batch) * sizeof *b->order);
-    if (!b->x || !b->y || !b->order)
+    b->y = malloc((size_t)(batch * b->label_dim) * sizeof *b->y);
+    b->order = malloc((size_t)(n > 0 ? n : 1) * sizeof *b->order);
+    b->idx = malloc((size_t)batch * sizeof *b->idx);
+    if (!b->x || !b->y || !b->order || !b->idx)
         return mp_set_error(MP_ERR_NOMEM, "fit: out of memory for batches");
     return MP_OK;
 }
@@ -78,6 +83,31 @@ static void batcher_free(batcher *b)
     free(b->x);
     free(b->y);
     free(b->order);
+    free(b->idx);
+}
+
+/* Float features as int32 token ids, in place (both are 4 bytes), for a
+ * model whose input takes int32: each must be an integer in int32's range. */
+static mp_status features_to_ids(float *x, int64_t n)
+{
+    int32_t *id = (int32_t *)(void *)x;
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        if (!(v >= -2147483648.0f && v < 2147483648.0f) || v != (float)(int32_t)v)
+            return mp_set_error(MP_ERR_INVALID,
+                                "feature %lld is %g: the model's input takes int32 token ids",
+                                (long long)i, (double)v);
+        id[i] = (int32_t)v;
+    }
+    return MP_OK;
+}
+
+/* Gather samples idx[0..count) into the batch buffers. */
+static mp_status batch_gather(batcher *b, const mp_dataset *ds, const int64_t *idx, int64_t count)
+{
+    mp_status s = mp_dataset_gather(ds, idx, count, b->x, b->y);
+    if (!s && b->in_dtype == MP_I32) s = features_to_ids(b->x, count * b->dim);
+    return s;
 }
 
 static void batch_tensor(const batcher *b, int64_t count, mp_tensor *t)
@@ -85,7 +115,7 @@ static void batch_tensor(const batcher *b, int64_t count, mp_tensor *t)
     int64_t shape[MP_MAX_DIMS];
     shape[0] = count;
     memcpy(shape + 1, b->in_shape, (size_t)b->in_ndim * sizeof(int64_t));
-    mp_tensor_wrap(t, MP_F32, b->in_ndim + 1, shape, b->x);
+    mp_tensor_wrap(t, b->in_dtype, b->in_ndim + 1, shape, b->x);
 }
 
 /* ------------------------------------------------------------- progress */
@@ -140,8 +170,8 @@ static mp_status run_eval(mp_model *m, const mp_dataset *ds, batcher *b, double 
     int64_t correct = 0;
     for (int64_t i = 0; i < n; i += b->cap) {
         int64_t c = n - i < b->cap ? n - i : b->cap;
-        for (int64_t j = 0; j < c; j++) b->order[j] = i + j;
-        mp_status s = mp_dataset_gather(ds, b->order, c, b->x, b->y);
+        for (int64_t j = 0; j < c; j++) b->idx[j] = i + j;
+        mp_status s = batch_gather(b, ds, b->idx, c);
         if (s) return s;
         mp_tensor x;
         batch_tensor(b, c, &x);
@@ -151,7 +181,7 @@ static mp_status run_eval(mp_model *m, const mp_dataset *ds, batcher *b, double 
         correct += r.correct;
     }
     *loss = n ? lsum / (double)n : NAN;
-    *acc = n ? (double)correct / (double)n : NAN;
+    *acc = n ? (double)correct / (double)(n * b->label_dim) : NAN; /* over label positions */
     return MP_OK;
 }
 
@@ -160,7 +190,7 @@ mp_status mp_model_evaluate(mp_model *m, const mp_dataset *data, int64_t batch_s
 {
     if (!data) return mp_set_error(MP_ERR_INVALID, "evaluate: no data");
     batcher b;
-    mp_status s = batcher_init(&b, m, mp_dataset_dim(data), batch_size, batch_size);
+    mp_status s = batcher_init(&b, m, data, batch_size, 0);
     double l = NAN, a = NAN;
     if (!s) s = run_eval(m, data, &b, &l, &a);
     batcher_free(&b);
@@ -179,18 +209,29 @@ mp_status mp_model_predict(mp_model *m, const float *x, int64_t n, int64_t batch
     if (batch_size < 1 || batch_size > mp_model_max_batch(m))
         return mp_set_error(MP_ERR_INVALID, "predict: batch size %lld outside 1..%lld",
                             (long long)batch_size, (long long)mp_model_max_batch(m));
-    for (int64_t i = 0; i < n; i += batch_size) {
+    /* an int32 input takes the features as token ids, a batch at a time */
+    bool ids = mp_model_input_dtype(m) == MP_I32;
+    float *buf = ids ? malloc((size_t)(batch_size * dim) * sizeof *buf) : NULL;
+    if (ids && !buf) return mp_set_error(MP_ERR_NOMEM, "predict: out of memory");
+    mp_status s = MP_OK;
+    for (int64_t i = 0; i < n && !s; i += batch_size) {
         int64_t c = n - i < batch_size ? n - i : batch_size, shape[MP_MAX_DIMS];
         shape[0] = c;
         memcpy(shape + 1, in_shape, (size_t)in_ndim * sizeof(int64_t));
+        const float *xb = x + i * dim;
+        if (ids) {
+            memcpy(buf, xb, (size_t)(c * dim) * sizeof *buf);
+            if ((s = features_to_ids(buf, c * dim))) break;
+            xb = buf;
+        }
         mp_tensor t;
-        mp_tensor_wrap(&t, MP_F32, in_ndim + 1, shape, (void *)(x + i * dim));
+        mp_tensor_wrap(&t, ids ? MP_I32 : MP_F32, in_ndim + 1, shape, (void *)xb);
         const mp_tensor *y;
-        mp_status s = mp_model_forward(m, &t, false, &y);
-        if (s) return s;
+        if ((s = mp_model_forward(m, &t, false, &y))) break;
         mp_convert(out + i * odim, MP_F32, y->data, y->dtype, (size_t)(c * odim));
     }
-    return MP_OK;
+    free(buf);
+    return s;
 }
 
 /* ------------------------------------------------------------------ fit */
@@ -216,34 +257,20 @@ static mp_status write_csv(const char *path, const mp_history *h)
     return MP_OK;
 }
 
-/* A fingerprint of the training data (features and labels), so a resumed
- * fit can refuse data other than what it started on. */
-static uint64_t data_hash(const mp_dataset *ds)
-{
-    int64_t n = mp_dataset_count(ds), dim = mp_dataset_dim(ds);
-    const uint32_t *x = (const uint32_t *)mp_dataset_features(ds);
-    const uint32_t *y = (const uint32_t *)mp_dataset_labels(ds);
-    uint64_t h[4] = {1, 2, 3, 4}; /* four independent lanes */
-    int64_t nx = n * dim, i = 0;
-    for (; i + 4 <= nx; i += 4)
-        for (int l = 0; l < 4; l++) h[l] = mp_mix64(h[l] ^ x[i + l]);
-    for (; i < nx; i++) h[0] = mp_mix64(h[0] ^ x[i]);
-    for (i = 0; i < n; i++) h[1] = mp_mix64(h[1] ^ y[i]);
-    return mp_mix64(h[0] ^ mp_mix64(h[1] ^ mp_mix64(h[2] ^ mp_mix64(h[3] ^ (uint64_t)n))));
-}
-
 /* Resuming: the state must describe a fit of this data in this order. */
 static mp_status check_resume(const mp_fit_state *r, const mp_fit_state *now, int64_t nb)
 {
     if (r->batch_size != now->batch_size || r->shuffle != now->shuffle || r->seed != now->seed ||
-        r->validation_split != now->validation_split)
+        r->validation_split != now->validation_split || r->steps_per_epoch != now->steps_per_epoch)
         return mp_set_error(MP_ERR_INVALID,
                             "resume: the checkpoint was made with batch size %lld, shuffle %s, "
-                            "seed %llu, validation split %g; this fit uses %lld, %s, %llu, %g",
+                            "seed %llu, validation split %g, steps per epoch %lld; this fit uses "
+                            "%lld, %s, %llu, %g, %lld",
                             (long long)r->batch_size, r->shuffle ? "on" : "off",
                             (unsigned long long)r->seed, r->validation_split,
-                            (long long)now->batch_size, now->shuffle ? "on" : "off",
-                            (unsigned long long)now->seed, now->validation_split);
+                            (long long)r->steps_per_epoch, (long long)now->batch_size,
+                            now->shuffle ? "on" : "off", (unsigned long long)now->seed,
+                            now->validation_split, (long long)now->steps_per_epoch);
     if (r->data_count != now->data_count || r->data_hash != now->data_hash)
         return mp_set_error(MP_ERR_INVALID,
                             "resume: the checkpoint was made on other training data (%lld samples, "
@@ -252,7 +279,7 @@ static mp_status check_resume(const mp_fit_state *r, const mp_fit_state *now, in
                             (long long)now->data_count, (unsigned long long)now->data_hash);
     if (r->batch > nb)
         return mp_set_error(MP_ERR_INVALID, "resume: batch %lld of an epoch of %lld batches",
-                            (long long)r->batch, (long long)nb);
+                            (long long)r->batch, (long long)nb); /* nb: batches per epoch */
     return MP_OK;
 }
 
@@ -321,7 +348,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     mp_history h = {0, NULL};
     batcher b;
     mp_diagnostics *dg = NULL; /* with a run_dir: its log (diagnostics.c) */
-    if ((s = batcher_init(&b, m, mp_dataset_dim(tr), o.batch_size / nranks, n))) goto done;
+    if ((s = batcher_init(&b, m, tr, o.batch_size / nranks, n))) goto done;
     if (va && mp_dataset_dim(va) != mp_dataset_dim(tr)) {
         s = mp_set_error(MP_ERR_INVALID,
                          "fit: validation data has %lld features, training data %lld",
@@ -333,7 +360,14 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         s = mp_set_error(MP_ERR_INVALID, "fit: monitor val_loss needs validation data");
         goto done;
     }
+    if (o.steps_per_epoch < 0) {
+        s = mp_set_error(MP_ERR_INVALID, "fit: steps_per_epoch %lld", (long long)o.steps_per_epoch);
+        goto done;
+    }
+    /* nb batches make a pass over the data; an epoch is a pass, or
+     * steps_per_epoch batches of consecutive passes */
     int64_t nb = mp_dataset_batch_count(tr, o.batch_size);
+    int64_t per_epoch = o.steps_per_epoch ? o.steps_per_epoch : nb, pass = -1;
     /* where the fit stands; a resumed fit starts where its checkpoint was */
     mp_fit_state fs;
     memset(&fs, 0, sizeof fs);
@@ -343,11 +377,12 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
     fs.seed = o.seed;
     fs.validation_split = o.validation_data ? 0 : o.validation_split;
     fs.data_count = n;
-    fs.data_hash = data_hash(tr);
+    fs.data_hash = mp_dataset_fingerprint(tr);
+    fs.steps_per_epoch = o.steps_per_epoch;
     if (o.data_parallel && (s = mp_fit_dist_check_data(&fs))) goto done;
     const mp_fit_state *r = o.resume;
     if (r) {
-        if ((s = check_resume(r, &fs, nb))) goto done;
+        if ((s = check_resume(r, &fs, per_epoch))) goto done;
         fs = *r;
     }
     fs.epochs = o.epochs;
@@ -364,7 +399,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         memcpy(h.epochs, r->history.epochs, (size_t)r->history.count * sizeof(mp_epoch_log));
         h.count = r->history.count;
     }
-    progress p = {o.out, isatty(fileno(o.out)) != 0, o.verbose > 0 && rank == 0, nb, 0, 0};
+    progress p = {o.out, isatty(fileno(o.out)) != 0, o.verbose > 0 && rank == 0, per_epoch, 0, 0};
     if (o.run_dir && rank == 0 &&
         (s = mp_diagnostics_open(&dg, m, o.run_dir, o.diagnostics_every, o.batch_size)))
         goto done;
@@ -382,18 +417,24 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         if (p.on) fprintf(o.out, "Epoch %d/%d\n", fs.epoch + 1, o.epochs);
         p.start = now() - fs.seconds;
         p.last_draw = 0;
-        if ((s = mp_dataset_order(tr, (uint64_t)fs.epoch, o.seed, o.shuffle, b.order))) break;
-        for (int64_t i = fs.batch * o.batch_size; i < n; i += o.batch_size) {
+        while (fs.batch < per_epoch) {
             bool interrupted = o.interrupt && *o.interrupt;
             if (o.data_parallel) interrupted = mp_dist_any(interrupted); /* stop together */
             if ((o.max_steps && fs.steps >= o.max_steps) || interrupted) {
                 stop = true;
                 break;
             }
+            /* batch g of the fit is batch g % nb of pass g / nb */
+            int64_t g = (int64_t)fs.epoch * per_epoch + fs.batch;
+            if (g / nb != pass) {
+                pass = g / nb;
+                if ((s = mp_dataset_order(tr, (uint64_t)pass, o.seed, o.shuffle, b.order))) break;
+            }
+            int64_t i = g % nb * o.batch_size;
             int64_t c = n - i < o.batch_size ? n - i : o.batch_size;
             int64_t lo = 0, hi = c; /* this rank's rows of the global batch */
             if (o.data_parallel) mp_dist_shard(c, rank, nranks, &lo, &hi);
-            if ((s = mp_dataset_gather(tr, b.order + i + lo, hi - lo, b.x, b.y))) break;
+            if ((s = batch_gather(&b, tr, b.order + i + lo, hi - lo))) break;
             mp_tensor x;
             batch_tensor(&b, hi - lo, &x);
             mp_step_result res;
@@ -410,7 +451,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
                 fs.loss_samples += c;
             }
             fs.correct += res.correct;
-            fs.samples += c;
+            fs.samples += c * b.label_dim; /* label positions */
             saved = false;
             if (o.checkpoint_every && fs.steps % o.checkpoint_every == 0) {
                 fs.seconds = now() - p.start;
@@ -437,7 +478,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         log->accuracy = fs.samples ? (double)fs.correct / (double)fs.samples : NAN;
         log->loss_scale = ls ? mp_loss_scaler_scale(ls) : 1.0f;
         log->skipped = mp_model_steps_skipped(m) - fs.skipped_before;
-        if (va) { /* the epoch's order is spent: its buffers serve validation */
+        if (va) {
             if ((s = run_eval(m, va, &b, &log->val_loss, &log->val_accuracy))) break;
             log->has_validation = true;
         }

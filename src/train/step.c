@@ -162,7 +162,12 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
         const mp_tensor *y;
         if ((s = mp_model_forward(m, x, true, &y))) return s;
         res.correct = count_correct(t, y, labels);
-        mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target, global_batch};
+        /* data parallel: the mean is over the global batch's label rows (a
+         * sequence has one per position) */
+        int64_t per_sample =
+            x->shape[0] ? mp_tensor_numel(y) / y->shape[y->ndim - 1] / x->shape[0] : 1;
+        mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target,
+                             global_batch * per_sample};
         if ((s = mp_model_loss_backward(m, &spec, scale, false, &res.loss))) return s;
     }
     if (global_batch > 0 &&

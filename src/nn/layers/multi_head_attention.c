@@ -10,7 +10,12 @@
  * key_dim] and biases [heads, key_dim], attention_output kernel [heads,
  * key_dim, model_dim] and bias [model_dim] ("<layer>.query.kernel", ...).
  * Forward keeps Q, K, V, the attention output and the float32
- * log-sum-exp; backward recomputes the softmax tiles (no [T, T] matrix). */
+ * log-sum-exp; backward recomputes the softmax tiles (no [T, T] matrix).
+ * Decoding (decode.c) appends each new position's K and V rows to a cache
+ * and attends the new queries over it: a token costs one position. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "nn/layer.h"
@@ -27,6 +32,11 @@ typedef struct {
     void *proj[3];   /* Q, K, V: [batch, T, heads, key_dim], compute dtype */
     void *att;       /* the attention output, same layout */
     float *lse;      /* [batch, heads, T] float32 */
+    /* decoding: K and V rows of the positions so far, [max_batch, cap,
+     * heads, key_dim] each in the compute dtype, and a softmax row */
+    void *kcache, *vcache;
+    float *prow;
+    int64_t cap;
 } mha_state;
 
 /* Which input feeds projection p (query 0, value 1, key 2, Keras's call
@@ -159,6 +169,71 @@ static mp_status bias_f32(mp_model *m, mp_layer *l, int p, const float **out)
     return MP_OK;
 }
 
+/* ----------------------------------------------------------- decoding */
+
+static void mha_release(mp_layer *l)
+{
+    mha_state *st = l->state;
+    mp_free(st->kcache);
+    mp_free(st->vcache);
+    free(st->prow);
+    st->kcache = st->vcache = NULL;
+    st->prow = NULL;
+    st->cap = 0;
+}
+
+static mp_status mha_decode_reset(mp_model *m, mp_layer *l, int64_t capacity)
+{
+    const mha_config *c = l->config;
+    mha_state *st = l->state;
+    if (c->key_dim > MP_ATTN_DECODE_MAX_D)
+        return mp_set_error(MP_ERR_UNSUPPORTED,
+                            "multi_head_attention '%s': decoding takes key_dim up to %d, not %lld",
+                            l->name, MP_ATTN_DECODE_MAX_D, (long long)c->key_dim);
+    if (capacity <= st->cap) return MP_OK; /* positions past the new start are overwritten */
+    mha_release(l);
+    size_t bytes =
+        (size_t)(m->max_batch * capacity * heads_dim(c)) * mp_dtype_size(l->policy.compute);
+    st->kcache = mp_alloc(bytes, MP_MEM_ACTIVATIONS);
+    st->vcache = mp_alloc(bytes, MP_MEM_ACTIVATIONS);
+    st->prow = malloc((size_t)capacity * sizeof *st->prow);
+    if (!st->kcache || !st->vcache || !st->prow) {
+        mha_release(l);
+        return mp_layer_nomem(l, "its key/value cache");
+    }
+    st->cap = capacity;
+    return MP_OK;
+}
+
+/* The new positions m->position .. + T-1 of each sample: their K and V rows
+ * join the cache, then each query attends over the cache up to its own
+ * position (the causal mask). */
+static mp_status decode_attention(mp_model *m, mp_layer *l, int64_t batch)
+{
+    const mha_config *c = l->config;
+    mha_state *st = l->state;
+    const mp_dtype ct = l->policy.compute;
+    const int64_t t = l->shape[0], hd = heads_dim(c);
+    const size_t row = (size_t)hd * mp_dtype_size(ct);
+    if (m->position + t > st->cap)
+        return mp_set_error(MP_ERR_INVALID,
+                            "multi_head_attention '%s': position %lld is past the cache of %lld",
+                            l->name, (long long)(m->position + t - 1), (long long)st->cap);
+    for (int64_t b = 0; b < batch; b++) {
+        char *kc = (char *)st->kcache + (size_t)(b * st->cap) * row;
+        char *vc = (char *)st->vcache + (size_t)(b * st->cap) * row;
+        for (int64_t i = 0; i < t; i++) {
+            int64_t pos = m->position + i;
+            size_t r = (size_t)(b * t + i) * row;
+            memcpy(kc + (size_t)pos * row, (const char *)st->proj[PK] + r, row);
+            memcpy(vc + (size_t)pos * row, (const char *)st->proj[PV] + r, row);
+            mp_attention_decode_row(c->num_heads, c->key_dim, (const char *)st->proj[PQ] + r, kc,
+                                    vc, ct, pos + 1, (char *)st->att + r, ct, st->prow);
+        }
+    }
+    return MP_OK;
+}
+
 static mp_status mha_forward(mp_model *m, mp_layer *l, bool training)
 {
     (void)training;
@@ -187,9 +262,12 @@ static mp_status mha_forward(mp_model *m, mp_layer *l, bool training)
             return s;
     }
     const mp_attn_geom g = {batch, t, c->num_heads, c->key_dim};
-    if ((s = mp_attention_forward(&g, st->proj[PQ], ct, st->proj[PK], ct, st->proj[PV], ct, st->att,
-                                  ct, st->lse)))
-        return s;
+    if (m->decode_capacity)
+        s = decode_attention(m, l, batch);
+    else
+        s = mp_attention_forward(&g, st->proj[PQ], ct, st->proj[PK], ct, st->proj[PV], ct, st->att,
+                                 ct, st->lse);
+    if (s) return s;
     const mp_model_param *wo = kernel_of(m, l, PO);
     const float *bias;
     if ((s = bias_f32(m, l, PO, &bias))) return s;
@@ -320,6 +398,8 @@ const mp_layer_ops mp_multi_head_attention_ops = {
     .workspace_bytes = mha_workspace_bytes,
     .to_json = mha_to_json,
     .from_json = mha_from_json,
+    .decode_reset = mha_decode_reset,
+    .release = mha_release,
 };
 
 mp_multi_head_attention_options mp_multi_head_attention_options_default(int64_t num_heads,
