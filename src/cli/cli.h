@@ -9,6 +9,7 @@ int mp_cli_demo(int argc, char **argv);
 int mp_cli_evaluate(int argc, char **argv);
 int mp_cli_predict(int argc, char **argv);
 int mp_cli_inspect(int argc, char **argv);
+int mp_cli_generate(int argc, char **argv); /* generate_cmd.c */
 int mp_cli_report(int argc, char **argv); /* report_cmd.c */
 
 /* Shared by the subcommands: a decimal integer in [lo, hi], all of s. */

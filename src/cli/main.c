@@ -14,11 +14,13 @@ static void usage(FILE *out)
             "Mixed-precision neural-network training.\n"
             "\n"
             "commands:\n"
-            "  train      train an MLP (Fashion-MNIST or CSV); mixprec train --help\n"
+            "  train      train a model (an MLP, a JSON model file, resnet20) on Fashion-MNIST,\n"
+            "             CSV or text; mixprec train --help\n"
             "  demo       the seed model under float32, mixed_bfloat16 and mixed_float16\n"
             "  evaluate   loss and accuracy of a saved model; mixprec evaluate FILE --data ...\n"
             "  predict    predicted classes of a saved model, as CSV\n"
             "  inspect    what a safetensors file or checkpoint holds; mixprec inspect FILE\n"
+            "  generate   text from a trained language model; mixprec generate FILE --prompt ...\n"
             "  report     an HTML report of run directories; mixprec report DIR... -o FILE.html\n"
             "  info       CPU features, the kernel path in use, threads\n"
             "  formats    the number formats and their facts\n"
@@ -87,6 +89,7 @@ static int run(int argc, char **argv)
     if (!strcmp(cmd, "evaluate")) return mp_cli_evaluate(argc - 2, argv + 2);
     if (!strcmp(cmd, "predict")) return mp_cli_predict(argc - 2, argv + 2);
     if (!strcmp(cmd, "inspect")) return mp_cli_inspect(argc - 2, argv + 2);
+    if (!strcmp(cmd, "generate")) return mp_cli_generate(argc - 2, argv + 2);
     if (!strcmp(cmd, "report")) return mp_cli_report(argc - 2, argv + 2);
     fprintf(stderr, "mixprec: unknown command '%s' (try mixprec --help)\n", cmd);
     return 2;

@@ -13,6 +13,70 @@
 #define MP_SQRT1_2 0.70710678118654752440f
 #define MP_SQRT2_PI 0.79788456080286535588f /* sqrt(2/pi) */
 
+/* tanh in float32 from arithmetic alone (no libm call, no branch), so loops
+ * over it vectorize; within 2.1 ulp of tanh on every 7th float32 bit
+ * pattern (measured), 3 ulp asserted by tests/test_activation.c.
+ *   |u| < 0.5: the odd Taylor series u - u^3/3 + 2u^5/15 - ... to u^15 (the
+ *     next term is below 2^-26 |u|);
+ *   else:      sign(u) (1 - 2 / (e^(2|u|) + 1)) with |u| capped at 10 (tanh
+ *     rounds to 1 from 9.01 on), e^x = 2^n e^r, n = round(x / ln 2), r = x - n ln 2 in two
+ *     parts (|r| <= ln2 / 2), e^r by its Taylor series to r^7 (remainder
+ *     below 2^-27), 2^n from the exponent bits.
+ * NaN passes through; +-inf gives +-1. */
+/* Bits of a float and back, and `c ? a : b` on bits (c 0 or 1). */
+static inline uint32_t mp_f2u(float x)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = x};
+    return v.u;
+}
+static inline float mp_u2f(uint32_t x)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = x};
+    return v.f;
+}
+static inline float mp_select(uint32_t c, float a, float b)
+{
+    uint32_t m = 0u - c;
+    return mp_u2f((mp_f2u(a) & m) | (mp_f2u(b) & ~m));
+}
+
+static inline float mp_tanhf(float u)
+{
+    /* selections on the bits (|u| orders as its bits): with float compares
+     * and ?: a compiler keeps branches (float operations may trap), and the
+     * loops would not vectorize */
+    const uint32_t abits = mp_f2u(u) & 0x7FFFFFFFu;
+    const float a = mp_u2f(abits), s = u * u;
+    float small =
+        u * (1.0f +
+             s * (-1.0f / 3 +
+                  s * (2.0f / 15 +
+                       s * (-17.0f / 315 +
+                            s * (62.0f / 2835 +
+                                 s * (-1382.0f / 155925 +
+                                      s * (21844.0f / 6081075 + s * (-929569.0f / 638512875))))))));
+    float x = 2.0f * mp_select(abits < 0x41200000u, a, 10.0f);   /* min(|u|, 10); NaN: 10 */
+    float n = (float)(int32_t)(x * 1.44269504088896341f + 0.5f); /* x >= 0: rounds */
+    float r = (x - n * 0.693145751953125f) - n * 1.42860676533018704e-06f;
+    float p =
+        1.0f +
+        r * (1.0f +
+             r * (0.5f +
+                  r * (1.0f / 6 +
+                       r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    float e = p * mp_u2f((uint32_t)((int32_t)n + 127) << 23);
+    float big =
+        mp_u2f((mp_f2u(1.0f - 2.0f / (e + 1.0f)) & 0x7FFFFFFFu) | (mp_f2u(u) & 0x80000000u));
+    float t = mp_select(abits < 0x3F000000u, small, big); /* |u| < 0.5 */
+    return mp_select(abits > 0x7F800000u, u, t);          /* NaN passes */
+}
+
 static inline float mp_activate(mp_activation a, float x)
 {
     switch (a) {
@@ -21,13 +85,32 @@ static inline float mp_activate(mp_activation a, float x)
     case MP_ACT_GELU:
         return 0.5f * x * (1.0f + erff(x * MP_SQRT1_2));
     case MP_ACT_GELU_TANH:
-        return 0.5f * x * (1.0f + tanhf(MP_SQRT2_PI * (x + 0.044715f * x * x * x)));
+        return 0.5f * x * (1.0f + mp_tanhf(MP_SQRT2_PI * (x + 0.044715f * x * x * x)));
     case MP_ACT_SIGMOID:
         return 1.0f / (1.0f + expf(-x));
     case MP_ACT_TANH:
-        return tanhf(x);
+        return mp_tanhf(x);
     default: /* linear; softmax is row-wise and never comes here */
         return x;
+    }
+}
+
+/* v[i] = act(v[i]), the same values as mp_activate, with the kind chosen
+ * once so the loops vectorize. */
+static inline void mp_activate_row(mp_activation a, float *v, size_t n)
+{
+    switch (a) {
+    case MP_ACT_GELU_TANH:
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) v[i] = mp_activate(MP_ACT_GELU_TANH, v[i]);
+        break;
+    case MP_ACT_TANH:
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) v[i] = mp_tanhf(v[i]);
+        break;
+    default:
+        for (size_t i = 0; i < n; i++) v[i] = mp_activate(a, v[i]);
+        break;
     }
 }
 
