@@ -332,6 +332,7 @@ static mp_model *corpus_model(void)
     co.optimizer.schedule.warmup_steps = 2;
     co.optimizer.rounding = MP_ROUND_STOCHASTIC;
     co.optimizer.seed = 77;
+    co.optimizer.decay_all = true; /* files without decay_all decayed every parameter */
     co.loss_scaling = MP_LOSS_SCALING_NONE;
     co.scaler.growth_interval = 3;
     assert_int_equal(mp_model_compile(m, &co), MP_OK);

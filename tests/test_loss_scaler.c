@@ -259,8 +259,8 @@ static void model_init(model *m, uint64_t seed)
     for (int i = 0; i < N1; i++) m->m1[i] = (float)test_rng_uniform(&r, -1, 1);
     mp_convert(m->c0, MP_F16, m->m0, MP_F32, N0);
     mp_convert(m->c1, MP_F16, m->m1, MP_F32, N1);
-    m->p[0] = (mp_param){"b", m->m0, m->c0, MP_F16, m->g0, N0};
-    m->p[1] = (mp_param){"k", m->m1, m->c1, MP_F16, m->g1, N1};
+    m->p[0] = (mp_param){"b", m->m0, m->c0, MP_F16, m->g0, N0, false};
+    m->p[1] = (mp_param){"k", m->m1, m->c1, MP_F16, m->g1, N1, false};
 }
 
 /* Gradients as a backward pass of the scaled loss would leave them. */
@@ -533,9 +533,9 @@ static void test_all_finite(void **state)
     float *g = malloc((size_t)n * sizeof *g), *h = malloc(8 * sizeof *h);
     for (int64_t j = 0; j < n; j++) g[j] = (float)(j % 7) - 3.0f;
     for (int j = 0; j < 8; j++) h[j] = 1e38f;
-    mp_param p[3] = {{"a", NULL, NULL, MP_F32, g, n},
-                     {"frozen", NULL, NULL, MP_F32, NULL, 5},
-                     {"b", NULL, NULL, MP_F32, h, 8}};
+    mp_param p[3] = {{"a", NULL, NULL, MP_F32, g, n, false},
+                     {"frozen", NULL, NULL, MP_F32, NULL, 5, false},
+                     {"b", NULL, NULL, MP_F32, h, 8, false}};
     assert_true(mp_grads_all_finite(p, 3));
     const int64_t at[] = {0, 1, 16383, 16384, 50000, n - 1};
     for (size_t k = 0; k < sizeof at / sizeof *at; k++) {

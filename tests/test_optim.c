@@ -630,8 +630,8 @@ static void run_paths(paths_data *d, const mp_optimizer_config *c)
     for (int j = 0; j < BIG; j++) d->m[j] = (float)test_rng_uniform(&r, -2, 2);
     for (int j = 0; j < SMALL; j++) d->lp[j] = mp_f32_to_bf16((float)test_rng_uniform(&r, -2, 2));
     mp_convert(d->c, MP_BF16, d->m, MP_F32, BIG);
-    mp_param p[2] = {{"big", d->m, d->c, MP_BF16, d->g, BIG},
-                     {"lp", NULL, d->lp, MP_BF16, d->gs, SMALL}};
+    mp_param p[2] = {{"big", d->m, d->c, MP_BF16, d->g, BIG, false},
+                     {"lp", NULL, d->lp, MP_BF16, d->gs, SMALL, false}};
     mp_optimizer *o = mp_optimizer_new(c, p, 2);
     assert_non_null(o);
     for (int s = 0; s < 3; s++) {
@@ -730,12 +730,46 @@ static void test_invalid_configs(void **state)
     assert_int_equal(mp_optimizer_step(NULL), MP_ERR_INVALID);
 }
 
+/* AdamW's decoupled decay skips decay_exempt parameters (biases, norms,
+ * embeddings) unless decay_all: with zero gradients Adam's update is 0 / (0
+ * + eps) = 0, so a step changes a weight only by the decay factor
+ * 1 - lr * weight_decay (one float32 multiplication, exact to compare). */
+static void test_adamw_decay_exemption(void **state)
+{
+    (void)state;
+    for (int all = 0; all < 2; all++)
+        for (int isa = 0; isa < 2; isa++) {
+            if (isa && !mp_isa_supported(MP_ISA_AVX512)) continue;
+            assert_int_equal(mp_isa_set(isa ? MP_ISA_AVX512 : MP_ISA_SCALAR), MP_OK);
+            float wk[40], wb[40], gk[40] = {0}, gb[40] = {0};
+            for (int i = 0; i < 40; i++) wk[i] = wb[i] = 0.5f + (float)i;
+            mp_param ps[2] = {{"kernel", wk, NULL, MP_F32, gk, 40, false},
+                              {"bias", wb, NULL, MP_F32, gb, 40, true}};
+            mp_optimizer_config c = mp_optimizer_config_default(MP_OPTIMIZER_ADAMW);
+            c.learning_rate = 0.1f;
+            c.weight_decay = 0.25f;
+            c.decay_all = all;
+            mp_optimizer *o = mp_optimizer_new(&c, ps, 2);
+            assert_non_null(o);
+            assert_int_equal(mp_optimizer_step(o), MP_OK);
+            float factor = 1.0f - 0.1f * 0.25f;
+            for (int i = 0; i < 40; i++) {
+                float w0 = 0.5f + (float)i;
+                assert_true(wk[i] == w0 * factor);
+                assert_true(wb[i] == (all ? w0 * factor : w0));
+            }
+            mp_optimizer_free(o);
+        }
+    mp_isa_set(mp_isa_best());
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sgd_matches_reference),
         cmocka_unit_test(test_adam_matches_reference),
         cmocka_unit_test(test_adamw_matches_reference),
+        cmocka_unit_test(test_adamw_decay_exemption),
         cmocka_unit_test(test_reference_detects_wrong_epsilon_form),
         cmocka_unit_test(test_f16_copy_and_frozen),
         cmocka_unit_test(test_pure_bf16_demo),

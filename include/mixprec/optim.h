@@ -33,6 +33,9 @@ typedef struct {
     mp_dtype weight_dtype;
     float *grad;
     int64_t n;
+    /* a bias, a normalisation scale or offset, or an embedding table:
+     * AdamW's decoupled weight decay leaves it alone (unless decay_all) */
+    bool decay_exempt;
 } mp_param;
 
 /* ------------------------------------------------------ learning-rate schedule */
@@ -83,7 +86,8 @@ typedef enum {
  * t = 1-based step number, all per-element arithmetic in float32):
  *   SGD:   g += weight_decay * w;  if momentum: b = momentum * b + g,
  *          g = nesterov ? g + momentum * b : b;  w -= lr * g.
- *   Adam:  g += weight_decay * w (L2);  AdamW: w *= 1 - lr * weight_decay.
+ *   Adam:  g += weight_decay * w (L2);  AdamW: w *= 1 - lr * weight_decay
+ *          (kernels only: decay_exempt parameters keep w, unless decay_all).
  *          m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g;
  *          w -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + epsilon)
  *          with bc1 = 1 - beta1^t, bc2 = 1 - beta2^t computed in double: this
@@ -98,6 +102,9 @@ typedef struct {
     bool nesterov;       /* SGD, needs momentum > 0 */
     float beta1, beta2, epsilon;
     float weight_decay; /* SGD/Adam: L2 added to the gradient; AdamW: decoupled */
+    /* AdamW: decay every parameter (Keras's default) instead of only those
+     * without decay_exempt, the kernels (GPT recipes; mixprec's default) */
+    bool decay_all;
     float clip_norm;    /* > 0: clip by global L2 norm (see mp_clip_grad_norm) */
     float clip_value;   /* > 0: clamp every gradient to [-clip_value, clip_value] */
     mp_lr_schedule schedule;

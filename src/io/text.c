@@ -50,7 +50,7 @@ static mp_status append_file(const char *path, uint8_t **buf, size_t *len, size_
         *buf = nb;
         *cap = nc;
     }
-    memcpy(*buf + *len, data, n);
+    if (n) memcpy(*buf + *len, data, n);
     *len += n;
     free(data);
     return MP_OK;

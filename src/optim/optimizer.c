@@ -260,10 +260,16 @@ static kernels kernels_for(mp_isa isa)
  * region costs more than the work. */
 #define PARALLEL_MIN (1 << 16)
 
-static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *c, kernels k)
+static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *coefs, kernels k)
 {
     const mp_param *p = &o->params[index];
     if (!p->grad || p->n == 0) return;
+    /* AdamW leaves biases, norms and embeddings undecayed (GPT recipes)
+     * unless asked to decay everything */
+    mp_step_coefs exempt = *coefs;
+    exempt.decoupled_decay = 1.0f;
+    const mp_step_coefs *c =
+        p->decay_exempt && !o->cfg.decay_all && o->cfg.kind == MP_OPTIMIZER_ADAMW ? &exempt : coefs;
     const size_t ws = mp_dtype_size(p->weight_dtype);
     float *s0 = o->n_slots > 0 ? o->slots[(size_t)index * (size_t)o->n_slots] : NULL;
     float *s1 = o->n_slots > 1 ? o->slots[(size_t)index * (size_t)o->n_slots + 1] : NULL;

@@ -130,6 +130,7 @@ static json_t *compile_json(const mp_compile_options *o)
                   jnum(c->weight_decay), "clip_norm", jnum(c->clip_norm), "clip_value",
                   jnum(c->clip_value), "schedule", sched, "rounding",
                   rounding_names[c->rounding == MP_ROUND_STOCHASTIC], "seed", mp_json_hex(c->seed));
+    if (opt) json_object_set_new(opt, "decay_all", json_boolean(c->decay_all));
     return json_pack("{s:o, s:s, s:b, s:s, s:o}", "optimizer", opt, "loss", mp_loss_name(o->loss),
                      "from_logits", o->from_logits, "loss_scaling",
                      scaling_names[o->loss_scaling & 3], "scaler", scaler_config_json(&o->scaler));
@@ -168,6 +169,10 @@ static bool compile_parse(const json_t *j, mp_compile_options *o)
           get_f32(sc, "final_lr", &l->final_lr)))
         return false;
     l->decay = (mp_lr_decay)decay;
+    /* files from before decay_all decayed every parameter */
+    c->decay_all = true;
+    if (json_object_get(opt, "decay_all") && !get_bool(opt, "decay_all", &c->decay_all))
+        return false;
     return mp_loss_from_name(json_string_value(json_object_get(j, "loss")), &o->loss) == MP_OK &&
            get_bool(j, "from_logits", &o->from_logits) &&
            scaler_config_parse(json_object_get(j, "scaler"), &o->scaler);

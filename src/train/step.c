@@ -48,7 +48,13 @@ int mp_model_optim_params(mp_model *m, mp_param *out, int n)
         const mp_model_param *p = mp_model_get_param(m, i);
         if (!p->trainable) continue;
         if (k < n)
-            out[k] = (mp_param){p->name, p->master, p->weight, p->weight_dtype, p->grad, p->n};
+            out[k] = (mp_param){p->name,
+                                p->master,
+                                p->weight,
+                                p->weight_dtype,
+                                p->grad,
+                                p->n,
+                                p->role != MP_ROLE_KERNEL};
         k++;
     }
     return k;
