@@ -456,6 +456,72 @@ static void test_bad_input(void **state)
     assert_non_null(strstr(output(), "--loss-scale"));
 }
 
+/* A small language model on a text file: train with validation in nats
+ * per byte, resume from a checkpoint on the same text, generate greedily
+ * with and without the key/value cache (the same text: the two paths
+ * differ by float32 reordering only), and the refusals. */
+static void test_language_model(void **state)
+{
+    (void)state;
+    char p[160];
+    snprintf(p, sizeof p, "%s/lm.json", dir);
+    FILE *f = fopen(p, "w");
+    fprintf(
+        f,
+        "{\"format\": \"mixprec.model\", \"version\": 2, \"policy\": \"float32\", \"layers\": [\n"
+        " {\"class_name\": \"InputLayer\", \"name\": \"ids\", \"inputs\": [], \"shape\": [16], "
+        "\"dtype\": \"int32\"},\n"
+        " {\"class_name\": \"Embedding\", \"name\": \"emb\", \"inputs\": [\"ids\"], "
+        "\"input_dim\": 256, \"output_dim\": 16},\n"
+        " {\"class_name\": \"PositionEmbedding\", \"name\": \"pos\", \"inputs\": [\"emb\"], "
+        "\"sequence_length\": 16},\n"
+        " {\"class_name\": \"MultiHeadAttention\", \"name\": \"att\", \"inputs\": [\"pos\"], "
+        "\"num_heads\": 2, \"key_dim\": 8},\n"
+        " {\"class_name\": \"Add\", \"name\": \"res\", \"inputs\": [\"pos\", \"att\"]},\n"
+        " {\"class_name\": \"Dense\", \"name\": \"out\", \"inputs\": [\"res\"], \"units\": 256},\n"
+        " {\"class_name\": \"Activation\", \"name\": \"p\", \"inputs\": [\"out\"], "
+        "\"activation\": \"softmax\"}]}\n");
+    fclose(f);
+    snprintf(p, sizeof p, "%s/text.txt", dir);
+    f = fopen(p, "w");
+    for (int i = 0; i < 200; i++) fprintf(f, "the cat sat on the mat %d times. ", i);
+    fclose(f);
+    assert_int_equal(run("train --model %1$s/lm.json --data text:%1$s/text.txt --optimizer adamw "
+                         "--batch-size 8 --steps-per-epoch 3 --epochs 2 --checkpoint-dir %1$s/lmck "
+                         "--save %1$s/lm.safetensors"),
+                     0);
+    assert_non_null(strstr(output(), "windows of 16 tokens"));
+    assert_non_null(strstr(output(), "nats per byte"));
+    assert_non_null(strstr(output(), "perplexity"));
+    assert_int_equal(run("train --resume %1$s/lmck --data text:%1$s/text.txt --epochs 3 --quiet"),
+                     0);
+    assert_int_equal(run("generate %1$s/lm.safetensors --prompt 'the cat' --tokens 9 "
+                         "--temperature 0 --quiet"),
+                     0);
+    char cached[256];
+    snprintf(cached, sizeof cached, "%s", output());
+    assert_int_equal(strlen(cached), strlen("the cat") + 9 + 1);
+    assert_int_equal(run("generate %1$s/lm.safetensors --prompt 'the cat' --tokens 9 "
+                         "--temperature 0 --quiet --no-cache"),
+                     0);
+    assert_string_equal(output(), cached);
+    /* refusals: one line naming the value and the limit */
+    assert_int_equal(run("generate %1$s/lm.safetensors --prompt 'the cat sat' --tokens 6"), 2);
+    assert_non_null(strstr(output(), "17 positions"));
+    assert_non_null(strstr(output(), "context is 16"));
+    assert_int_equal(run("generate %1$s/lm.safetensors --prompt ''"), 2);
+    assert_int_equal(run("generate %1$s/missing.safetensors"), 1);
+    assert_non_null(strstr(output(), "missing.safetensors"));
+    assert_int_equal(run("train --data text:%1$s/text.txt"), 2);
+    assert_non_null(strstr(output(), "needs --model"));
+    snprintf(p, sizeof p, "%s/empty.txt", dir);
+    fclose(fopen(p, "w"));
+    assert_int_equal(run("train --model %1$s/lm.json --data text:%1$s/empty.txt --quiet"), 1);
+    assert_non_null(strstr(output(), "is empty"));
+    assert_int_equal(run("train --data text:%1$s/text.txt --model resnet20 --quiet"), 2);
+    assert_non_null(strstr(output(), "no sequence model"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -466,6 +532,7 @@ int main(void)
         cmocka_unit_test(test_model_file),
         cmocka_unit_test(test_memory_limit),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_language_model),
     };
     return cmocka_run_group_tests_name("cli", tests, setup, teardown);
 }

@@ -364,11 +364,12 @@ int mp_cli_train(int argc, char **argv)
     }
     mp_dataset *train = NULL, *test = NULL;
     int64_t context = sequence_length(&a);
-    if (context < 0 || mp_cli_load_data(&a, true, context, &train) ||
-        mp_cli_load_data(&a, false, context, &test)) {
+    rc = context < 0 ? 1 : mp_cli_load_data(&a, true, context, &train);
+    if (!rc) rc = mp_cli_load_data(&a, false, context, &test);
+    if (rc) {
         mp_dataset_free(train);
         mp_model_free(a.model);
-        return 1;
+        return rc;
     }
     int64_t text_len;
     if (a.quiet)
