@@ -6,6 +6,7 @@
 #   make fuzz            libFuzzer on the checkpoint loader (FUZZ_SECONDS=60)
 #   make bench           every benchmark (convert, gemm, step, checkpoint, conv)
 #   make demo            the main job
+#   make lm              a GPT-style model on English text (fortunes), float32 vs mixed_bfloat16
 #   make install PREFIX=/usr/local
 # WERROR=1 turns warnings into errors (CI sets it).
 # MPI=1 builds data-parallel training on MPI (the default where mpicc is
@@ -66,7 +67,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: test-mpi deps-build bench-step bench-checkpoint bench-conv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: lm test-mpi deps-build bench-step bench-checkpoint bench-conv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -195,6 +196,16 @@ bench-conv: $(BUILD)/bench_conv
 	    echo "mixprec: could not install tensorflow-cpu/keras (build/venv-keras.log): Keras will be n/a"; fi; \
 	fi
 	$(BUILD)/bench_conv --keras-python $(KERAS_VENV)/bin/python
+
+# --------------------------------------------------------- language model
+# gpt_mini on Debian's fortunes under float32 and mixed_bfloat16, their
+# validation curves side by side and a generated sample (LM_STEPS, LM_EVERY,
+# LM_BATCH change the run; about 20 minutes on two cores with the defaults).
+lm:
+	@sh scripts/deps.sh build
+	@sh scripts/deps.sh text
+	@$(MAKE) --no-print-directory $(CLI)
+	sh scripts/lm_demo.sh $(BUILD)
 
 # ------------------------------------------------------------------- demo
 # The main job: the seed MLP on Fashion-MNIST under float32, mixed_bfloat16

@@ -9,6 +9,7 @@ case "$1" in
     fuzz) pkgs="clang libclang-rt-dev libomp-dev zlib1g-dev libjansson-dev" ;;
     bench) pkgs="gcc make libc6-dev libopenblas-dev libdnnl-dev python3-torch python3-venv" ;;
     data) pkgs="dataset-fashion-mnist" ;;
+    text) pkgs="fortunes" ;;
     pkgconfig) pkgs="pkg-config" ;;
     mpi) pkgs="gcc make libc6-dev libopenmpi-dev openmpi-bin" ;;
     *) echo "deps.sh: unknown group '$1'" >&2; exit 2 ;;
