@@ -430,6 +430,104 @@ static void test_decode(void **state)
     mp_model_free(m);
 }
 
+/* ReversibleEmbedding: logits x E^T from the Embedding's own table (one
+ * parameter for both uses), and the table's gradient - the sum of the
+ * Embedding's rows and the output projection's part - against central
+ * differences of the mean -log p computed in float64 from predict's float32
+ * probabilities, extrapolated from steps 1/64 and 1/128 (the h^4 term left
+ * is below 1e-5 here; the probabilities' float32 rounding, about 2^-23 of
+ * the loss, adds at most 5 * 2^-23 * 3 / (2/128) ~ 1.5e-4): 2e-4 absolute
+ * plus 1e-3 relative. */
+enum { TV = 24, TE = 8, TT = 4 };
+
+static mp_model *tied_model(void)
+{
+    mp_model *m = mp_model_new_with_policy(21, "float32");
+    mp_node x = mp_input_ex(m, 1, (int64_t[]){TT}, MP_I32, NULL);
+    x = mp_embedding(m, x, TV, TE, &(mp_layer_options){.name = "emb"});
+    x = mp_layer_norm(m, x, 1e-5f, NULL);
+    x = mp_reversible_embedding(m, x, "emb", &(mp_layer_options){.name = "logits"});
+    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, NULL);
+    assert_true(x >= 0);
+    assert_int_equal(mp_model_build(m, x, 2), MP_OK);
+    return m;
+}
+
+static double mean_nll(mp_model *m, const float *ids, const int32_t *labels)
+{
+    float p[2 * TT * TV];
+    assert_int_equal(mp_model_predict(m, ids, 2, 2, p), MP_OK);
+    double l = 0;
+    for (int i = 0; i < 2 * TT; i++) l -= log((double)p[i * TV + labels[i]]);
+    return l / (2 * TT);
+}
+
+static void test_reversible_embedding(void **state)
+{
+    (void)state;
+    mp_model *m = tied_model();
+    assert_int_equal(mp_model_num_params(m), 3); /* the table, gamma, beta */
+    mp_model_param *tab = mp_model_get_param(m, 0);
+    assert_string_equal(tab->name, "emb.embeddings");
+    int32_t ids[2 * TT] = {1, 5, 5, 23, 0, 7, 1, 12}, labels[2 * TT] = {5, 5, 23, 3, 7, 1, 12, 0};
+    float fids[2 * TT];
+    for (int i = 0; i < 2 * TT; i++) fids[i] = (float)ids[i];
+    mp_compile_options co = mp_compile_options_default();
+    assert_int_equal(mp_model_compile(m, &co), MP_OK);
+    mp_tensor x;
+    mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){2, TT}, ids);
+    const mp_tensor *y;
+    assert_int_equal(mp_model_forward(m, &x, true, &y), MP_OK);
+    mp_loss_spec spec = {MP_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY, false, labels, NULL, 0};
+    float loss;
+    assert_int_equal(mp_model_loss_backward(m, &spec, 1.0f, false, &loss), MP_OK);
+    float *grad = malloc((size_t)tab->n * sizeof *grad);
+    memcpy(grad, tab->grad, (size_t)tab->n * sizeof *grad);
+    int unused_rows_nonzero = 0;
+    for (int64_t k = 0; k < tab->n; k++) {
+        /* Richardson's extrapolation of central differences at h and h/2
+         * cancels the h^2 term (layer norm over 8 values curves sharply) */
+        float keep = tab->master[k];
+        double d[2];
+        for (int j = 0; j < 2; j++) {
+            float h = j ? 1.0f / 128 : 1.0f / 64;
+            double l[2];
+            for (int s = 0; s < 2; s++) {
+                tab->master[k] = keep + (s ? h : -h);
+                mp_model_mark_masters_changed(m);
+                l[s] = mean_nll(m, fids, labels);
+            }
+            d[j] = (l[1] - l[0]) / (2.0 * h);
+        }
+        tab->master[k] = keep;
+        mp_model_mark_masters_changed(m);
+        double fd = (4 * d[1] - d[0]) / 3;
+        if (!(fabs(fd - grad[k]) <= 2e-4 + 1e-3 * fabs(fd)))
+            fail_msg("d loss / d E[%lld] = %.7g, central difference %.7g", (long long)k,
+                     (double)grad[k], fd);
+        int64_t row = k / TE; /* rows no id reads get only the projection's part */
+        unused_rows_nonzero += (row == 2 || row == 20) && grad[k] != 0.0f;
+    }
+    assert_true(unused_rows_nonzero > 0);
+    free(grad);
+    /* the configuration names the table; a model rebuilt from it is the same */
+    char *json = mp_model_config_json(m);
+    assert_non_null(strstr(json, "\"ReversibleEmbedding\""));
+    mp_model *again;
+    assert_int_equal(mp_model_from_config(json, 2, 1 << 20, &again), MP_OK);
+    assert_int_equal(mp_model_num_params(again), 3);
+    free(json);
+    mp_model_free(again);
+    mp_model_free(m);
+    /* a name that is not an earlier Embedding */
+    m = mp_model_new_with_policy(21, "float32");
+    mp_node in = mp_input(m, 1, (int64_t[]){TE}, &(mp_layer_options){.name = "in"});
+    mp_node d = mp_dense(m, in, TE, MP_ACT_NONE, &(mp_layer_options){.name = "d"});
+    assert_true(mp_reversible_embedding(m, d, "d", NULL) < 0);
+    assert_non_null(strstr(mp_last_error(), "'d' is not an earlier Embedding layer"));
+    mp_model_free(m);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -453,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_position_embedding),
         cmocka_unit_test(test_position_embedding_gradient),
         cmocka_unit_test(test_decode),
+        cmocka_unit_test(test_reversible_embedding),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

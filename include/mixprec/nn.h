@@ -147,6 +147,14 @@ mp_node mp_embedding(mp_model *m, mp_node ids, int64_t input_dim, int64_t output
 mp_node mp_position_embedding(mp_model *m, mp_node x, int64_t sequence_length,
                               const mp_layer_options *o);
 
+/* ReversibleEmbedding (keras_hub's, used with reverse=True): logits x E^T
+ * [..., vocabulary] from x [..., width] and the table E [vocabulary, width]
+ * of the earlier Embedding layer named `embedding` - a language model's
+ * output projection tied to its input embedding (no bias, no parameter of
+ * its own: the table's gradient sums both uses). */
+mp_node mp_reversible_embedding(mp_model *m, mp_node x, const char *embedding,
+                                const mp_layer_options *o);
+
 /* MultiHeadAttention (Keras) with the causal mask, use_causal_mask = true
  * being the only mask supported: query, value and key [batch, T, model_dim]
  * of one shape (mp_multi_head_attention: self-attention on x; _ex takes 1-3

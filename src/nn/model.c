@@ -384,6 +384,7 @@ mp_status mp_model_add_grad(mp_model *m, int node, const void *g, mp_dtype gt)
 /* Backward from the gradients already placed on nodes. */
 static mp_status run_backward(mp_model *m, bool accumulate)
 {
+    for (int i = 0; i < m->nparams; i++) m->params[i].grad_written = false;
     for (int i = m->nlayers - 1; i >= 0; i--) {
         mp_layer *l = &m->layers[i];
         if (!l->reachable || !l->has_grad || !l->ops->backward) continue;

@@ -39,6 +39,10 @@ typedef struct {
     mp_model_param p;
     char name[80];
     bool float32_only; /* read as float32: no compute copy under any policy */
+    /* set by the first layer that writes p.grad in a backward pass, cleared
+     * when the pass starts: a parameter two layers share (a tied embedding
+     * table) takes the second writer's part as a sum */
+    bool grad_written;
 } param_slot;
 
 struct mp_model {

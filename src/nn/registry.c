@@ -25,7 +25,8 @@
     X(random_flip)                                                                                 \
     X(random_translation)                                                                          \
     X(multi_head_attention)                                                                        \
-    X(position_embedding)
+    X(position_embedding)                                                                          \
+    X(reversible_embedding)
 
 #define DECLARE(kind) extern const mp_layer_ops mp_##kind##_ops;
 MP_LAYER_KINDS(DECLARE)

@@ -109,7 +109,10 @@ static mp_status embedding_backward(mp_model *m, mp_layer *l, bool accumulate)
      * every element, a user may edit it), so a list of rows we last wrote
      * would not be the rows that are nonzero. The optimizer's dense update
      * reads the whole table each step anyway, so this costs no more. */
-    if (!accumulate) memset(w->grad, 0, (size_t)w->n * sizeof *w->grad);
+    /* a ReversibleEmbedding tied to this table may have written its part */
+    bool *written = &m->params[l->param_first].grad_written;
+    if (!accumulate && !*written) memset(w->grad, 0, (size_t)w->n * sizeof *w->grad);
+    *written = true;
     /* sequential over the ids: each element of a row sums its contributions
      * in order, one float32 rounding each (the kernel may split a wide row
      * across threads by columns, never the sum of one element) */
