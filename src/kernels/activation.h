@@ -53,23 +53,18 @@ static inline float mp_tanhf(float u)
      * loops would not vectorize */
     const uint32_t abits = mp_f2u(u) & 0x7FFFFFFFu;
     const float a = mp_u2f(abits), s = u * u;
+    /* Taylor coefficients of tanh, each rounded once from its exact ratio */
+    const float c3 = (float)(-1.0 / 3), c5 = (float)(2.0 / 15), c7 = (float)(-17.0 / 315),
+                c9 = (float)(62.0 / 2835), c11 = (float)(-1382.0 / 155925),
+                c13 = (float)(21844.0 / 6081075), c15 = (float)(-929569.0 / 638512875);
     float small =
-        u * (1.0f +
-             s * (-1.0f / 3 +
-                  s * (2.0f / 15 +
-                       s * (-17.0f / 315 +
-                            s * (62.0f / 2835 +
-                                 s * (-1382.0f / 155925 +
-                                      s * (21844.0f / 6081075 + s * (-929569.0f / 638512875))))))));
+        u * (1.0f + s * (c3 + s * (c5 + s * (c7 + s * (c9 + s * (c11 + s * (c13 + s * c15)))))));
     float x = 2.0f * mp_select(abits < 0x41200000u, a, 10.0f);   /* min(|u|, 10); NaN: 10 */
     float n = (float)(int32_t)(x * 1.44269504088896341f + 0.5f); /* x >= 0: rounds */
     float r = (x - n * 0.693145751953125f) - n * 1.42860676533018704e-06f;
-    float p =
-        1.0f +
-        r * (1.0f +
-             r * (0.5f +
-                  r * (1.0f / 6 +
-                       r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    const float e3 = (float)(1.0 / 6), e4 = (float)(1.0 / 24), e5 = (float)(1.0 / 120),
+                e6 = (float)(1.0 / 720), e7 = (float)(1.0 / 5040);
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (e3 + r * (e4 + r * (e5 + r * (e6 + r * e7))))));
     float e = p * mp_u2f((uint32_t)((int32_t)n + 127) << 23);
     float big =
         mp_u2f((mp_f2u(1.0f - 2.0f / (e + 1.0f)) & 0x7FFFFFFFu) | (mp_f2u(u) & 0x80000000u));
