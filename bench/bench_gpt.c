@@ -180,7 +180,7 @@ static void plain_run(attn_bufs *b, bool backward)
     for (int h = 0; h < HEADS; h++)
         mp_gemm(false, true, t, t, HEAD_DIM, scale, b->q + h * HEAD_DIM, MP_F32, ld,
                 b->k + h * HEAD_DIM, MP_F32, ld, 0.0f, b->p + h * tt, MP_F32, t);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(mp_num_threads())
     for (int64_t r = 0; r < HEADS * t; r++) {
         float *row = b->p + r * t, mx = -INFINITY, sum = 0.0f;
         const int64_t i = r % t;
@@ -200,7 +200,7 @@ static void plain_run(attn_bufs *b, bool backward)
         mp_gemm(false, true, t, t, HEAD_DIM, 1.0f, b->dout + h * HEAD_DIM, MP_F32, ld,
                 b->v + h * HEAD_DIM, MP_F32, ld, 0.0f, b->dp + h * tt, MP_F32, t);
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(mp_num_threads())
     for (int64_t r = 0; r < HEADS * t; r++) {
         const float *p = b->p + r * t;
         float *dp = b->dp + r * t, dot = 0.0f;
