@@ -4,7 +4,8 @@
 #   make test SANITIZE=1 the same under AddressSanitizer + UBSan
 #   make test-exhaustive conversions checked on all 2^32 float32 inputs
 #   make fuzz            libFuzzer on the checkpoint loader (FUZZ_SECONDS=60)
-#   make bench           every benchmark (convert, gemm, step, checkpoint, conv)
+#   make bench           every benchmark (convert, gemm, step, checkpoint, conv, gpt)
+#   make bench-gpt       gpt_mini: tokens/s against Keras, attention kernel, generation
 #   make demo            the main job
 #   make lm              a GPT-style model on English text (fortunes), float32 vs mixed_bfloat16
 #   make install PREFIX=/usr/local
@@ -67,7 +68,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: lm test-mpi deps-build bench-step bench-checkpoint bench-conv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: lm test-mpi deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -135,7 +136,7 @@ test-exhaustive: $(BUILD)/exhaustive
 	$(BUILD)/exhaustive
 
 # -------------------------------------------------------------- benchmarks
-bench: bench-convert bench-gemm bench-step bench-checkpoint bench-conv
+bench: bench-convert bench-gemm bench-step bench-checkpoint bench-conv bench-gpt
 
 $(BUILD)/bench_convert: $(BUILD)/obj/bench/bench_convert.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
@@ -180,22 +181,35 @@ bench-checkpoint: $(BUILD)/bench_checkpoint
 $(BUILD)/bench_conv: $(BUILD)/obj/bench/bench_conv.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
 
-# Keras 3 on TensorFlow runs the same ResNet-20 in the same run, from a virtual
-# environment under build/ made on first use (python3 -m venv, then pip install
-# tensorflow-cpu keras from PyPI; never needed by make test). If that fails
-# (no network, no python3-venv) the Keras columns say n/a.
+# Keras 3 on TensorFlow runs the same model in the same run (bench-conv:
+# ResNet-20, bench-gpt: gpt_mini), from a virtual environment under build/
+# made on first use (python3 -m venv, then pip install tensorflow-cpu keras
+# from PyPI; never needed by make test). If that fails (no network, no
+# python3-venv) the Keras columns say n/a.
 KERAS_VENV := build/venv-keras
-bench-conv: $(BUILD)/bench_conv
+keras-venv:
 	@if [ ! -f $(KERAS_VENV)/.installed ]; then \
 	  echo "mixprec: installing tensorflow-cpu and keras from PyPI into $(KERAS_VENV) (python3 -m venv; pip install tensorflow-cpu keras)"; \
-	  rm -rf $(KERAS_VENV); \
+	  rm -rf $(KERAS_VENV); mkdir -p build; \
 	  if python3 -m venv $(KERAS_VENV) >build/venv-keras.log 2>&1 && \
 	     $(KERAS_VENV)/bin/pip install -q --retries 2 tensorflow-cpu keras >>build/venv-keras.log 2>&1; then \
 	    touch $(KERAS_VENV)/.installed; \
 	  else rm -rf $(KERAS_VENV); \
 	    echo "mixprec: could not install tensorflow-cpu/keras (build/venv-keras.log): Keras will be n/a"; fi; \
 	fi
+
+bench-conv: $(BUILD)/bench_conv keras-venv
 	$(BUILD)/bench_conv --keras-python $(KERAS_VENV)/bin/python
+
+$(BUILD)/bench_gpt: $(BUILD)/obj/bench/bench_gpt.o $(STATIC)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+# The attention kernel against the plain formula, gpt_mini's training
+# tokens/s per policy against Keras (intra- and inter-op threads = ours),
+# and generation with and without the key/value cache (a few minutes on two
+# cores). BENCH_GPT_ARGS, e.g. "--steps 3 --gen-tokens 4", for a quick run.
+bench-gpt: $(BUILD)/bench_gpt keras-venv
+	$(BUILD)/bench_gpt --keras-python $(KERAS_VENV)/bin/python $(BENCH_GPT_ARGS)
 
 # --------------------------------------------------------- language model
 # gpt_mini on Debian's fortunes under float32 and mixed_bfloat16, their
