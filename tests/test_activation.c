@@ -1,4 +1,5 @@
-/* test_activation.c - the float32 tanh the activations use (mp_tanhf:
+/* test_activation.c - the float32 exp of the attention kernel (mp_expf)
+ * and the tanh the activations use (mp_tanhf:
  * arithmetic only, so its loops vectorize) against float64 tanh: within 3
  * ulp of the correctly rounded value on a stride through all 2^32 bit
  * patterns and on every input near its branch points (|u| = 0.5, where the
@@ -11,6 +12,7 @@
  * 2^-24 + 4 * 2^-24) * (|0.5 x| (1 + |t|)) plus the slope of gelu (< 1.13)
  * times the error of the argument; the test allows 12 * 2^-24 * 0.5 |x|
  * (1 + |t|) + 2^-126. */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -60,6 +62,42 @@ static void test_tanh(void **state)
     assert_true(mp_tanhf(0.0f) == 0.0f && signbit(mp_tanhf(-0.0f)));
 }
 
+/* mp_expf within 2 ulp of exp wherever exp(x) is a normal float, 0 below
+ * (x < -87.34), +inf above (x > 88.73), NaN through: a stride through all
+ * bit patterns and every input near the clamps and near 0. */
+static void test_exp(void **state)
+{
+    (void)state;
+    double worst = 0;
+    const uint32_t centers[] = {0x42AEAC4Fu, 0xC2AEAC4Fu, 0x42B17217u, 0xC2B17217u,
+                                0x00000000u, 0x80000000u, 0x3F800000u};
+    for (int k = -1; k < 7; k++) {
+        uint64_t first = k < 0 ? 0 : centers[k] - (centers[k] >= 65536 ? 65536 : 0);
+        uint64_t last = k < 0 ? 0xFFFFFFFFu : centers[k] + 65536, step = k < 0 ? 4099 : 1;
+        for (uint64_t b = first; b <= last; b += step) {
+            float x = bits_f32((uint32_t)b), y = mp_expf(x);
+            if (isnan(x)) {
+                assert_true(isnan(y));
+                continue;
+            }
+            double r = exp((double)x);
+            if (r < 0x1p-126) {
+                assert_true(y == 0.0f || fabs(y - r) <= 0x1p-126);
+                continue;
+            }
+            if (r > FLT_MAX) {
+                assert_true(isinf(y) && y > 0);
+                continue;
+            }
+            double e = ulps(y, r);
+            worst = e > worst ? e : worst;
+            if (!(e <= 2.0)) fail_msg("exp(%a) = %a: %.2f ulp from %a", (double)x, (double)y, e, r);
+        }
+    }
+    print_message("mp_expf: worst %.3f ulp\n", worst);
+    assert_true(mp_expf(-INFINITY) == 0.0f && isinf(mp_expf(INFINITY)));
+}
+
 static double gelu_tanh64(double x)
 {
     return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
@@ -103,6 +141,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tanh),
+        cmocka_unit_test(test_exp),
         cmocka_unit_test(test_gelu_tanh_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

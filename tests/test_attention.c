@@ -428,17 +428,21 @@ static void test_thread_count_independent(void **state)
 }
 
 /* The kernel asks mp_scratch for mp_attention_scratch_bytes(d) per thread
- * and nothing else: with every larger request failing it still runs at
- * T = 4096 (a [T, T] float32 matrix per head would be 64 MiB); with the
- * limit one page below its request it fails cleanly. */
+ * in forward and mp_attention_backward_scratch_bytes(T, d) (that plus T
+ * rows of d floats) in backward, and nothing else: with every larger
+ * request failing it still runs at T = 4096 (a [T, T] float32 matrix per
+ * head would be 64 MiB); with the limit one page below its request it
+ * fails cleanly. */
 static void test_scratch_linear(void **state)
 {
     (void)state;
     const int64_t d = 16;
     const size_t bytes = mp_attention_scratch_bytes(d), page = 4096;
     const size_t limit = (bytes + page - 1) / page * page;
-    assert_true(bytes < (size_t)64 * 1024); /* 6 tiles of 64 x 16 floats and a few rows */
+    const size_t bwd = mp_attention_backward_scratch_bytes(4096, d);
+    assert_true(bytes < (size_t)64 * 1024); /* 7 tiles of 64 x 16 floats and a few rows */
     assert_true(mp_attention_scratch_bytes(64) < (size_t)160 * 1024);
+    assert_true(bwd == bytes + (size_t)4096 * d * 4); /* linear in T */
     attn_case c = make_case(1, 4096, 1, d, MP_BF16, 5);
     uint16_t *o = malloc((size_t)c.n * 2), *dq = malloc((size_t)c.n * 2),
              *dk = malloc((size_t)c.n * 2), *dv = malloc((size_t)c.n * 2);
@@ -446,6 +450,7 @@ static void test_scratch_linear(void **state)
     mp_scratch_fail_above = limit;
     mp_status s1 =
         mp_attention_forward(&c.g, c.q, MP_BF16, c.k, MP_BF16, c.v, MP_BF16, o, MP_BF16, lse);
+    mp_scratch_fail_above = (bwd + page - 1) / page * page;
     mp_status s2 = mp_attention_backward(&c.g, c.q, MP_BF16, c.k, MP_BF16, c.v, MP_BF16, o, MP_BF16,
                                          lse, c.dout, MP_BF16, dq, dk, dv, MP_BF16);
     mp_scratch_fail_above = limit - page;

@@ -72,6 +72,31 @@ static inline float mp_tanhf(float u)
     return mp_select(abits > 0x7F800000u, u, t);          /* NaN passes */
 }
 
+/* e^x in float32 from arithmetic alone (the loops of the attention kernel
+ * vectorize over it): e^x = 2^n e^r with n = round(x / ln 2), r = x - n ln 2
+ * in two parts (|r| <= ln 2 / 2) and e^r by its Taylor series to r^7, 2^n
+ * from the exponent bits. Within 2 ulp of e^x wherever the result is a
+ * normal float (tests/test_activation.c); x below -87.33 (a result below
+ * the normal range) gives 0, above 88.72 +inf; NaN passes through. */
+static inline float mp_expf(float x)
+{
+    const uint32_t bits = mp_f2u(x), abits = bits & 0x7FFFFFFFu, neg = bits >> 31;
+    /* below the normals / past the largest float ('&', not '&&': no branch) */
+    const uint32_t low = neg & (abits > 0x42AEAC4Fu), high = (neg ^ 1u) & (abits > 0x42B17217u);
+    float xc = mp_select(low, -87.33654f, mp_select(high, 88.72283f, x));
+    float t = xc * 1.44269504088896341f;
+    float n = (float)(int32_t)(t + mp_select(neg, -0.5f, 0.5f)); /* round half away */
+    float r = (xc - n * 0.693145751953125f) - n * 1.42860676533018704e-06f;
+    const float e3 = (float)(1.0 / 6), e4 = (float)(1.0 / 24), e5 = (float)(1.0 / 120),
+                e6 = (float)(1.0 / 720), e7 = (float)(1.0 / 5040);
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (e3 + r * (e4 + r * (e5 + r * (e6 + r * e7))))));
+    /* 2^n for n in -126 .. 128: 2^128 as 2 * 2^127 */
+    const int32_t ni = (int32_t)n, n1 = ni - (ni > 127);
+    float y = p * mp_u2f((uint32_t)(n1 + 127) << 23) * mp_select(ni > 127, 2.0f, 1.0f);
+    y = mp_select(low, 0.0f, mp_select(high, mp_u2f(0x7F800000u), y));
+    return mp_select(abits > 0x7F800000u, x, y); /* NaN */
+}
+
 static inline float mp_activate(mp_activation a, float x)
 {
     switch (a) {

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/activation.h"
 #include "kernels/attention.h"
 
 #define TILE MP_ATTN_TILE
@@ -44,18 +45,59 @@ static inline void gemv_t(float *restrict y, const float *restrict x, int64_t in
     }
 }
 
+/* Four gemv_t at once: y + j * ldy = (add ? .. : 0) + sum over k < m, in
+ * order, of x[j * ldx + k * incx] * a[k * lda + 0..n) for j < 4. One load
+ * of a serves four rows; each row's sums run in gemv_t's order, so the
+ * results are its bits. */
+static inline void gemv_t4(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
+                           int64_t ldx, const float *restrict a, int64_t lda, int64_t m, int64_t n,
+                           bool add)
+{
+    for (int64_t i0 = 0; i0 < n; i0 += CH) {
+        float c0[CH], c1[CH], c2[CH], c3[CH];
+        for (int i = 0; i < CH; i++) {
+            c0[i] = add ? y[i0 + i] : 0.0f;
+            c1[i] = add ? y[ldy + i0 + i] : 0.0f;
+            c2[i] = add ? y[2 * ldy + i0 + i] : 0.0f;
+            c3[i] = add ? y[3 * ldy + i0 + i] : 0.0f;
+        }
+        for (int64_t k = 0; k < m; k++) {
+            const float *xk = x + k * incx, *ar = a + k * lda + i0;
+            const float x0 = xk[0], x1 = xk[ldx], x2 = xk[2 * ldx], x3 = xk[3 * ldx];
+            for (int i = 0; i < CH; i++) {
+                c0[i] += x0 * ar[i];
+                c1[i] += x1 * ar[i];
+                c2[i] += x2 * ar[i];
+                c3[i] += x3 * ar[i];
+            }
+        }
+        for (int i = 0; i < CH; i++) {
+            y[i0 + i] = c0[i];
+            y[ldy + i0 + i] = c1[i];
+            y[2 * ldy + i0 + i] = c2[i];
+            y[3 * ldy + i0 + i] = c3[i];
+        }
+    }
+}
+
 static inline void scal(float *y, float a, int64_t n)
 {
     for (int64_t i0 = 0; i0 < n; i0 += CH)
         for (int i = 0; i < CH; i++) y[i0 + i] *= a;
 }
 
-/* The largest of the three tasks: dK/dV (kT, vT, dK, dV, Q, dO, the P and
- * dS tiles, lse and D, one channel row); rows of d channels padded to dp. */
+/* The larger of the two tile tasks: backward's (kT, vT, K, dK, dV, Q, dO,
+ * the P and dS tiles, lse and D, one channel row); rows of d channels
+ * padded to dp. */
 size_t mp_attention_scratch_bytes(int64_t d)
 {
     size_t td = (size_t)TILE * pad16((size_t)d);
-    return (6 * td + 2 * TILE * TILE + 2 * pad16(TILE) + pad16((size_t)d)) * sizeof(float);
+    return (7 * td + 2 * TILE * TILE + 2 * pad16(TILE) + pad16((size_t)d)) * sizeof(float);
+}
+
+size_t mp_attention_backward_scratch_bytes(int64_t t, int64_t d)
+{
+    return mp_attention_scratch_bytes(d) + (size_t)t * pad16((size_t)d) * sizeof(float);
 }
 
 static mp_status check_geom(const mp_attn_geom *g, const char *what)
@@ -108,15 +150,6 @@ static void load_rows_t(float *dst, float *tmp, const mp_attn_geom *g, const voi
             memset(dst + k * TILE + n, 0, (size_t)(TILE - n) * sizeof(float));
 }
 
-/* s[c] = (q . kT[:, c]) * scale for c < nc (and the block's padding). */
-static inline void scores(float *s, const float *q, const float *kt, int64_t d, int64_t nc,
-                          float scale)
-{
-    const int64_t n = (int64_t)pad16((size_t)nc);
-    gemv_t(s, q, 1, kt, TILE, d, n, false);
-    scal(s, scale, n);
-}
-
 /* Key columns of the tile at k0 (nk rows) that query i may see. */
 static int64_t visible(int64_t i, int64_t k0, int64_t nk)
 {
@@ -140,9 +173,11 @@ TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b
     const int64_t d = g->d, dp = (int64_t)pad16((size_t)d), td = TILE * dp;
     const int64_t nr = g->t - q0 < TILE ? g->t - q0 : TILE;
     const float scale = 1.0f / sqrtf((float)d);
+    const int64_t sp = (int64_t)pad16(TILE); /* a score row */
     float *Q = ws, *KT = Q + td, *V = KT + td, *acc = V + td, *s = acc + td;
-    float *mx = s + pad16(TILE), *sum = mx + pad16(TILE), *tmp = sum + pad16(TILE);
+    float *mx = s + 4 * sp, *sum = mx + sp, *tmp = sum + sp;
     load_rows(Q, g, q, qt, b, h, q0, nr);
+    memset(Q + nr * dp, 0, (size_t)((TILE - nr) * dp) * sizeof(float)); /* rows of a last group */
     for (int64_t r = 0; r < nr; r++) {
         mx[r] = -INFINITY;
         sum[r] = 0.0f;
@@ -152,23 +187,28 @@ TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b
         const int64_t nk = g->t - k0 < TILE ? g->t - k0 : TILE;
         load_rows_t(KT, tmp, g, k, kt, b, h, k0, nk);
         load_rows(V, g, v, vt, b, h, k0, nk);
-        for (int64_t r = 0; r < nr; r++) {
-            const int64_t nc = visible(q0 + r, k0, nk);
-            if (nc == 0) continue;
-            scores(s, Q + r * dp, KT, d, nc, scale);
-            float m = mx[r];
-            for (int64_t c = 0; c < nc; c++) m = s[c] > m ? s[c] : m;
-            const float corr = expf(mx[r] - m); /* 0 on the first tile: acc and sum are 0 */
-            float add = 0.0f;
-            for (int64_t c = 0; c < nc; c++) {
-                s[c] = expf(s[c] - m);
-                add += s[c];
+        for (int64_t r = 0; r < nr; r += 4) { /* four query rows share each key load */
+            const int64_t nmax = visible(q0 + (r + 3 < nr ? r + 3 : nr - 1), k0, nk);
+            if (nmax == 0) continue;
+            const int64_t n = (int64_t)pad16((size_t)nmax);
+            gemv_t4(s, sp, Q + r * dp, 1, dp, KT, TILE, d, n, false);
+            for (int64_t j = 0; j < 4 && r + j < nr; j++) {
+                const int64_t nc = visible(q0 + r + j, k0, nk);
+                if (nc == 0) continue;
+                float *sj = s + j * sp, *a = acc + (r + j) * dp;
+                scal(sj, scale, n); /* as scores() does */
+                float m = mx[r + j];
+                for (int64_t c = 0; c < nc; c++) m = sj[c] > m ? sj[c] : m;
+                const float corr = mp_expf(mx[r + j] - m); /* 0 on the first tile: acc, sum 0 */
+#pragma omp simd
+                for (int64_t c = 0; c < nc; c++) sj[c] = mp_expf(sj[c] - m);
+                float add = 0.0f;
+                for (int64_t c = 0; c < nc; c++) add += sj[c]; /* in order */
+                sum[r + j] = sum[r + j] * corr + add;
+                mx[r + j] = m;
+                scal(a, corr, dp);
+                gemv_t(a, sj, 1, V, dp, nc, dp, true);
             }
-            sum[r] = sum[r] * corr + add;
-            mx[r] = m;
-            float *a = acc + r * dp;
-            scal(a, corr, dp);
-            gemv_t(a, s, 1, V, dp, nc, dp, true);
         }
     }
     for (int64_t r = 0; r < nr; r++) {
@@ -221,6 +261,9 @@ static void load_query_side(const mp_attn_geom *g, float *Q, float *dO, float *l
     const int64_t d = g->d, dp = (int64_t)pad16((size_t)d);
     load_rows(Q, g, q, qt, b, h, q0, nr);
     load_rows(dO, g, dout, dot, b, h, q0, nr);
+    /* the rows a last group of four reads past nr */
+    memset(Q + nr * dp, 0, (size_t)((TILE - nr) * dp) * sizeof(float));
+    memset(dO + nr * dp, 0, (size_t)((TILE - nr) * dp) * sizeof(float));
     for (int64_t r = 0; r < nr; r++) {
         load_row(tmp, o, ot, row_off(g, b, h, q0 + r), d);
         float acc = 0.0f;
@@ -230,47 +273,94 @@ static void load_query_side(const mp_attn_geom *g, float *Q, float *dO, float *l
     }
 }
 
-/* One query row against nc key columns: p = exp(s - lse) into p, and
- * ds = p (dO . v - D) into ds. */
-static inline void row_grads(float *p, float *ds, const float *q, const float *dor, const float *KT,
-                             const float *VT, int64_t d, int64_t nc, float scale, float ls, float D)
+/* Four query rows r..r+3 (rows past nr are zeros) against the key columns
+ * of a tile: for row j seeing nc_j columns, p = exp(s - lse) and ds = p (dO
+ * . v - D) into rows j of p and ds (stride ld); the score and dO . v sums
+ * computed four rows at a time over the columns the last row sees, each in
+ * row_grads's order of old. */
+static inline void row_grads4(float *p, float *ds, int64_t ld, const float *q, const float *dor,
+                              int64_t dp, const float *KT, const float *VT, int64_t d,
+                              const int64_t *nc, int rows, float scale, const float *ls,
+                              const float *D)
 {
-    scores(p, q, KT, d, nc, scale);
-    for (int64_t c = 0; c < nc; c++) p[c] = expf(p[c] - ls);
-    gemv_t(ds, dor, 1, VT, TILE, d, (int64_t)pad16((size_t)nc), false);
-    for (int64_t c = 0; c < nc; c++) ds[c] = p[c] * (ds[c] - D);
+    const int64_t n = (int64_t)pad16((size_t)nc[rows - 1]);
+    gemv_t4(p, ld, q, 1, dp, KT, TILE, d, n, false);
+    gemv_t4(ds, ld, dor, 1, dp, VT, TILE, d, n, false);
+    for (int j = 0; j < rows; j++) {
+        float *pj = p + j * ld, *dsj = ds + j * ld;
+        scal(pj, scale, n);
+#pragma omp simd
+        for (int64_t c = 0; c < nc[j]; c++) pj[c] = mp_expf(pj[c] - ls[j]);
+#pragma omp simd
+        for (int64_t c = 0; c < nc[j]; c++) dsj[c] = pj[c] * (dsj[c] - D[j]);
+    }
 }
 
-/* dK and dV of one key tile, all later query tiles looped inside. */
-TILE_CLONES static void backward_kv_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h,
-                                         int64_t k0, const void *q, mp_dtype qt, const void *k,
-                                         mp_dtype kt, const void *v, mp_dtype vt, const void *o,
-                                         mp_dtype ot, const float *lse, const void *dout,
-                                         mp_dtype dot, void *dk, void *dv, mp_dtype gt)
+/* The visible columns of rows q0 + r .. + 3 (at most nr) of key tile k0. */
+static int group_visible(int64_t q0, int64_t r, int64_t nr, int64_t k0, int64_t nk, int64_t *nc)
+{
+    int rows = 0;
+    for (; rows < 4 && r + rows < nr; rows++) nc[rows] = visible(q0 + r + rows, k0, nk);
+    return rows;
+}
+
+/* dK and dV of one key tile, all later query tiles looped inside, and
+ * their part of dQ (float32 rows of the head, dQ [T][dp]): P and dS are
+ * computed once per pair of tiles. */
+TILE_CLONES static void backward_kv_tile(const mp_attn_geom *g, float *ws, float *dQ, int64_t b,
+                                         int64_t h, int64_t k0, const void *q, mp_dtype qt,
+                                         const void *k, mp_dtype kt, const void *v, mp_dtype vt,
+                                         const void *o, mp_dtype ot, const float *lse,
+                                         const void *dout, mp_dtype dot, void *dk, void *dv,
+                                         mp_dtype gt)
 {
     const int64_t d = g->d, dp = (int64_t)pad16((size_t)d), td = TILE * dp;
     const int64_t nk = g->t - k0 < TILE ? g->t - k0 : TILE;
     const float scale = 1.0f / sqrtf((float)d);
-    float *KT = ws, *VT = KT + td, *dK = VT + td, *dV = dK + td, *Q = dV + td, *dO = Q + td;
-    float *P = dO + td, *dS = P + TILE * TILE, *ls = dS + TILE * TILE, *D = ls + pad16(TILE);
-    float *tmp = D + pad16(TILE);
-    load_rows_t(KT, tmp, g, k, kt, b, h, k0, nk);
+    float *KT = ws, *VT = KT + td, *K = VT + td, *dK = K + td, *dV = dK + td, *Q = dV + td;
+    float *dO = Q + td, *P = dO + td, *dS = P + TILE * TILE, *ls = dS + TILE * TILE;
+    float *D = ls + pad16(TILE), *tmp = D + pad16(TILE);
+    load_rows(K, g, k, kt, b, h, k0, nk);
+    for (int64_t j = 0; j < d; j++) {
+        for (int64_t c = 0; c < nk; c++) KT[j * TILE + c] = K[c * dp + j];
+        for (int64_t c = nk; c < TILE; c++) KT[j * TILE + c] = 0.0f;
+    }
     load_rows_t(VT, tmp, g, v, vt, b, h, k0, nk);
     memset(dK, 0, (size_t)(nk * dp) * sizeof(float));
     memset(dV, 0, (size_t)(nk * dp) * sizeof(float));
     for (int64_t q0 = k0; q0 < g->t; q0 += TILE) {
         const int64_t nr = g->t - q0 < TILE ? g->t - q0 : TILE;
         load_query_side(g, Q, dO, ls, D, tmp, b, h, q0, nr, q, qt, o, ot, lse, dout, dot);
-        for (int64_t r = 0; r < nr; r++)
-            row_grads(P + r * TILE, dS + r * TILE, Q + r * dp, dO + r * dp, KT, VT, d,
-                      visible(q0 + r, k0, nk), scale, ls[r], D[r]);
+        for (int64_t r = 0; r < nr; r += 4) {
+            int64_t nc[4];
+            int rows = group_visible(q0, r, nr, k0, nk, nc);
+            if (nc[rows - 1] == 0) continue;
+            row_grads4(P + r * TILE, dS + r * TILE, TILE, Q + r * dp, dO + r * dp, dp, KT, VT, d,
+                       nc, rows, scale, ls + r, D + r);
+            /* dQ rows += dS K over the keys each sees (key tiles in order) */
+            float *dq = dQ + (q0 + r) * dp;
+            if (rows == 4 && nc[0] == nc[3])
+                gemv_t4(dq, dp, dS + r * TILE, 1, TILE, K, dp, nc[0], dp, true);
+            else
+                for (int j = 0; j < rows; j++)
+                    if (nc[j] > 0)
+                        gemv_t(dq + j * dp, dS + (r + j) * TILE, 1, K, dp, nc[j], dp, true);
+        }
         /* key c is seen by the rows from k0 + c on: its sums over them in
-         * row order, as one row at a time would add them */
-        for (int64_t c = 0; c < nk; c++) {
+         * row order, as one row at a time would add them; four keys seen by
+         * the same rows share the loads */
+        for (int64_t c = 0; c < nk;) {
             const int64_t r0 = k0 + c > q0 ? k0 + c - q0 : 0;
-            if (r0 >= nr) continue;
+            if (r0 >= nr) break; /* later keys start later still */
+            if (r0 == 0 && c + 3 < nk && k0 + c + 3 <= q0) {
+                gemv_t4(dV + c * dp, dp, P + c, TILE, 1, dO, dp, nr, dp, true);
+                gemv_t4(dK + c * dp, dp, dS + c, TILE, 1, Q, dp, nr, dp, true);
+                c += 4;
+                continue;
+            }
             gemv_t(dV + c * dp, P + r0 * TILE + c, TILE, dO + r0 * dp, dp, nr - r0, dp, true);
             gemv_t(dK + c * dp, dS + r0 * TILE + c, TILE, Q + r0 * dp, dp, nr - r0, dp, true);
+            c++;
         }
     }
     for (int64_t c = 0; c < nk; c++) {
@@ -281,40 +371,22 @@ TILE_CLONES static void backward_kv_tile(const mp_attn_geom *g, float *ws, int64
     }
 }
 
-/* dQ of one query tile, the key tiles it sees looped inside. */
-TILE_CLONES static void backward_q_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h,
-                                        int64_t q0, const void *q, mp_dtype qt, const void *k,
-                                        mp_dtype kt, const void *v, mp_dtype vt, const void *o,
-                                        mp_dtype ot, const float *lse, const void *dout,
-                                        mp_dtype dot, void *dq, mp_dtype gt)
+/* One (batch, head): its key tiles in order, then dQ scaled and stored. */
+static void backward_head(const mp_attn_geom *g, float *ws, int64_t b, int64_t h, const void *q,
+                          mp_dtype qt, const void *k, mp_dtype kt, const void *v, mp_dtype vt,
+                          const void *o, mp_dtype ot, const float *lse, const void *dout,
+                          mp_dtype dot, void *dq, void *dk, void *dv, mp_dtype gt)
 {
-    const int64_t d = g->d, dp = (int64_t)pad16((size_t)d), td = TILE * dp;
-    const int64_t nr = g->t - q0 < TILE ? g->t - q0 : TILE;
-    const float scale = 1.0f / sqrtf((float)d);
-    float *KT = ws, *VT = KT + td, *K = VT + td, *dQ = K + td, *Q = dQ + td, *dO = Q + td;
-    float *p = dO + td, *ds = p + pad16(TILE), *ls = ds + pad16(TILE), *D = ls + pad16(TILE);
-    float *tmp = D + pad16(TILE);
-    load_query_side(g, Q, dO, ls, D, tmp, b, h, q0, nr, q, qt, o, ot, lse, dout, dot);
-    memset(dQ, 0, (size_t)(nr * dp) * sizeof(float));
-    for (int64_t k0 = 0; k0 <= q0 + nr - 1; k0 += TILE) {
-        const int64_t nk = g->t - k0 < TILE ? g->t - k0 : TILE;
-        load_rows(K, g, k, kt, b, h, k0, nk);
-        for (int64_t j = 0; j < d; j++) {
-            for (int64_t c = 0; c < nk; c++) KT[j * TILE + c] = K[c * dp + j];
-            for (int64_t c = nk; c < TILE; c++) KT[j * TILE + c] = 0.0f;
-        }
-        load_rows_t(VT, tmp, g, v, vt, b, h, k0, nk);
-        for (int64_t r = 0; r < nr; r++) {
-            const int64_t nc = visible(q0 + r, k0, nk);
-            if (nc == 0) continue;
-            row_grads(p, ds, Q + r * dp, dO + r * dp, KT, VT, d, nc, scale, ls[r], D[r]);
-            gemv_t(dQ + r * dp, ds, 1, K, dp, nc, dp, true);
-        }
-    }
-    for (int64_t r = 0; r < nr; r++) {
-        float *dqr = dQ + r * dp;
-        scal(dqr, scale, dp);
-        store_row(dq, gt, row_off(g, b, h, q0 + r), dqr, d);
+    const int64_t dp = (int64_t)pad16((size_t)g->d);
+    float *dQ = ws + mp_attention_scratch_bytes(g->d) / sizeof(float);
+    memset(dQ, 0, (size_t)(g->t * dp) * sizeof(float));
+    for (int64_t k0 = 0; k0 < g->t; k0 += TILE)
+        backward_kv_tile(g, ws, dQ, b, h, k0, q, qt, k, kt, v, vt, o, ot, lse, dout, dot, dk, dv,
+                         gt);
+    const float scale = 1.0f / sqrtf((float)g->d);
+    for (int64_t r = 0; r < g->t; r++) {
+        scal(dQ + r * dp, scale, dp);
+        store_row(dq, gt, row_off(g, b, h, r), dQ + r * dp, g->d);
     }
 }
 
@@ -327,8 +399,10 @@ mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype q
     if (s) return s;
     if (!q || !k || !v || !o || !lse || !dout || !dq || !dk || !dv)
         return mp_set_error(MP_ERR_INVALID, "attention backward: NULL tensor");
-    const long long nt = (g->t + TILE - 1) / TILE, tasks = g->batch * g->heads * nt;
-    const size_t bytes = mp_attention_scratch_bytes(g->d);
+    /* one task per (batch, head): the tiles' scratch and the head's dQ */
+    const long long tasks = g->batch * g->heads;
+    const size_t bytes =
+        mp_attention_scratch_bytes(g->d) + (size_t)g->t * pad16((size_t)g->d) * sizeof(float);
     int fail = 0;
 #pragma omp parallel num_threads(threads_for(tasks))
     {
@@ -337,21 +411,11 @@ mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype q
 #pragma omp atomic write
             fail = 1;
         }
-        /* first dK/dV per key tile, then dQ per query tile (the implicit
-         * barrier between the loops is not needed: they write apart) */
-#pragma omp for schedule(dynamic, 1) nowait
-        for (long long task = 0; task < tasks; task++) {
-            if (!ws) continue;
-            const int64_t ti = task % nt, bh = task / nt;
-            backward_kv_tile(g, ws, bh / g->heads, bh % g->heads, ti * TILE, q, qt, k, kt, v, vt, o,
-                             ot, lse, dout, dot, dk, dv, gt);
-        }
 #pragma omp for schedule(dynamic, 1)
         for (long long task = 0; task < tasks; task++) {
             if (!ws) continue;
-            const int64_t ti = task % nt, bh = task / nt;
-            backward_q_tile(g, ws, bh / g->heads, bh % g->heads, ti * TILE, q, qt, k, kt, v, vt, o,
-                            ot, lse, dout, dot, dq, gt);
+            backward_head(g, ws, task / g->heads, task % g->heads, q, qt, k, kt, v, vt, o, ot, lse,
+                          dout, dot, dq, dk, dv, gt);
         }
     }
     if (fail)
@@ -383,7 +447,9 @@ void mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const void
             mx = p[j] > mx ? p[j] : mx;
         }
         float sum = 0.0f;
-        for (int64_t j = 0; j < len; j++) sum += (p[j] = expf(p[j] - mx));
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++) p[j] = mp_expf(p[j] - mx);
+        for (int64_t j = 0; j < len; j++) sum += p[j];
         for (int64_t c = 0; c < d; c++) acc[c] = 0.0f;
         for (int64_t j = 0; j < len; j++) {
             mp_convert(row, MP_F32, (const char *)vc + (size_t)(j * hd + h * d) * cs, ct,

@@ -16,13 +16,15 @@
  *
  * Inputs may be in any float dtype (widened exactly to float32); all
  * arithmetic is float32 and each output is rounded once to its dtype.
- * Forward runs one task per (batch, head, query tile); backward runs one per
- * (batch, head, key tile) for dK/dV (query tiles looped inside) and one per
- * (batch, head, query tile) for dQ (key tiles inside): every output element
- * is summed by one task in a fixed order, so results are bit-identical for
- * any thread count, with no atomics. Each thread takes
- * mp_attention_scratch_bytes(d) from its mp_scratch slot 3 and nothing else:
- * memory is independent of T beyond the caller's tensors. */
+ * Forward runs one task per (batch, head, query tile); backward one per
+ * (batch, head): its key tiles in order, each against the query tiles that
+ * see it, P and dS computed once per pair of tiles, dK and dV summed in the
+ * tile, dQ in a float32 row block of the head (key tiles in order). Every
+ * output element is summed by one task in a fixed order, so results are
+ * bit-identical for any thread count, with no atomics. Each thread takes
+ * from its mp_scratch slot 3 mp_attention_scratch_bytes(d) in forward and
+ * mp_attention_backward_scratch_bytes(t, d) (that plus T rows of d floats)
+ * in backward, and nothing else: memory is linear in T, never [T, T]. */
 #ifndef MP_ATTENTION_H
 #define MP_ATTENTION_H
 
@@ -35,8 +37,10 @@ typedef struct {
     int64_t batch, t, heads, d;
 } mp_attn_geom;
 
-/* Per-thread scratch (bytes) the forward or backward asks for at head size d. */
+/* Per-thread scratch (bytes) the forward asks for at head size d, and the
+ * backward at sequence length t. */
 size_t mp_attention_scratch_bytes(int64_t d);
+size_t mp_attention_backward_scratch_bytes(int64_t t, int64_t d);
 
 /* o [batch, T, heads, d] in ot, lse [batch, heads, T] float32 (may be NULL
  * when no backward follows). q, k, v in their own dtypes. */
