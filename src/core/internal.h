@@ -52,10 +52,14 @@ static inline uint32_t mp_round_magnitude(uint32_t a, int exp_offset, int mbits,
     uint32_t ef = a >> 23;
     uint32_t m = a & 0x7FFFFFu;
     int e = (int)ef - 127;
-    if (ef == 0)
-        e = -126;
-    else
+    if (ef == 0) { /* a subnormal, normalized: the offset may make it a normal */
+        if (m == 0) return 0;
+        int lz = __builtin_clz(m) - 8;
+        m <<= lz;
+        e = -126 - lz;
+    } else {
         m |= 0x800000u;
+    }
     e -= exp_offset;
     int emin = 1 - bias;
     int shift = 23 - mbits;
