@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "common.h"
 #include "core/mx_internal.h"
@@ -630,6 +631,30 @@ static void test_bad_input(void **state)
     assert_int_equal(mp_mx_quantize_2d(MP_MXFP6_E2M3, 32, 0, 5, 0, NULL, NULL, MP_F32), MP_OK);
 }
 
+/* ---------------------------------------------- ml_dtypes, where present */
+
+/* tests/interop/mx_ml_dtypes.py checks the shared library of this build
+ * (next to $MP_CLI, which tests/run.sh sets) against ml_dtypes' types, with
+ * $MP_PYTHON (default python3). Skipped without ml_dtypes (CI has none),
+ * outside run.sh, and under the sanitizers (a Python process cannot load an
+ * ASan-built library). */
+static void test_ml_dtypes(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__)
+    skip();
+#endif
+    const char *cli = getenv("MP_CLI"), *py = getenv("MP_PYTHON");
+    if (!cli || !strrchr(cli, '/')) skip();
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' tests/interop/mx_ml_dtypes.py '%.*s/libmixprec.so'",
+             py ? py : "python3", (int)(strrchr(cli, '/') - cli), cli);
+    int rc = system(cmd);
+    rc = rc == -1 || !WIFEXITED(rc) ? -1 : WEXITSTATUS(rc);
+    if (rc == 77 || rc == 127) skip(); /* no ml_dtypes, or no such Python */
+    if (rc != 0) fail_msg("%s: exit status %d (see its message above)", cmd, rc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -642,6 +667,7 @@ int main(void)
         cmocka_unit_test(test_quantize_2d),
         cmocka_unit_test(test_transpose),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_ml_dtypes),
     };
     return cmocka_run_group_tests_name("mx", tests, setup, NULL);
 }
