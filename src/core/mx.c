@@ -4,12 +4,16 @@
  * the bits every other path must reproduce. Argument checks and dispatch
  * are in mx_convert.c, the AVX-512 kernels in mx_avx512.c.
  *
- * Sections of the specification cited here: 5.1 (the concrete formats,
- * block size 32), 5.3 (E8M0: bias 127, 0xFF NaN, no sign, zero or inf),
- * 5.3-5.4 (element formats: OCP FP8, FP6 E2M3/E3M2, FP4 E2M1, INT8 with
- * its 2^-6 scale), 6.3 (the conversion: shared_exp = floor(log2(amax)) -
- * emax_elem, elements quantized with normals beyond the format's range
- * clamped to max with their sign; as Algorithm 1 of arXiv:2310.10537). */
+ * The specification's sections as cited here: 5 (the concrete formats with
+ * their block size 32, the E8M0 scale: bias 127, 0xFF NaN, no sign, zero or
+ * inf; the element formats: OCP FP8, FP6 E2M3/E3M2, FP4 E2M1, INT8 with its
+ * 2^-6 scale) and 6.3 (the conversion: shared_exp = floor(log2(amax)) -
+ * emax_elem, elements quantized with normals beyond the element format's
+ * range clamped to max with their sign, inf and NaN not clamped). The PDF
+ * itself was not at hand when this was written: the rule was taken from
+ * Algorithm 1 of arXiv:2310.10537 (the paper that accompanies the
+ * specification) and Microsoft's microxcaling reference, and the element
+ * formats are checked against ml_dtypes (tests/interop/mx_ml_dtypes.py). */
 #include <string.h>
 
 #include "mx_internal.h"
