@@ -1,7 +1,7 @@
 /* test_mx.c - the OCP MX block formats (mixprec/mx.h) against a reference
- * written here from the specification in double arithmetic (element values
- * from their sign, exponent and mantissa fields with ldexp; the scale rule
- * with frexp; rounding with nearbyint), sharing no code with the library:
+ * written from the specification in double arithmetic (tests/mx_reference.h:
+ * element values from their sign, exponent and mantissa fields with ldexp;
+ * the scale rule with frexp; rounding with nearbyint), no library code:
  * every element code and every scale decoded, pack over a large seeded
  * sample and the boundaries (ties in every binade, max, clamping, element
  * subnormals, zeros, float32 subnormals, inf, NaN, powers of two, partial
