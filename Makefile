@@ -109,6 +109,9 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_COMMON) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $< $(TEST_COMMON) $(STATIC) -lcmocka $(LDLIBS_ALL)
 
+# test_mx hands the shared library to tests/interop/mx_ml_dtypes.py: keep it current.
+$(BUILD)/tests/test_mx: $(SHARED)
+
 test: deps-test
 	@$(MAKE) --no-print-directory $(TEST_BIN) $(CLI) $(EXAMPLES)
 	@sh tests/headers_test.sh

@@ -1,13 +1,14 @@
 /* bench_convert.c - conversion throughput on 64 MiB float32 arrays, scalar vs
  * SIMD paths, next to memcpy as the practical limit. Bandwidth counts bytes
  * read plus bytes written; figures are medians of repeated runs on one thread
- * (mp_convert is single-threaded). */
+ * (mp_convert is single-threaded). The MX rows pack float32 into element
+ * codes and E8M0 scales and unpack them again, scalar against AVX-512. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/internal.h"
+#include "core/mx_internal.h"
 #include "bench_util.h"
 
 #define N ((size_t)16 << 20) /* 16 Mi float32 = 64 MiB */
@@ -49,6 +50,50 @@ static double median_seconds(mp_isa isa, const conversion *c, int is_memcpy, siz
     return median(t, REPS);
 }
 
+static double median_mx(mp_isa isa, mp_mx_format f, int pack, uint8_t *scales)
+{
+    double t[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now();
+        mp_status st = pack ? mp_mx_pack_isa(isa, f, MP_MX_BLOCK, src32, N, lowp, scales)
+                            : mp_mx_unpack_isa(isa, f, MP_MX_BLOCK, lowp, scales, N, dst32, MP_F32);
+        t[r] = now() - t0;
+        if (st) {
+            fprintf(stderr, "bench_convert: %s\n", mp_last_error());
+            exit(1);
+        }
+    }
+    return median(t, REPS);
+}
+
+/* MXFP8 (E4M3) and MXFP4: GB/s of pack and unpack on each path, and the
+ * AVX-512 path's speed-up over scalar. */
+static void mx_rows(double mem_gbs)
+{
+    uint8_t *scales = buffer(mp_mx_scale_count(N));
+    const mp_mx_format fmts[] = {MP_MXFP8_E4M3, MP_MXFP4_E2M1};
+    printf("\n%-22s %-11s %9s %8s %9s\n", "MX (blocks of 32)", "path", "GB/s", "ratio",
+           "vs scalar");
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
+        for (int pack = 1; pack >= 0; pack--) {
+            double bytes = (double)N * 4.0 + (double)mp_mx_code_bytes(fmts[i], N) +
+                           (double)mp_mx_scale_count(N);
+            double scalar_gbs = 0;
+            for (int isa = 0; isa < MP_ISA_COUNT; isa++) {
+                /* the AVX-512 paths share the MX kernels */
+                if (!mp_isa_supported((mp_isa)isa) || isa == MP_ISA_AVX512BF16) continue;
+                double gbs = bytes / median_mx((mp_isa)isa, fmts[i], pack, scales) / 1e9;
+                if (isa == MP_ISA_SCALAR) scalar_gbs = gbs;
+                char name[32];
+                snprintf(name, sizeof name, "%s %s", mp_mx_format_name(fmts[i]),
+                         pack ? "pack" : "unpack");
+                printf("%-22s %-11s %9.2f %8.2f %8.1fx\n", name, mp_isa_name((mp_isa)isa), gbs,
+                       gbs / mem_gbs, gbs / scalar_gbs);
+            }
+        }
+    mp_region_free(scales, mp_mx_scale_count(N));
+}
+
 int main(void)
 {
     src32 = buffer(N * 4);
@@ -85,6 +130,7 @@ int main(void)
             if (isa != MP_ISA_SCALAR && gbs / mem_gbs < worst_simd) worst_simd = gbs / mem_gbs;
         }
     }
+    mx_rows(mem_gbs);
     printf("\nsummary: worst_simd_vs_memcpy=%.2f (target >= 0.70)\n", worst_simd);
     return 0;
 }

@@ -99,7 +99,8 @@ uint8_t mp_f32_to_e5m2_ex(float x, mp_overflow ov);
 
 /* Bulk conversion between any two dtypes (n elements, no overlap unless
  * dst == src with equal types). Uses the fastest bit-exact path of this CPU.
- * fp8 targets saturate (MP_OVERFLOW_SATURATE). */
+ * fp8 targets saturate (MP_OVERFLOW_SATURATE). The MX block formats, whose
+ * scales travel beside the codes, have their own calls (mixprec/mx.h). */
 void mp_convert(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type, size_t n);
 /* As mp_convert, with the fp8 overflow behaviour chosen. */
 void mp_convert_ex(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type, size_t n,
@@ -314,5 +315,6 @@ void mp_set_num_threads(int n);
 #include "mixprec/data.h"
 #include "mixprec/io.h"
 #include "mixprec/dist.h"
+#include "mixprec/mx.h"
 
 #endif /* MIXPREC_H */

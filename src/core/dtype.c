@@ -80,30 +80,6 @@ void mp_dtype_get_info(mp_dtype t, mp_dtype_info *info)
 
 /* ------------------------------------------------------------- encoding */
 
-/* Round the finite magnitude with f32 bits `a` to a format with `mbits`
- * fraction bits and exponent bias `bias`, round-to-nearest-even, subnormals
- * included. Returns the magnitude encoding; values past the largest finite
- * come out as larger encodings and the caller decides what overflow means. */
-static inline uint32_t encode_magnitude(uint32_t a, int mbits, int bias)
-{
-    uint32_t ef = a >> 23;
-    uint32_t m = a & 0x7FFFFFu;
-    int e = (int)ef - 127;
-    if (ef == 0)
-        e = -126;
-    else
-        m |= 0x800000u;
-    int emin = 1 - bias;
-    int shift = 23 - mbits;
-    if (e < emin) shift += emin - e;
-    if (shift > 31) shift = 31; /* m < 2^24 < half: rounds to zero either way */
-    uint32_t q = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1);
-    uint32_t half = 1u << (shift - 1);
-    q += (rem > half) | ((rem == half) & q & 1u);
-    return e >= emin ? ((uint32_t)(e + bias - 1) << mbits) + q : q;
-}
-
 uint16_t mp_f32_to_bf16(float x)
 {
     uint32_t u = mp_f32_bits(x);
@@ -120,7 +96,7 @@ uint16_t mp_f32_to_f16(float x)
     uint32_t a = u & 0x7FFFFFFFu;
     if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
     if (a == 0x7F800000u) return (uint16_t)(sign | 0x7C00u);
-    uint32_t r = encode_magnitude(a, 10, 15);
+    uint32_t r = mp_round_magnitude(a, 0, 10, 15);
     if (r > 0x7BFFu) r = 0x7C00u;
     return (uint16_t)(sign | r);
 }
@@ -138,7 +114,7 @@ static inline uint8_t encode_fp8(float x, const mp_fp8_format *f, mp_overflow ov
     if (a > 0x7F800000u) return (uint8_t)(sign | f->nan_enc);
     if (a == 0x7F800000u)
         return (uint8_t)(sign | (ov == MP_OVERFLOW_SATURATE ? f->inf_enc : f->ovf_nonsat));
-    uint32_t r = encode_magnitude(a, f->mbits, f->bias);
+    uint32_t r = mp_round_magnitude(a, 0, f->mbits, f->bias);
     if (r > f->max_enc) r = ov == MP_OVERFLOW_SATURATE ? f->max_enc : f->ovf_nonsat;
     return (uint8_t)(sign | r);
 }

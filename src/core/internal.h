@@ -39,6 +39,39 @@ static inline float mp_bits_f32(uint32_t u)
     return v.f;
 }
 
+/* Round the finite magnitude with f32 bits `a`, divided by 2^exp_offset, to
+ * a format with `mbits` fraction bits and exponent bias `bias`,
+ * round-to-nearest-even, subnormals included: one rounding of the exact
+ * quotient (the division only moves the exponent). Returns the magnitude
+ * encoding; values past the largest finite come out as larger encodings and
+ * the caller decides what overflow means. The scalar definition of every
+ * narrowing cast (dtype.c, exp_offset 0) and of MX elements (mx.c, the
+ * block's shared exponent). */
+static inline uint32_t mp_round_magnitude(uint32_t a, int exp_offset, int mbits, int bias)
+{
+    uint32_t ef = a >> 23;
+    uint32_t m = a & 0x7FFFFFu;
+    int e = (int)ef - 127;
+    if (ef == 0) { /* a subnormal, normalized: the offset may make it a normal */
+        if (m == 0) return 0;
+        int lz = __builtin_clz(m) - 8;
+        m <<= lz;
+        e = -126 - lz;
+    } else {
+        m |= 0x800000u;
+    }
+    e -= exp_offset;
+    int emin = 1 - bias;
+    int shift = 23 - mbits;
+    if (e < emin) shift += emin - e;
+    if (shift > 31) shift = 31; /* m < 2^24 < half: rounds to zero either way */
+    uint32_t q = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    q += (rem > half) | ((rem == half) & q & 1u);
+    return e >= emin ? ((uint32_t)(e + bias - 1) << mbits) + q : q;
+}
+
 /* splitmix64's finaliser: the mixing step of every counter-based random
  * stream in the library (stochastic rounding, initialisers, dropout,
  * shuffling), so each draw depends only on (key, index). */

@@ -16,7 +16,7 @@ static inline uint64_t random_bits(uint64_t key, uint64_t index)
     return mp_mix64(key + (index + 1) * 0x9E3779B97F4A7C15ull);
 }
 
-/* As encode_magnitude() in dtype.c with the round-to-nearest step replaced by
+/* As mp_round_magnitude() in internal.h with the round-to-nearest step replaced by
  * a random one. A value more than 63 bits below the grid step (less than
  * 2^-39 of the smallest subnormal) rounds to zero. */
 static inline uint32_t sr_magnitude(uint32_t a, int mbits, int bias, uint64_t rnd)
