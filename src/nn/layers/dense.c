@@ -2,9 +2,19 @@
  * GEMM reads x and W in the compute dtype, accumulates in float32 and fuses
  * bias, relu and the cast to the output; activations whose derivative needs
  * the pre-activation keep it. Backward: dW = x^T dz, db = column sums of dz
- * (float32), dx = dz W^T. */
+ * (float32), dx = dz W^T.
+ *
+ * In float8 (nn/quant.h, mixprec/fp8.h) the GEMMs read quantized operands:
+ * x (in the compute dtype) and W (from its float32 master) per tensor in
+ * E4M3, dz in E5M2 (HYBRID) or E4M3, each GEMM's result multiplied by the
+ * product of its operands' 1/scale in the epilogue; db stays the float32
+ * column sum of dz. What the forward keeps of x for dW: its fp8 codes (one
+ * byte an element) when x would otherwise be copied (data, another dtype);
+ * when x is a tensor the producer keeps anyway, nothing, and backward
+ * quantizes it again with the forward's scale (the same codes). */
 #include "kernels/ops.h"
 #include "nn/layer.h"
+#include "nn/quant.h"
 
 typedef struct {
     int64_t units;
@@ -14,7 +24,18 @@ typedef struct {
 typedef struct {
     mp_tensor in;  /* input in the compute dtype, kept for dW */
     mp_tensor pre; /* pre-activation when the derivative needs it */
+    /* float8: the input's saved codes (NULL: quantize `in` again) and
+     * scale, the kernel's operand */
+    const uint8_t *xq;
+    float sx;
+    mp_quant_operand wq;
 } dense_state;
+
+/* float8: the input's codes are kept when the input would be copied */
+static bool fp8_saves_codes(const mp_model *m, const mp_layer *l, int64_t batch)
+{
+    return mp_layer_kept_input_bytes(m, l, 0, batch) > 0;
+}
 
 static bool keeps_pre(const dense_config *c) { return mp_op_activation_grad_needs_input(c->act); }
 
@@ -40,25 +61,63 @@ static mp_status dense_build(mp_model *m, mp_layer *l)
 static size_t dense_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
     size_t out = arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
-    return mp_layer_kept_input_bytes(m, l, 0, batch) + out + (keeps_pre(l->config) ? out : 0);
+    size_t in = mp_layer_kept_input_bytes(m, l, 0, batch);
+    if (l->fp8_active) /* one byte an element, or nothing */
+        in = fp8_saves_codes(m, l, batch)
+                 ? arena_bytes((size_t)layer_numel(mp_layer_csrc(m, l, 0), batch))
+                 : 0;
+    return in + out + (keeps_pre(l->config) ? out : 0);
 }
 
 static size_t dense_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
-    (void)m;
     const dense_config *c = l->config;
     size_t dz = (size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute);
-    return arena_bytes(dz) + arena_bytes((size_t)c->units * sizeof(float)); /* dz, a bias copy */
+    size_t bytes = arena_bytes(dz) + arena_bytes((size_t)c->units * sizeof(float)); /* dz, bias */
+    if (l->fp8_active) /* dz's codes, and x's when quantized again */
+        bytes += arena_bytes((size_t)layer_numel(l, batch)) +
+                 arena_bytes((size_t)layer_numel(mp_layer_csrc(m, l, 0), batch));
+    return bytes;
+}
+
+/* float8: the kernel's codes (from the float32 master when there is one)
+ * and the input's: saved in the activation arena, or in the temporaries
+ * when backward can quantize the kept input again. */
+static mp_status fp8_quantize_forward(mp_model *m, mp_layer *l, bool training, mp_quant_operand *xo)
+{
+    dense_state *st = l->state;
+    mp_float8_meta *q = mp_float8_layer_metas(m, l);
+    mp_model_param *w = mp_layer_param(m, l, 0);
+    const void *wsrc = w->master ? (const void *)w->master : w->weight;
+    mp_dtype wt = w->master ? MP_F32 : w->weight_dtype;
+    mp_float8_quantize_tensor(&q[MP_FLOAT8_WEIGHT], wsrc, wt, (size_t)w->n,
+                              q[MP_FLOAT8_WEIGHT].codes, training, &st->wq);
+    bool save = fp8_saves_codes(m, l, m->batch);
+    if (mp_layer_input_compute(m, l, 0, !save, &st->in)) return MP_ERR_NOMEM;
+    size_t n = (size_t)mp_tensor_numel(&st->in);
+    uint8_t *codes = mp_arena_alloc(save ? m->act : m->tmp, n);
+    if (!codes) return mp_layer_nomem(l, "its input's float8 codes");
+    mp_float8_quantize_tensor(&q[MP_FLOAT8_INPUT], st->in.data, st->in.dtype, n, codes, training,
+                              xo);
+    st->xq = save ? codes : NULL;
+    st->sx = q[MP_FLOAT8_INPUT].scale;
+    return MP_OK;
 }
 
 static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
 {
-    (void)training;
     const dense_config *c = l->config;
     dense_state *st = l->state;
     mp_dtype ct = l->policy.compute;
     mp_model_param *w = mp_layer_param(m, l, 0), *b = mp_layer_param(m, l, 1);
-    if (mp_layer_input_compute(m, l, 0, true, &st->in)) return MP_ERR_NOMEM;
+    mp_quant_operand xo = {NULL, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
+    if (l->fp8_active) {
+        if (fp8_quantize_forward(m, l, training, &xo)) return MP_ERR_NOMEM;
+        wo = st->wq;
+    } else if (mp_layer_input_compute(m, l, 0, true, &st->in)) {
+        return MP_ERR_NOMEM;
+    }
+    if (!xo.data) xo.data = st->in.data;
     if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
     const float *bias = b->master;
     if (!bias) { /* pure low-precision policy: widen the bias for the epilogue */
@@ -67,7 +126,7 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
         mp_convert(tmp, MP_F32, b->weight, b->weight_dtype, (size_t)c->units);
         bias = tmp;
     }
-    int64_t in = w->shape[0], rows = mp_tensor_numel(&st->in) / in;
+    int64_t in = w->shape[0], rows = layer_numel(l, m->batch) / c->units;
     bool fuse = c->act == MP_ACT_NONE || c->act == MP_ACT_RELU;
     mp_tensor *z = &l->out;
     if (keeps_pre(c)) {
@@ -79,11 +138,12 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     g.m = rows;
     g.n = c->units;
     g.k = in;
-    g.a = st->in.data;
-    g.a_type = ct;
+    g.alpha = xo.inv_scale * wo.inv_scale;
+    g.a = xo.data;
+    g.a_type = xo.dtype;
     g.lda = in;
-    g.b = w->weight;
-    g.b_type = w->weight_dtype;
+    g.b = wo.data;
+    g.b_type = wo.dtype;
     g.ldb = c->units;
     g.c = z->data;
     g.c_type = ct;
@@ -94,6 +154,28 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     if (s) return s;
     if (!fuse)
         mp_op_activation(c->act, z->data, ct, l->out.data, ct, (size_t)mp_tensor_numel(&l->out));
+    return MP_OK;
+}
+
+/* float8: dz's codes (its amax recorded) and the input's, saved or
+ * quantized again with the forward's scale. */
+static mp_status fp8_quantize_backward(mp_model *m, mp_layer *l, const mp_tensor *dz,
+                                       mp_quant_operand *xo, mp_quant_operand *dzo)
+{
+    const dense_state *st = l->state;
+    mp_float8_meta *q = mp_float8_layer_metas(m, l);
+    size_t nz = (size_t)mp_tensor_numel(dz),
+           nx = (size_t)layer_numel(mp_layer_src(m, l, 0), m->batch);
+    uint8_t *gq = mp_arena_alloc(m->tmp, nz);
+    if (!gq) return mp_layer_nomem(l, "its gradient's float8 codes");
+    mp_float8_quantize_tensor(&q[MP_FLOAT8_GRAD_OUTPUT], dz->data, dz->dtype, nz, gq, true, dzo);
+    if (st->xq) {
+        *xo = (mp_quant_operand){st->xq, q[MP_FLOAT8_INPUT].dtype, 1.0f / st->sx};
+        return MP_OK;
+    }
+    uint8_t *xq = mp_arena_alloc(m->tmp, nx);
+    if (!xq) return mp_layer_nomem(l, "its input's float8 codes");
+    mp_float8_requantize(&q[MP_FLOAT8_INPUT], st->in.data, st->in.dtype, nx, st->sx, xq, xo);
     return MP_OK;
 }
 
@@ -113,17 +195,22 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
         mp_op_activation_grad(c->act, saved->data, ct, g->data, g->dtype, dz.data, ct,
                               (size_t)mp_tensor_numel(&dz));
     }
+    mp_quant_operand xo = {st->in.data, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
+    mp_quant_operand dzo = {dz.data, dz.dtype, 1.0f};
+    if (l->fp8_active && fp8_quantize_backward(m, l, &dz, &xo, &dzo)) return MP_ERR_NOMEM;
+    if (l->fp8_active) wo = st->wq;
     /* dW = x^T dz and db = column sums of dz, float32 */
     mp_gemm_args gw = mp_gemm_args_default();
     gw.trans_a = true;
     gw.m = in;
     gw.n = units;
     gw.k = rows;
-    gw.a = st->in.data;
-    gw.a_type = ct;
+    gw.alpha = xo.inv_scale * dzo.inv_scale;
+    gw.a = xo.data;
+    gw.a_type = xo.dtype;
     gw.lda = in;
-    gw.b = dz.data;
-    gw.b_type = dz.dtype;
+    gw.b = dzo.data;
+    gw.b_type = dzo.dtype;
     gw.ldb = units;
     gw.beta = accumulate ? 1.0f : 0.0f;
     gw.c = w->grad;
@@ -141,11 +228,12 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
     gx.m = rows;
     gx.n = in;
     gx.k = units;
-    gx.a = dz.data;
-    gx.a_type = dz.dtype;
+    gx.alpha = dzo.inv_scale * wo.inv_scale;
+    gx.a = dzo.data;
+    gx.a_type = dzo.dtype;
     gx.lda = units;
-    gx.b = w->weight;
-    gx.b_type = w->weight_dtype;
+    gx.b = wo.data;
+    gx.b_type = wo.dtype;
     gx.ldb = units;
     gx.c = dx.data;
     gx.c_type = ct;
@@ -177,6 +265,7 @@ const mp_layer_ops mp_dense_ops = {
     .base_name = "dense",
     .min_inputs = 1,
     .max_inputs = 1,
+    .float8 = true,
     .config_size = sizeof(dense_config),
     .state_size = sizeof(dense_state),
     .fields = (const char *const[]){"units", "activation", NULL},
