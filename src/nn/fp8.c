@@ -237,6 +237,7 @@ mp_status mp_float8_meta_init(mp_float8_meta *q, const char *layer, mp_float8_ro
     q->role = role;
     q->params = *p;
     q->dtype = mp_float8_dtype(p, role);
+    q->ops = &mp_quantizer_float8;
     q->scale = 1.0f;
     q->history = calloc((size_t)p->amax_history_len, sizeof *q->history);
     if (!q->history) return mp_set_error(MP_ERR_NOMEM, "float8: out of memory for '%s'", q->name);
@@ -284,28 +285,33 @@ void mp_float8_meta_set_history(mp_float8_meta *q, const float *in, float scale)
     q->pending = 0.0f;
 }
 
-void mp_float8_quantize_tensor(mp_float8_meta *q, const void *x, mp_dtype xt, size_t n,
-                               uint8_t *codes, bool record, mp_quant_operand *out)
+/* The per-tensor quantizer: delayed scaling quantizes with the scale the
+ * last commit set, current scaling with that of the tensor's amax now;
+ * MP_QUANT_AGAIN uses the scale the forward used, which stays until the
+ * next forward (current) or commit (delayed). */
+static void float8_quantize(mp_float8_meta *q, const mp_quant_input *in, mp_quant_mode mode,
+                            void *buf, mp_quant_operand *out)
 {
+    size_t n = (size_t)(in->rows * in->cols);
     float amax;
-    if (q->params.scaling == MP_FLOAT8_CURRENT) {
-        amax = mp_float8_amax(x, xt, n);
+    if (q->params.scaling == MP_FLOAT8_CURRENT && mode != MP_QUANT_AGAIN) {
+        amax = mp_float8_amax(in->x, in->dtype, n);
         q->scale = mp_float8_scale(amax, q->scale, q->dtype, q->params.margin);
-        mp_float8_quantize(codes, q->dtype, x, xt, n, q->scale);
+        mp_float8_quantize(buf, q->dtype, in->x, in->dtype, n, q->scale);
     } else {
-        amax = mp_float8_quantize(codes, q->dtype, x, xt, n, q->scale);
+        amax = mp_float8_quantize(buf, q->dtype, in->x, in->dtype, n, q->scale);
     }
-    if (record) mp_float8_meta_record(q, amax);
-    out->data = codes;
+    if (mode == MP_QUANT_TRAIN) mp_float8_meta_record(q, amax);
+    out->data = buf;
     out->dtype = q->dtype;
     out->inv_scale = 1.0f / q->scale;
 }
 
-void mp_float8_requantize(const mp_float8_meta *q, const void *x, mp_dtype xt, size_t n,
-                          float scale, uint8_t *codes, mp_quant_operand *out)
-{
-    mp_float8_quantize(codes, q->dtype, x, xt, n, scale);
-    out->data = codes;
-    out->dtype = q->dtype;
-    out->inv_scale = 1.0f / scale;
-}
+static size_t float8_operand_bytes(int64_t rows, int64_t cols) { return (size_t)(rows * cols); }
+
+const mp_quantizer mp_quantizer_float8 = {
+    .name = "float8",
+    .pass_invariant = true,
+    .operand_bytes = float8_operand_bytes,
+    .quantize = float8_quantize,
+};

@@ -17,11 +17,13 @@ static bool layer_active(const mp_layer *l, bool edge)
     return l->policy.float8 && !(edge && l->fp8_params.keep_first_last);
 }
 
-static int64_t kernel_elements(const mp_model *m, const mp_layer *l)
+/* Bytes of the kernel's operand: the kernel seen as [n / last, last]. */
+static size_t kernel_operand_bytes(const mp_model *m, const mp_layer *l, const mp_quantizer *q)
 {
     for (int j = 0; j < l->nparams; j++) {
         const mp_model_param *p = &m->params[l->param_first + j].p;
-        if (p->role == MP_ROLE_KERNEL) return p->n;
+        int64_t last = p->shape[p->ndim - 1];
+        if (p->role == MP_ROLE_KERNEL) return q->operand_bytes(p->n / last, last);
     }
     return 0;
 }
@@ -53,9 +55,9 @@ mp_status mp_float8_model_setup(mp_model *m)
             if (s) return s;
             m->nfp8++;
         }
-        /* the kernel's codes live as long as the model (counted as weights) */
+        /* the kernel's operand lives as long as the model (counted as weights) */
         mp_float8_meta *w = &m->fp8[l->fp8_first + MP_FLOAT8_WEIGHT];
-        w->codes_n = (size_t)kernel_elements(m, l);
+        w->codes_n = kernel_operand_bytes(m, l, w->ops);
         if (w->codes_n && !(w->codes = mp_alloc(w->codes_n, MP_MEM_WEIGHTS)))
             return mp_set_error(MP_ERR_NOMEM, "float8: out of memory for '%s'", w->name);
     }

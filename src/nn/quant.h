@@ -22,8 +22,41 @@ typedef struct {
     float inv_scale; /* the GEMM result is multiplied by the product of both operands' */
 } mp_quant_operand;
 
+/* A tensor as one GEMM pass reads it: rows x cols, row-major, the
+ * reduction running down the rows (k_axis 0) or along each row (1). */
+typedef struct {
+    const void *x;
+    mp_dtype dtype;
+    int64_t rows, cols;
+    int k_axis;
+} mp_quant_input;
+
+typedef enum {
+    MP_QUANT_TRAIN = 0, /* a training pass: the tensor's statistics are recorded */
+    MP_QUANT_INFER = 1, /* an inference pass: nothing is recorded */
+    MP_QUANT_AGAIN = 2, /* backward: give what the last forward gave for this tensor */
+} mp_quant_mode;
+
+typedef struct mp_float8_meta mp_float8_meta;
+
+/* A quantizer: how a tensor becomes a GEMM operand. */
+typedef struct {
+    const char *name;
+    /* the operand of one pass serves the other passes too (per-tensor
+     * scales); false (MX blocks along the reduction): each pass quantizes */
+    bool pass_invariant;
+    /* bytes of the operand buffer for rows x cols elements */
+    size_t (*operand_bytes)(int64_t rows, int64_t cols);
+    void (*quantize)(mp_float8_meta *q, const mp_quant_input *in, mp_quant_mode mode, void *buf,
+                     mp_quant_operand *out);
+} mp_quantizer;
+
+/* Per-tensor float8 (mixprec/fp8.h): fp8 codes and 1/scale. */
+extern const mp_quantizer mp_quantizer_float8;
+
 /* The state of one quantized tensor (one role of one layer). */
-typedef struct mp_float8_meta {
+struct mp_float8_meta {
+    const mp_quantizer *ops; /* how its tensor is quantized */
     char name[96];
     const char *layer;
     mp_float8_role role;
@@ -33,9 +66,9 @@ typedef struct mp_float8_meta {
     float *history; /* params.amax_history_len amaxes, newest first */
     float pending;  /* the max amax seen since the last commit */
     bool has_pending;
-    uint8_t *codes; /* a persistent code buffer (kernels), or NULL */
-    size_t codes_n;
-} mp_float8_meta;
+    uint8_t *codes; /* a persistent operand buffer (kernels), or NULL */
+    size_t codes_n; /* its bytes */
+};
 
 /* Initialise / release one meta (history zeroed, scale 1). */
 mp_status mp_float8_meta_init(mp_float8_meta *q, const char *layer, mp_float8_role role,
@@ -48,16 +81,6 @@ void mp_float8_meta_record(mp_float8_meta *q, float amax);
 void mp_float8_meta_commit(mp_float8_meta *q, bool keep);
 /* Restore a history (newest first) and scale, as a checkpoint holds them. */
 void mp_float8_meta_set_history(mp_float8_meta *q, const float *in, float scale);
-
-/* Quantize n values x (dtype xt) into codes for q's role: the scale of
- * delayed scaling, or (current scaling) of x's amax now, which becomes q's
- * scale. record: a training pass (the amax goes to pending). */
-void mp_float8_quantize_tensor(mp_float8_meta *q, const void *x, mp_dtype xt, size_t n,
-                               uint8_t *codes, bool record, mp_quant_operand *out);
-/* Quantize with a given scale, recording nothing (re-quantizing what a
- * forward pass quantized, for its backward). */
-void mp_float8_requantize(const mp_float8_meta *q, const void *x, mp_dtype xt, size_t n,
-                          float scale, uint8_t *codes, mp_quant_operand *out);
 
 /* ------------------------------------------------------ in the model */
 

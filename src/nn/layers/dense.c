@@ -11,7 +11,9 @@
  * column sum of dz. What the forward keeps of x for dW: its fp8 codes (one
  * byte an element) when x would otherwise be copied (data, another dtype);
  * when x is a tensor the producer keeps anyway, nothing, and backward
- * quantizes it again with the forward's scale (the same codes). */
+ * quantizes it again with the forward's scale (the same codes). Everything
+ * goes through the quantizer's table (nn/quant.h), which also serves one
+ * whose operands differ per pass (MX blocks along the reduction). */
 #include "kernels/ops.h"
 #include "nn/layer.h"
 #include "nn/quant.h"
@@ -24,17 +26,22 @@ typedef struct {
 typedef struct {
     mp_tensor in;  /* input in the compute dtype, kept for dW */
     mp_tensor pre; /* pre-activation when the derivative needs it */
-    /* float8: the input's saved codes (NULL: quantize `in` again) and
-     * scale, the kernel's operand */
-    const uint8_t *xq;
-    float sx;
-    mp_quant_operand wq;
+    /* quantized (nn/quant.h): the input's operand kept for dW (data NULL:
+     * quantize `in` again) and the kernel's */
+    mp_quant_operand xq, wq;
 } dense_state;
 
-/* float8: the input's codes are kept when the input would be copied */
-static bool fp8_saves_codes(const mp_model *m, const mp_layer *l, int64_t batch)
+/* The quantizer of a float8 layer (all its tensors share one). */
+static const mp_quantizer *quantizer(const mp_model *m, const mp_layer *l)
 {
-    return mp_layer_kept_input_bytes(m, l, 0, batch) > 0;
+    return m->fp8[l->fp8_first].ops;
+}
+
+/* Quantized: the forward's operand of x is kept for dW when it can serve
+ * that pass and x would otherwise be copied; else x itself is kept. */
+static bool keeps_x_operand(const mp_model *m, const mp_layer *l, int64_t batch)
+{
+    return quantizer(m, l)->pass_invariant && mp_layer_kept_input_bytes(m, l, 0, batch) > 0;
 }
 
 static bool keeps_pre(const dense_config *c) { return mp_op_activation_grad_needs_input(c->act); }
@@ -62,10 +69,10 @@ static size_t dense_saved_bytes(const mp_model *m, const mp_layer *l, int64_t ba
 {
     size_t out = arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
     size_t in = mp_layer_kept_input_bytes(m, l, 0, batch);
-    if (l->fp8_active) /* one byte an element, or nothing */
-        in = fp8_saves_codes(m, l, batch)
-                 ? arena_bytes((size_t)layer_numel(mp_layer_csrc(m, l, 0), batch))
-                 : 0;
+    if (l->fp8_active && keeps_x_operand(m, l, batch)) /* float8: one byte an element */
+        in = arena_bytes(quantizer(m, l)->operand_bytes(layer_numel(mp_layer_csrc(m, l, 0), batch) /
+                                                            layer_cols(mp_layer_csrc(m, l, 0)),
+                                                        layer_cols(mp_layer_csrc(m, l, 0))));
     return in + out + (keeps_pre(l->config) ? out : 0);
 }
 
@@ -74,33 +81,40 @@ static size_t dense_workspace_bytes(const mp_model *m, const mp_layer *l, int64_
     const dense_config *c = l->config;
     size_t dz = (size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute);
     size_t bytes = arena_bytes(dz) + arena_bytes((size_t)c->units * sizeof(float)); /* dz, bias */
-    if (l->fp8_active) /* dz's codes, and x's when quantized again */
-        bytes += arena_bytes((size_t)layer_numel(l, batch)) +
-                 arena_bytes((size_t)layer_numel(mp_layer_csrc(m, l, 0), batch));
+    if (l->fp8_active) { /* dz's operand, x's (forward or again); per pass: dz's, W's again */
+        const mp_quantizer *qz = quantizer(m, l);
+        int64_t rows = layer_numel(l, batch) / c->units, in = layer_cols(mp_layer_csrc(m, l, 0));
+        bytes += arena_bytes(qz->operand_bytes(rows, c->units)) +
+                 arena_bytes(qz->operand_bytes(rows, in));
+        if (!qz->pass_invariant)
+            bytes += arena_bytes(qz->operand_bytes(rows, c->units)) +
+                     arena_bytes(qz->operand_bytes(in, c->units));
+    }
     return bytes;
 }
 
-/* float8: the kernel's codes (from the float32 master when there is one)
- * and the input's: saved in the activation arena, or in the temporaries
- * when backward can quantize the kept input again. */
-static mp_status fp8_quantize_forward(mp_model *m, mp_layer *l, bool training, mp_quant_operand *xo)
+/* Quantized: the kernel's operand (from the float32 master when there is
+ * one) into its persistent buffer, and the input's: kept in the activation
+ * arena, or in the temporaries when backward quantizes x again. */
+static mp_status quantize_forward(mp_model *m, mp_layer *l, bool training, mp_quant_operand *xo)
 {
+    const dense_config *c = l->config;
     dense_state *st = l->state;
     mp_float8_meta *q = mp_float8_layer_metas(m, l);
+    const mp_quantizer *qz = q->ops;
+    mp_quant_mode mode = training ? MP_QUANT_TRAIN : MP_QUANT_INFER;
     mp_model_param *w = mp_layer_param(m, l, 0);
-    const void *wsrc = w->master ? (const void *)w->master : w->weight;
-    mp_dtype wt = w->master ? MP_F32 : w->weight_dtype;
-    mp_float8_quantize_tensor(&q[MP_FLOAT8_WEIGHT], wsrc, wt, (size_t)w->n,
-                              q[MP_FLOAT8_WEIGHT].codes, training, &st->wq);
-    bool save = fp8_saves_codes(m, l, m->batch);
+    int64_t in = w->shape[0], rows = layer_numel(l, m->batch) / c->units;
+    mp_quant_input wi = {w->master ? (const void *)w->master : w->weight,
+                         w->master ? MP_F32 : w->weight_dtype, in, c->units, 0};
+    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, mode, q[MP_FLOAT8_WEIGHT].codes, &st->wq);
+    bool save = keeps_x_operand(m, l, m->batch);
     if (mp_layer_input_compute(m, l, 0, !save, &st->in)) return MP_ERR_NOMEM;
-    size_t n = (size_t)mp_tensor_numel(&st->in);
-    uint8_t *codes = mp_arena_alloc(save ? m->act : m->tmp, n);
-    if (!codes) return mp_layer_nomem(l, "its input's float8 codes");
-    mp_float8_quantize_tensor(&q[MP_FLOAT8_INPUT], st->in.data, st->in.dtype, n, codes, training,
-                              xo);
-    st->xq = save ? codes : NULL;
-    st->sx = q[MP_FLOAT8_INPUT].scale;
+    void *buf = mp_arena_alloc(save ? m->act : m->tmp, qz->operand_bytes(rows, in));
+    if (!buf) return mp_layer_nomem(l, "its input's quantized operand");
+    mp_quant_input xi = {st->in.data, st->in.dtype, rows, in, 1};
+    qz->quantize(&q[MP_FLOAT8_INPUT], &xi, mode, buf, xo);
+    st->xq = save ? *xo : (mp_quant_operand){NULL, MP_F32, 1.0f};
     return MP_OK;
 }
 
@@ -112,7 +126,7 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     mp_model_param *w = mp_layer_param(m, l, 0), *b = mp_layer_param(m, l, 1);
     mp_quant_operand xo = {NULL, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
     if (l->fp8_active) {
-        if (fp8_quantize_forward(m, l, training, &xo)) return MP_ERR_NOMEM;
+        if (quantize_forward(m, l, training, &xo)) return MP_ERR_NOMEM;
         wo = st->wq;
     } else if (mp_layer_input_compute(m, l, 0, true, &st->in)) {
         return MP_ERR_NOMEM;
@@ -157,25 +171,44 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     return MP_OK;
 }
 
-/* float8: dz's codes (its amax recorded) and the input's, saved or
- * quantized again with the forward's scale. */
-static mp_status fp8_quantize_backward(mp_model *m, mp_layer *l, const mp_tensor *dz,
-                                       mp_quant_operand *xo, mp_quant_operand *dzo)
+/* Quantized: dz's operands (its statistics recorded once), x's for dW
+ * (kept, or quantized again as the forward did) and W's for dX (the
+ * forward's, or quantized again along units). */
+static void *tmp_operand(mp_model *m, const mp_quantizer *qz, int64_t rows, int64_t cols)
 {
+    return mp_arena_alloc(m->tmp, qz->operand_bytes(rows, cols));
+}
+
+static mp_status quantize_backward(mp_model *m, mp_layer *l, const mp_tensor *dz,
+                                   mp_quant_operand *xo, mp_quant_operand *dzw,
+                                   mp_quant_operand *dzx, mp_quant_operand *wo)
+{
+    const dense_config *c = l->config;
     const dense_state *st = l->state;
     mp_float8_meta *q = mp_float8_layer_metas(m, l);
-    size_t nz = (size_t)mp_tensor_numel(dz),
-           nx = (size_t)layer_numel(mp_layer_src(m, l, 0), m->batch);
-    uint8_t *gq = mp_arena_alloc(m->tmp, nz);
-    if (!gq) return mp_layer_nomem(l, "its gradient's float8 codes");
-    mp_float8_quantize_tensor(&q[MP_FLOAT8_GRAD_OUTPUT], dz->data, dz->dtype, nz, gq, true, dzo);
-    if (st->xq) {
-        *xo = (mp_quant_operand){st->xq, q[MP_FLOAT8_INPUT].dtype, 1.0f / st->sx};
-        return MP_OK;
+    const mp_quantizer *qz = q->ops;
+    mp_model_param *w = mp_layer_param(m, l, 0);
+    int64_t in = w->shape[0], rows = mp_tensor_numel(dz) / c->units;
+    void *gq = tmp_operand(m, qz, rows, c->units);
+    void *xq = st->xq.data ? NULL : tmp_operand(m, qz, rows, in);
+    if (!gq || (!st->xq.data && !xq)) return mp_layer_nomem(l, "its quantized operands");
+    mp_quant_input gi = {dz->data, dz->dtype, rows, c->units, 0};
+    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_TRAIN, gq, dzw);
+    *xo = st->xq;
+    if (xq) {
+        mp_quant_input xi = {st->in.data, st->in.dtype, rows, in, 0};
+        qz->quantize(&q[MP_FLOAT8_INPUT], &xi, MP_QUANT_AGAIN, xq, xo);
     }
-    uint8_t *xq = mp_arena_alloc(m->tmp, nx);
-    if (!xq) return mp_layer_nomem(l, "its input's float8 codes");
-    mp_float8_requantize(&q[MP_FLOAT8_INPUT], st->in.data, st->in.dtype, nx, st->sx, xq, xo);
+    *dzx = *dzw;
+    *wo = st->wq;
+    if (qz->pass_invariant) return MP_OK;
+    void *g2 = tmp_operand(m, qz, rows, c->units), *w2 = tmp_operand(m, qz, in, c->units);
+    if (!g2 || !w2) return mp_layer_nomem(l, "its quantized operands");
+    gi.k_axis = 1;
+    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_INFER, g2, dzx);
+    mp_quant_input wi = {w->master ? (const void *)w->master : w->weight,
+                         w->master ? MP_F32 : w->weight_dtype, in, c->units, 1};
+    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, MP_QUANT_AGAIN, w2, wo);
     return MP_OK;
 }
 
@@ -196,9 +229,8 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
                               (size_t)mp_tensor_numel(&dz));
     }
     mp_quant_operand xo = {st->in.data, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
-    mp_quant_operand dzo = {dz.data, dz.dtype, 1.0f};
-    if (l->fp8_active && fp8_quantize_backward(m, l, &dz, &xo, &dzo)) return MP_ERR_NOMEM;
-    if (l->fp8_active) wo = st->wq;
+    mp_quant_operand dzo = {dz.data, dz.dtype, 1.0f}, dzx = dzo;
+    if (l->fp8_active && quantize_backward(m, l, &dz, &xo, &dzo, &dzx, &wo)) return MP_ERR_NOMEM;
     /* dW = x^T dz and db = column sums of dz, float32 */
     mp_gemm_args gw = mp_gemm_args_default();
     gw.trans_a = true;
@@ -228,9 +260,9 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
     gx.m = rows;
     gx.n = in;
     gx.k = units;
-    gx.alpha = dzo.inv_scale * wo.inv_scale;
-    gx.a = dzo.data;
-    gx.a_type = dzo.dtype;
+    gx.alpha = dzx.inv_scale * wo.inv_scale;
+    gx.a = dzx.data;
+    gx.a_type = dzx.dtype;
     gx.lda = units;
     gx.b = wo.data;
     gx.b_type = wo.dtype;
