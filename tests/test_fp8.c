@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "nn/model_internal.h"
 #include "nn/quant.h"
 
 #define U32 0x1p-24 /* float32 unit roundoff */
@@ -321,6 +322,66 @@ static void test_dense_backward_emulation(void **state)
     }
 }
 
+/* The quantizer hook: a quantizer whose operands differ per pass (as MX
+ * blocks along the reduction do) gets every operand asked for per pass,
+ * with the reduction axis; here it wraps the float8 one, so the results
+ * must be the same bits. */
+static int calls[3][2]; /* [mode][k_axis] */
+
+static void counting_quantize(mp_float8_meta *q, const mp_quant_input *in, mp_quant_mode mode,
+                              void *buf, mp_quant_operand *out)
+{
+    calls[mode][in->k_axis]++;
+    mp_quantizer_float8.quantize(q, in, mode, buf, out);
+}
+
+static size_t per_pass_bytes(int64_t rows, int64_t cols) { return (size_t)(rows * cols); }
+
+static const mp_quantizer per_pass = {"per-pass", false, per_pass_bytes, counting_quantize};
+
+static void test_quantizer_hook(void **state)
+{
+    (void)state;
+    mp_float8_params p = mp_float8_params_default();
+    float x[ROWS * K], dy[ROWS * UNITS];
+    fill(x, ROWS * K, 61, -2, 2);
+    fill(dy, ROWS * UNITS, 62, -1, 1);
+    mp_tensor tx, tdy;
+    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){ROWS, K}, x);
+    mp_tensor_wrap(&tdy, MP_F32, 2, (int64_t[]){ROWS, UNITS}, dy);
+    uint16_t y[2][ROWS * UNITS], dx[2][ROWS * K];
+    float dw[2][K * UNITS];
+    for (int v = 0; v < 2; v++) {
+        dense_model d = make_dense(true, MP_ACT_NONE, &p);
+        mp_model *m = d.m;
+        if (v) {
+            for (int i = 0; i < 3; i++) m->fp8[i].ops = &per_pass;
+            assert_int_equal(mp_model_set_max_batch(m, ROWS), MP_OK); /* re-plan */
+        }
+        memset(calls, 0, sizeof calls);
+        const mp_tensor *out;
+        for (int s2 = 0; s2 < 2; s2++) { /* the second step quantizes with real scales */
+            assert_int_equal(mp_model_forward(m, &tx, true, &out), MP_OK);
+            assert_int_equal(mp_model_backward(m, &tdy, false), MP_OK);
+            mp_model_float8_commit(m, true);
+        }
+        memcpy(y[v], out->data, sizeof y[v]);
+        memcpy(dx[v], mp_model_node_grad(m, d.pre)->data, sizeof dx[v]);
+        memcpy(dw[v], mp_model_get_param(m, 0)->grad, sizeof dw[v]);
+        if (v) { /* per step: W, x (forward); dz twice, x and W again (backward) */
+            assert_int_equal(calls[MP_QUANT_TRAIN][0], 2 * 2); /* W, dz for dW */
+            assert_int_equal(calls[MP_QUANT_TRAIN][1], 2 * 1); /* x */
+            assert_int_equal(calls[MP_QUANT_AGAIN][0], 2 * 1); /* x for dW */
+            assert_int_equal(calls[MP_QUANT_AGAIN][1], 2 * 1); /* W for dX */
+            assert_int_equal(calls[MP_QUANT_INFER][1], 2 * 1); /* dz for dX */
+        }
+        mp_model_free(m);
+    }
+    assert_memory_equal(y[0], y[1], sizeof y[0]);
+    assert_memory_equal(dx[0], dx[1], sizeof dx[0]);
+    assert_memory_equal(dw[0], dw[1], sizeof dw[0]);
+}
+
 /* ------------------------------------------------ policy and plan */
 
 static mp_model *mlp(const char *policy, const mp_float8_params *p, int64_t batch)
@@ -617,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_delayed_scaling_script),
         cmocka_unit_test(test_dense_forward_emulation),
         cmocka_unit_test(test_dense_backward_emulation),
+        cmocka_unit_test(test_quantizer_hook),
         cmocka_unit_test(test_which_layers),
         cmocka_unit_test(test_memory_plan),
         cmocka_unit_test(test_nonfinite_amax),
