@@ -329,15 +329,17 @@ static void test_dense_backward_emulation(void **state)
 static int calls[3][2]; /* [mode][k_axis] */
 
 static void counting_quantize(mp_float8_meta *q, const mp_quant_input *in, mp_quant_mode mode,
-                              void *buf, mp_quant_operand *out)
+                              void *stored, void *operand, mp_quant_operand *out)
 {
     calls[mode][in->k_axis]++;
-    mp_quantizer_float8.quantize(q, in, mode, buf, out);
+    assert_null(stored); /* a per-pass operand is never kept */
+    mp_quantizer_float8.quantize(q, in, mode, stored, operand, out);
 }
 
-static size_t per_pass_bytes(int64_t rows, int64_t cols) { return (size_t)(rows * cols); }
+static size_t per_pass_bytes(int64_t rows, int64_t cols) { return (size_t)(rows * cols) * 2; }
 
-static const mp_quantizer per_pass = {"per-pass", false, per_pass_bytes, counting_quantize};
+static const mp_quantizer per_pass = {"per-pass",        false, per_pass_bytes, per_pass_bytes,
+                                      counting_quantize, NULL};
 
 static void test_quantizer_hook(void **state)
 {

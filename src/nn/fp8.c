@@ -205,22 +205,35 @@ float mp_float8_amax(const void *x, mp_dtype t, size_t n)
     return mp_bits_f32(m);
 }
 
-float mp_float8_quantize(uint8_t *codes, mp_dtype fp8, const void *x, mp_dtype t, size_t n,
-                         float scale)
+/* codes (or NULL) and their values in bfloat16 (or NULL) of x * scale;
+ * the amax of x */
+static float quantize(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const void *x, mp_dtype t,
+                      size_t n, float scale)
 {
     uint32_t m = 0;
     size_t nchunks = (n + CHUNK - 1) / CHUNK;
 #pragma omp parallel for schedule(static) reduction(max : m) if (nchunks > 8)
     for (size_t c = 0; c < nchunks; c++) {
         float buf[CHUNK], y[CHUNK];
+        uint8_t own[CHUNK];
         size_t i = c * CHUNK, k = n - i < CHUNK ? n - i : CHUNK;
         const float *v = widen(x, t, i, k, buf);
         uint32_t b = amax_bits(v, k);
         m = b > m ? b : m;
         for (size_t j = 0; j < k; j++) y[j] = v[j] * scale;
-        mp_convert_ex(codes + i, fp8, y, MP_F32, k, MP_OVERFLOW_SATURATE);
+        uint8_t *q = codes ? codes + i : own;
+        mp_convert_ex(q, fp8, y, MP_F32, k, MP_OVERFLOW_SATURATE);
+        if (!decoded) continue;
+        mp_convert(y, MP_F32, q, fp8, k); /* exact, and exact again in bfloat16 */
+        mp_convert(decoded + i, MP_BF16, y, MP_F32, k);
     }
     return mp_bits_f32(m);
+}
+
+float mp_float8_quantize(uint8_t *codes, mp_dtype fp8, const void *x, mp_dtype t, size_t n,
+                         float scale)
+{
+    return quantize(codes, NULL, fp8, x, t, n, scale);
 }
 
 /* ------------------------------------------------- one tensor's state */
@@ -287,31 +300,38 @@ void mp_float8_meta_set_history(mp_float8_meta *q, const float *in, float scale)
 
 /* The per-tensor quantizer: delayed scaling quantizes with the scale the
  * last commit set, current scaling with that of the tensor's amax now;
- * MP_QUANT_AGAIN uses the scale the forward used, which stays until the
- * next forward (current) or commit (delayed). */
+ * MP_QUANT_AGAIN and restore use the scale the forward used, which stays
+ * until the next forward (current) or commit (delayed). */
 static void float8_quantize(mp_float8_meta *q, const mp_quant_input *in, mp_quant_mode mode,
-                            void *buf, mp_quant_operand *out)
+                            void *stored, void *operand, mp_quant_operand *out)
 {
     size_t n = (size_t)(in->rows * in->cols);
-    float amax;
-    if (q->params.scaling == MP_FLOAT8_CURRENT && mode != MP_QUANT_AGAIN) {
-        amax = mp_float8_amax(in->x, in->dtype, n);
-        q->scale = mp_float8_scale(amax, q->scale, q->dtype, q->params.margin);
-        mp_float8_quantize(buf, q->dtype, in->x, in->dtype, n, q->scale);
-    } else {
-        amax = mp_float8_quantize(buf, q->dtype, in->x, in->dtype, n, q->scale);
-    }
+    if (q->params.scaling == MP_FLOAT8_CURRENT && mode != MP_QUANT_AGAIN)
+        q->scale = mp_float8_scale(mp_float8_amax(in->x, in->dtype, n), q->scale, q->dtype,
+                                   q->params.margin);
+    float amax = quantize(stored, operand, q->dtype, in->x, in->dtype, n, q->scale);
     if (mode == MP_QUANT_TRAIN) mp_float8_meta_record(q, amax);
-    out->data = buf;
-    out->dtype = q->dtype;
-    out->inv_scale = 1.0f / q->scale;
+    *out = (mp_quant_operand){operand, MP_BF16, 1.0f / q->scale};
 }
 
-static size_t float8_operand_bytes(int64_t rows, int64_t cols) { return (size_t)(rows * cols); }
+static void float8_restore(const mp_float8_meta *q, const void *stored, int64_t rows, int64_t cols,
+                           void *operand, mp_quant_operand *out)
+{
+    mp_convert(operand, MP_BF16, stored, q->dtype, (size_t)(rows * cols)); /* exact */
+    *out = (mp_quant_operand){operand, MP_BF16, 1.0f / q->scale};
+}
+
+static size_t float8_operand_bytes(int64_t rows, int64_t cols)
+{
+    return (size_t)(rows * cols) * sizeof(uint16_t);
+}
+static size_t float8_stored_bytes(int64_t rows, int64_t cols) { return (size_t)(rows * cols); }
 
 const mp_quantizer mp_quantizer_float8 = {
     .name = "float8",
     .pass_invariant = true,
     .operand_bytes = float8_operand_bytes,
+    .stored_bytes = float8_stored_bytes,
     .quantize = float8_quantize,
+    .restore = float8_restore,
 };

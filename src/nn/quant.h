@@ -39,19 +39,28 @@ typedef enum {
 
 typedef struct mp_float8_meta mp_float8_meta;
 
-/* A quantizer: how a tensor becomes a GEMM operand. */
+/* A quantizer: how a tensor becomes a GEMM operand, and the compact form
+ * a layer may keep of it for backward. */
 typedef struct {
     const char *name;
     /* the operand of one pass serves the other passes too (per-tensor
      * scales); false (MX blocks along the reduction): each pass quantizes */
     bool pass_invariant;
-    /* bytes of the operand buffer for rows x cols elements */
+    /* bytes of the GEMM operand, and of the kept form, for rows x cols */
     size_t (*operand_bytes)(int64_t rows, int64_t cols);
-    void (*quantize)(mp_float8_meta *q, const mp_quant_input *in, mp_quant_mode mode, void *buf,
-                     mp_quant_operand *out);
+    size_t (*stored_bytes)(int64_t rows, int64_t cols);
+    /* in -> operand (and the kept form into `stored` unless NULL) */
+    void (*quantize)(mp_float8_meta *q, const mp_quant_input *in, mp_quant_mode mode, void *stored,
+                     void *operand, mp_quant_operand *out);
+    /* the operand again from the kept form, as the forward gave it */
+    void (*restore)(const mp_float8_meta *q, const void *stored, int64_t rows, int64_t cols,
+                    void *operand, mp_quant_operand *out);
 } mp_quantizer;
 
-/* Per-tensor float8 (mixprec/fp8.h): fp8 codes and 1/scale. */
+/* Per-tensor float8 (mixprec/fp8.h): the operand is the fp8 values decoded
+ * to bfloat16 (exact), so the GEMM runs at the bfloat16 rate and gives the
+ * numbers fp8 inputs with float32 accumulation give; the kept form is the
+ * fp8 codes, one byte an element. */
 extern const mp_quantizer mp_quantizer_float8;
 
 /* The state of one quantized tensor (one role of one layer). */
@@ -66,7 +75,7 @@ struct mp_float8_meta {
     float *history; /* params.amax_history_len amaxes, newest first */
     float pending;  /* the max amax seen since the last commit */
     bool has_pending;
-    uint8_t *codes; /* a persistent operand buffer (kernels), or NULL */
+    void *codes;    /* a persistent operand buffer (kernels), or NULL */
     size_t codes_n; /* its bytes */
 };
 

@@ -6,10 +6,10 @@
  *
  * In float8 (nn/quant.h, mixprec/fp8.h) the GEMMs read quantized operands:
  * x (in the compute dtype) and W (from its float32 master) per tensor in
- * E4M3, dz in E5M2 (HYBRID) or E4M3, each GEMM's result multiplied by the
- * product of its operands' 1/scale in the epilogue; db stays the float32
- * column sum of dz. What the forward keeps of x for dW: its fp8 codes (one
- * byte an element) when x would otherwise be copied (data, another dtype);
+ * E4M3, dz in E5M2 (HYBRID) or E4M3, their fp8 values decoded exactly to
+ * bfloat16, each GEMM's result multiplied by the product of its operands'
+ * 1/scale in the epilogue; db stays the float32 column sum of dz. What the forward keeps of x for
+ * dW: its fp8 codes (one byte an element) when x would otherwise be copied (data, another dtype);
  * when x is a tensor the producer keeps anyway, nothing, and backward
  * quantizes it again with the forward's scale (the same codes). Everything
  * goes through the quantizer's table (nn/quant.h), which also serves one
@@ -26,9 +26,10 @@ typedef struct {
 typedef struct {
     mp_tensor in;  /* input in the compute dtype, kept for dW */
     mp_tensor pre; /* pre-activation when the derivative needs it */
-    /* quantized (nn/quant.h): the input's operand kept for dW (data NULL:
-     * quantize `in` again) and the kernel's */
-    mp_quant_operand xq, wq;
+    /* quantized (nn/quant.h): the input's kept form for dW (NULL: quantize
+     * `in` again) and the kernel's operand */
+    const void *xs;
+    mp_quant_operand wq;
 } dense_state;
 
 /* The quantizer of a float8 layer (all its tensors share one). */
@@ -37,8 +38,8 @@ static const mp_quantizer *quantizer(const mp_model *m, const mp_layer *l)
     return m->fp8[l->fp8_first].ops;
 }
 
-/* Quantized: the forward's operand of x is kept for dW when it can serve
- * that pass and x would otherwise be copied; else x itself is kept. */
+/* Quantized: the compact form of x's operand is kept for dW when it can
+ * serve that pass and x would otherwise be copied; else x itself is kept. */
 static bool keeps_x_operand(const mp_model *m, const mp_layer *l, int64_t batch)
 {
     return quantizer(m, l)->pass_invariant && mp_layer_kept_input_bytes(m, l, 0, batch) > 0;
@@ -70,9 +71,9 @@ static size_t dense_saved_bytes(const mp_model *m, const mp_layer *l, int64_t ba
     size_t out = arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
     size_t in = mp_layer_kept_input_bytes(m, l, 0, batch);
     if (l->fp8_active && keeps_x_operand(m, l, batch)) /* float8: one byte an element */
-        in = arena_bytes(quantizer(m, l)->operand_bytes(layer_numel(mp_layer_csrc(m, l, 0), batch) /
-                                                            layer_cols(mp_layer_csrc(m, l, 0)),
-                                                        layer_cols(mp_layer_csrc(m, l, 0))));
+        in = arena_bytes(quantizer(m, l)->stored_bytes(layer_numel(mp_layer_csrc(m, l, 0), batch) /
+                                                           layer_cols(mp_layer_csrc(m, l, 0)),
+                                                       layer_cols(mp_layer_csrc(m, l, 0))));
     return in + out + (keeps_pre(l->config) ? out : 0);
 }
 
@@ -94,8 +95,9 @@ static size_t dense_workspace_bytes(const mp_model *m, const mp_layer *l, int64_
 }
 
 /* Quantized: the kernel's operand (from the float32 master when there is
- * one) into its persistent buffer, and the input's: kept in the activation
- * arena, or in the temporaries when backward quantizes x again. */
+ * one) into its persistent buffer, and the input's into the temporaries,
+ * its compact form kept in the activation arena unless backward quantizes
+ * x again. */
 static mp_status quantize_forward(mp_model *m, mp_layer *l, bool training, mp_quant_operand *xo)
 {
     const dense_config *c = l->config;
@@ -107,14 +109,15 @@ static mp_status quantize_forward(mp_model *m, mp_layer *l, bool training, mp_qu
     int64_t in = w->shape[0], rows = layer_numel(l, m->batch) / c->units;
     mp_quant_input wi = {w->master ? (const void *)w->master : w->weight,
                          w->master ? MP_F32 : w->weight_dtype, in, c->units, 0};
-    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, mode, q[MP_FLOAT8_WEIGHT].codes, &st->wq);
+    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, mode, NULL, q[MP_FLOAT8_WEIGHT].codes, &st->wq);
     bool save = keeps_x_operand(m, l, m->batch);
     if (mp_layer_input_compute(m, l, 0, !save, &st->in)) return MP_ERR_NOMEM;
-    void *buf = mp_arena_alloc(save ? m->act : m->tmp, qz->operand_bytes(rows, in));
-    if (!buf) return mp_layer_nomem(l, "its input's quantized operand");
+    void *stored = save ? mp_arena_alloc(m->act, qz->stored_bytes(rows, in)) : NULL;
+    void *op = mp_arena_alloc(m->tmp, qz->operand_bytes(rows, in));
+    if (!op || (save && !stored)) return mp_layer_nomem(l, "its input's quantized operand");
     mp_quant_input xi = {st->in.data, st->in.dtype, rows, in, 1};
-    qz->quantize(&q[MP_FLOAT8_INPUT], &xi, mode, buf, xo);
-    st->xq = save ? *xo : (mp_quant_operand){NULL, MP_F32, 1.0f};
+    qz->quantize(&q[MP_FLOAT8_INPUT], &xi, mode, stored, op, xo);
+    st->xs = stored;
     return MP_OK;
 }
 
@@ -189,15 +192,15 @@ static mp_status quantize_backward(mp_model *m, mp_layer *l, const mp_tensor *dz
     const mp_quantizer *qz = q->ops;
     mp_model_param *w = mp_layer_param(m, l, 0);
     int64_t in = w->shape[0], rows = mp_tensor_numel(dz) / c->units;
-    void *gq = tmp_operand(m, qz, rows, c->units);
-    void *xq = st->xq.data ? NULL : tmp_operand(m, qz, rows, in);
-    if (!gq || (!st->xq.data && !xq)) return mp_layer_nomem(l, "its quantized operands");
+    void *gq = tmp_operand(m, qz, rows, c->units), *xq = tmp_operand(m, qz, rows, in);
+    if (!gq || !xq) return mp_layer_nomem(l, "its quantized operands");
     mp_quant_input gi = {dz->data, dz->dtype, rows, c->units, 0};
-    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_TRAIN, gq, dzw);
-    *xo = st->xq;
-    if (xq) {
+    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_TRAIN, NULL, gq, dzw);
+    if (st->xs) {
+        qz->restore(&q[MP_FLOAT8_INPUT], st->xs, rows, in, xq, xo);
+    } else {
         mp_quant_input xi = {st->in.data, st->in.dtype, rows, in, 0};
-        qz->quantize(&q[MP_FLOAT8_INPUT], &xi, MP_QUANT_AGAIN, xq, xo);
+        qz->quantize(&q[MP_FLOAT8_INPUT], &xi, MP_QUANT_AGAIN, NULL, xq, xo);
     }
     *dzx = *dzw;
     *wo = st->wq;
@@ -205,10 +208,10 @@ static mp_status quantize_backward(mp_model *m, mp_layer *l, const mp_tensor *dz
     void *g2 = tmp_operand(m, qz, rows, c->units), *w2 = tmp_operand(m, qz, in, c->units);
     if (!g2 || !w2) return mp_layer_nomem(l, "its quantized operands");
     gi.k_axis = 1;
-    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_INFER, g2, dzx);
+    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_INFER, NULL, g2, dzx);
     mp_quant_input wi = {w->master ? (const void *)w->master : w->weight,
                          w->master ? MP_F32 : w->weight_dtype, in, c->units, 1};
-    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, MP_QUANT_AGAIN, w2, wo);
+    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, MP_QUANT_AGAIN, NULL, w2, wo);
     return MP_OK;
 }
 
