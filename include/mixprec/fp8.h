@@ -1,9 +1,9 @@
 /* mixprec/fp8.h - per-tensor float8 training (Transformer Engine's and
  * Keras 3's float8 recipes), emulated bit-exactly: the GEMM inputs of a
  * layer are quantized per tensor to OCP FP8 with a scale, the GEMM reads the
- * fp8 codes (each decodes exactly to bfloat16) and accumulates in float32,
- * and its result is multiplied by (1/scale_a) * (1/scale_b). Included by
- * mixprec.h.
+ * fp8 values (each decodes exactly to bfloat16) and accumulates in
+ * float32, and its result is multiplied by (1/scale_a) * (1/scale_b).
+ * Included by mixprec.h.
  *
  * The recipe (one tensor):
  *   code  = cast(x * scale) with saturation (x * scale rounded to float32
