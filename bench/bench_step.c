@@ -4,7 +4,8 @@
  * same run PyTorch's step (bench/step_torch.py) when python3-torch is there.
  * mixed_float8 (its middle Dense in float8, the first and last in bfloat16)
  * also gets the float8 recipe's own work timed apart: the amax and scaled
- * casts of one step (kernel, input twice, output gradient). */
+ * casts (to fp8 and back to bfloat16) of one step: kernel, input twice,
+ * output gradient. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,7 +80,7 @@ static double fp8_extra_ms(int64_t batch)
     size_t nw = 4096 * 4096, nx = (size_t)batch * 4096;
     float *w = malloc(nw * sizeof *w);
     uint16_t *x = malloc(nx * sizeof *x);
-    uint8_t *codes = malloc(nw);
+    uint16_t *ops = malloc(nw * sizeof *ops);
     srand(5);
     for (size_t i = 0; i < nw; i++) w[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     for (size_t i = 0; i < nx; i++) x[i] = mp_f32_to_bf16((float)rand() / (float)RAND_MAX);
@@ -94,7 +95,7 @@ static double fp8_extra_ms(int64_t batch)
     }
     free(w);
     free(x);
-    free(codes);
+    free(ops);
     return median(t, REPS);
 }
 

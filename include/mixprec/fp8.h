@@ -110,6 +110,10 @@ float mp_float8_amax(const void *x, mp_dtype t, size_t n);
 /* codes[i] = cast(x[i] * scale) into fp8 as above; returns the amax of x. */
 float mp_float8_quantize(uint8_t *codes, mp_dtype fp8, const void *x, mp_dtype t, size_t n,
                          float scale);
+/* The same, with the codes' values in bfloat16 (exact) into decoded; codes
+ * may be NULL. What a float8 layer hands its GEMM. */
+float mp_float8_quantize_bf16(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const void *x,
+                              mp_dtype t, size_t n, float scale);
 
 /* ------------------------------------------------------------ in a model */
 

@@ -236,6 +236,12 @@ float mp_float8_quantize(uint8_t *codes, mp_dtype fp8, const void *x, mp_dtype t
     return quantize(codes, NULL, fp8, x, t, n, scale);
 }
 
+float mp_float8_quantize_bf16(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const void *x,
+                              mp_dtype t, size_t n, float scale)
+{
+    return quantize(codes, decoded, fp8, x, t, n, scale);
+}
+
 /* ------------------------------------------------- one tensor's state */
 
 mp_status mp_float8_meta_init(mp_float8_meta *q, const char *layer, mp_float8_role role,

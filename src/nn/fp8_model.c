@@ -28,9 +28,9 @@ static size_t kernel_operand_bytes(const mp_model *m, const mp_layer *l, const m
     return 0;
 }
 
-mp_status mp_float8_model_setup(mp_model *m)
+void mp_float8_model_plan(mp_model *m)
 {
-    int first = -1, last = -1, n = 0;
+    int first = -1, last = -1;
     for (int i = 0; i < m->nlayers; i++)
         if (m->layers[i].ops->float8 && m->layers[i].reachable) {
             if (first < 0) first = i;
@@ -40,8 +40,17 @@ mp_status mp_float8_model_setup(mp_model *m)
         mp_layer *l = &m->layers[i];
         l->fp8_active = layer_active(l, i == first || i == last);
         l->fp8_first = -1;
-        n += l->fp8_active;
+        /* the kernel is quantized from its float32 master: no compute copy */
+        for (int j = 0; l->fp8_active && l->policy.variable == MP_F32 && j < l->nparams; j++)
+            if (m->params[l->param_first + j].p.role == MP_ROLE_KERNEL)
+                m->params[l->param_first + j].float32_only = true;
     }
+}
+
+mp_status mp_float8_model_setup(mp_model *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->nlayers; i++) n += m->layers[i].fp8_active;
     if (!n) return MP_OK;
     m->fp8 = calloc((size_t)n * MP_FLOAT8_ROLES, sizeof *m->fp8);
     if (!m->fp8) return mp_set_error(MP_ERR_NOMEM, "float8: out of memory");

@@ -239,6 +239,7 @@ mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
                              ninputs);
     m->output = output;
     m->max_batch = max_batch;
+    mp_float8_model_plan(m);
     for (int i = 0; i < m->nlayers; i++)
         if (mp_model_init_params(m, &m->layers[i])) return m->err;
     if (mp_float8_model_setup(m)) return mp_model_fail(m, MP_ERR_NOMEM, "%s", mp_last_error());

@@ -96,8 +96,11 @@ void mp_float8_meta_set_history(mp_float8_meta *q, const float *in, float scale)
 typedef struct mp_model mp_model;
 typedef struct mp_layer mp_layer;
 
-/* At build: decide which layers compute in float8 (l->fp8_active) and
- * create their metas (3 each, in layer order). */
+/* At build, before the parameters are allocated: decide which layers
+ * compute in float8 (l->fp8_active; their kernels then keep no compute
+ * copy, being quantized from the float32 master). After: create their
+ * metas (3 each, in layer order) and the kernels' operand buffers. */
+void mp_float8_model_plan(mp_model *m);
 mp_status mp_float8_model_setup(mp_model *m);
 void mp_float8_model_free(mp_model *m);
 /* The metas of layer l (MP_FLOAT8_ROLES of them), NULL when l is not float8. */
