@@ -87,10 +87,11 @@ static double fp8_extra_ms(int64_t batch)
     double t[REPS];
     for (int i = 0; i < REPS + 1; i++) {
         double t0 = now();
-        mp_float8_quantize(codes, MP_F8E4M3, w, MP_F32, nw, 3.0f);  /* kernel */
-        mp_float8_quantize(codes, MP_F8E4M3, x, MP_BF16, nx, 5.0f); /* input */
-        mp_float8_quantize(codes, MP_F8E4M3, x, MP_BF16, nx, 5.0f); /* input again */
-        mp_float8_quantize(codes, MP_F8E5M2, x, MP_BF16, nx, 7.0f); /* dL/dy */
+        /* kernel, input (forward and again in backward), dL/dy */
+        mp_float8_quantize_bf16(NULL, ops, MP_F8E4M3, w, MP_F32, nw, 3.0f);
+        mp_float8_quantize_bf16(NULL, ops, MP_F8E4M3, x, MP_BF16, nx, 5.0f);
+        mp_float8_quantize_bf16(NULL, ops, MP_F8E4M3, x, MP_BF16, nx, 5.0f);
+        mp_float8_quantize_bf16(NULL, ops, MP_F8E5M2, x, MP_BF16, nx, 7.0f);
         if (i) t[i - 1] = 1e3 * (now() - t0);
     }
     free(w);
