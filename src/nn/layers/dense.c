@@ -94,8 +94,15 @@ static size_t dense_workspace_bytes(const mp_model *m, const mp_layer *l, int64_
     return bytes;
 }
 
-/* Quantized: the kernel's operand (from the float32 master when there is
- * one) into its persistent buffer, and the input's into the temporaries,
+/* The kernel as the quantizer reads it: its float32 master when there is
+ * one, the reduction along `in` (k_axis 0, forward) or units (1, dX). */
+static mp_quant_input kernel_input(const mp_model_param *w, int k_axis)
+{
+    return (mp_quant_input){w->master ? (const void *)w->master : w->weight,
+                            w->master ? MP_F32 : w->weight_dtype, w->shape[0], w->shape[1], k_axis};
+}
+
+/* Quantized: the kernel's operand into its persistent buffer, and the input's into the temporaries,
  * its compact form kept in the activation arena unless backward quantizes
  * x again. */
 static mp_status quantize_forward(mp_model *m, mp_layer *l, bool training, mp_quant_operand *xo)
@@ -107,8 +114,7 @@ static mp_status quantize_forward(mp_model *m, mp_layer *l, bool training, mp_qu
     mp_quant_mode mode = training ? MP_QUANT_TRAIN : MP_QUANT_INFER;
     mp_model_param *w = mp_layer_param(m, l, 0);
     int64_t in = w->shape[0], rows = layer_numel(l, m->batch) / c->units;
-    mp_quant_input wi = {w->master ? (const void *)w->master : w->weight,
-                         w->master ? MP_F32 : w->weight_dtype, in, c->units, 0};
+    mp_quant_input wi = kernel_input(w, 0);
     qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, mode, NULL, q[MP_FLOAT8_WEIGHT].codes, &st->wq);
     bool save = keeps_x_operand(m, l, m->batch);
     if (mp_layer_input_compute(m, l, 0, !save, &st->in)) return MP_ERR_NOMEM;
@@ -209,8 +215,7 @@ static mp_status quantize_backward(mp_model *m, mp_layer *l, const mp_tensor *dz
     if (!g2 || !w2) return mp_layer_nomem(l, "its quantized operands");
     gi.k_axis = 1;
     qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_INFER, NULL, g2, dzx);
-    mp_quant_input wi = {w->master ? (const void *)w->master : w->weight,
-                         w->master ? MP_F32 : w->weight_dtype, in, c->units, 1};
+    mp_quant_input wi = kernel_input(w, 1);
     qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, MP_QUANT_AGAIN, NULL, w2, wo);
     return MP_OK;
 }
