@@ -180,3 +180,93 @@ void mp_float8_model_restore(mp_model *m, int i, const void *history, mp_dtype h
     mp_convert(q->history, MP_F32, history, ht, (size_t)q->params.amax_history_len);
     mp_float8_meta_set_history(q, q->history, s);
 }
+
+/* ------------------------------------------- a float8 layer's steps */
+
+/* A tensor [..., last] as the matrix [numel / last, last]. */
+static mp_quant_input as_matrix(const void *x, mp_dtype t, int64_t numel, int64_t last, int k_axis)
+{
+    return (mp_quant_input){x, t, numel / last, last, k_axis};
+}
+
+static mp_quant_input kernel_input(const mp_model_param *w, int k_axis)
+{
+    return as_matrix(w->master ? (const void *)w->master : w->weight,
+                     w->master ? MP_F32 : w->weight_dtype, w->n, w->shape[w->ndim - 1], k_axis);
+}
+
+bool mp_float8_keeps_input(const mp_model *m, const mp_layer *l, int64_t batch)
+{
+    return m->fp8[l->fp8_first].ops->pass_invariant &&
+           mp_layer_kept_input_bytes(m, l, 0, batch) > 0;
+}
+
+size_t mp_float8_input_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
+{
+    if (!mp_float8_keeps_input(m, l, batch)) return mp_layer_kept_input_bytes(m, l, 0, batch);
+    const mp_layer *src = mp_layer_csrc(m, l, 0);
+    int64_t cols = layer_cols(src);
+    return arena_bytes(
+        m->fp8[l->fp8_first].ops->stored_bytes(layer_numel(src, batch) / cols, cols));
+}
+
+size_t mp_float8_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
+{
+    const mp_quantizer *qz = m->fp8[l->fp8_first].ops;
+    const mp_layer *src = mp_layer_csrc(m, l, 0);
+    int64_t in = layer_cols(src), out = layer_cols(l);
+    size_t x = arena_bytes(qz->operand_bytes(layer_numel(src, batch) / in, in));
+    size_t g = arena_bytes(qz->operand_bytes(layer_numel(l, batch) / out, out));
+    size_t w = m->fp8[l->fp8_first + MP_FLOAT8_WEIGHT].codes_n;
+    return x + g + (qz->pass_invariant ? 0 : g + arena_bytes(w));
+}
+
+mp_status mp_float8_forward(mp_model *m, mp_layer *l, const mp_model_param *w, bool training,
+                            mp_tensor *in, const void **stored, mp_quant_operand *xo,
+                            mp_quant_operand *wo)
+{
+    mp_float8_meta *q = mp_float8_layer_metas(m, l);
+    const mp_quantizer *qz = q->ops;
+    mp_quant_mode mode = training ? MP_QUANT_TRAIN : MP_QUANT_INFER;
+    mp_quant_input wi = kernel_input(w, 0);
+    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, mode, NULL, q[MP_FLOAT8_WEIGHT].codes, wo);
+    bool save = mp_float8_keeps_input(m, l, m->batch);
+    if (mp_layer_input_compute(m, l, 0, !save, in)) return MP_ERR_NOMEM;
+    mp_quant_input xi =
+        as_matrix(in->data, in->dtype, mp_tensor_numel(in), in->shape[in->ndim - 1], 1);
+    *stored = save ? mp_arena_alloc(m->act, qz->stored_bytes(xi.rows, xi.cols)) : NULL;
+    void *op = mp_arena_alloc(m->tmp, qz->operand_bytes(xi.rows, xi.cols));
+    if (!op || (save && !*stored)) return mp_layer_nomem(l, "its input's quantized operand");
+    qz->quantize(&q[MP_FLOAT8_INPUT], &xi, mode, (void *)*stored, op, xo);
+    return MP_OK;
+}
+
+mp_status mp_float8_backward(mp_model *m, mp_layer *l, const mp_model_param *w, const mp_tensor *dz,
+                             const mp_tensor *in, const void *stored, mp_float8_grad_operands *out)
+{
+    mp_float8_meta *q = mp_float8_layer_metas(m, l);
+    const mp_quantizer *qz = q->ops;
+    const mp_layer *src = mp_layer_csrc(m, l, 0);
+    mp_quant_input gi = as_matrix(dz->data, dz->dtype, mp_tensor_numel(dz), layer_cols(l), 0);
+    int64_t in_cols = layer_cols(src), in_rows = layer_numel(src, m->batch) / in_cols;
+    void *gq = mp_arena_alloc(m->tmp, qz->operand_bytes(gi.rows, gi.cols));
+    void *xq = mp_arena_alloc(m->tmp, qz->operand_bytes(in_rows, in_cols));
+    if (!gq || !xq) return mp_layer_nomem(l, "its quantized operands");
+    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_TRAIN, NULL, gq, &out->dz_w);
+    if (stored) {
+        qz->restore(&q[MP_FLOAT8_INPUT], stored, in_rows, in_cols, xq, &out->x);
+    } else {
+        mp_quant_input xi = as_matrix(in->data, in->dtype, mp_tensor_numel(in), in_cols, 0);
+        qz->quantize(&q[MP_FLOAT8_INPUT], &xi, MP_QUANT_AGAIN, NULL, xq, &out->x);
+    }
+    out->dz_x = out->dz_w;
+    if (qz->pass_invariant) return MP_OK; /* out->w: the forward's */
+    void *g2 = mp_arena_alloc(m->tmp, qz->operand_bytes(gi.rows, gi.cols));
+    void *w2 = mp_arena_alloc(m->tmp, q[MP_FLOAT8_WEIGHT].codes_n);
+    if (!g2 || !w2) return mp_layer_nomem(l, "its quantized operands");
+    gi.k_axis = 1;
+    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_INFER, NULL, g2, &out->dz_x);
+    mp_quant_input wi = kernel_input(w, 1);
+    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, MP_QUANT_AGAIN, NULL, w2, &out->w);
+    return MP_OK;
+}

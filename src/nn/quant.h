@@ -113,6 +113,31 @@ size_t mp_float8_model_bytes(const mp_model *m);
 void mp_float8_model_restore(mp_model *m, int i, const void *history, mp_dtype ht,
                              const void *scale, mp_dtype st);
 
+/* A float8 layer's steps, for kinds with one GEMM input, one kernel and
+ * the reduction over the input's last axis (Dense; Conv2D through its
+ * patches). Tensors are seen as matrices over their last axis. */
+/* Whether its forward keeps the input's compact form (the input would be
+ * copied otherwise and one operand serves every pass); the activation
+ * bytes of its input; its temporaries beyond the kind's own. */
+bool mp_float8_keeps_input(const mp_model *m, const mp_layer *l, int64_t batch);
+size_t mp_float8_input_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
+size_t mp_float8_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
+/* Forward: the kernel's operand (from the float32 master when there is
+ * one; persistent), the input in the compute dtype into *in (kept by the
+ * producer, or a temporary when its compact form goes to *stored in the
+ * activation arena) and its operand (temporaries). */
+mp_status mp_float8_forward(mp_model *m, mp_layer *l, const mp_model_param *w, bool training,
+                            mp_tensor *in, const void **stored, mp_quant_operand *xo,
+                            mp_quant_operand *wo);
+/* Backward: the operands of the filter gradient (x, dz_w) and of the data
+ * gradient (dz_x, w: left as is, the forward's, when one operand serves
+ * every pass). */
+typedef struct {
+    mp_quant_operand x, dz_w, dz_x, w;
+} mp_float8_grad_operands;
+mp_status mp_float8_backward(mp_model *m, mp_layer *l, const mp_model_param *w, const mp_tensor *dz,
+                             const mp_tensor *in, const void *stored, mp_float8_grad_operands *out);
+
 /* A layer's settings as a JSON object of names, and back (defaults for
  * what is absent; an unknown key or bad value fails naming it). */
 json_t *mp_float8_params_json(const mp_float8_params *p);

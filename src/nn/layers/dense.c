@@ -26,24 +26,11 @@ typedef struct {
 typedef struct {
     mp_tensor in;  /* input in the compute dtype, kept for dW */
     mp_tensor pre; /* pre-activation when the derivative needs it */
-    /* quantized (nn/quant.h): the input's kept form for dW (NULL: quantize
+    /* float8 (nn/quant.h): the input's kept form for dW (NULL: quantize
      * `in` again) and the kernel's operand */
     const void *xs;
     mp_quant_operand wq;
 } dense_state;
-
-/* The quantizer of a float8 layer (all its tensors share one). */
-static const mp_quantizer *quantizer(const mp_model *m, const mp_layer *l)
-{
-    return m->fp8[l->fp8_first].ops;
-}
-
-/* Quantized: the compact form of x's operand is kept for dW when it can
- * serve that pass and x would otherwise be copied; else x itself is kept. */
-static bool keeps_x_operand(const mp_model *m, const mp_layer *l, int64_t batch)
-{
-    return quantizer(m, l)->pass_invariant && mp_layer_kept_input_bytes(m, l, 0, batch) > 0;
-}
 
 static bool keeps_pre(const dense_config *c) { return mp_op_activation_grad_needs_input(c->act); }
 
@@ -69,11 +56,8 @@ static mp_status dense_build(mp_model *m, mp_layer *l)
 static size_t dense_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
     size_t out = arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
-    size_t in = mp_layer_kept_input_bytes(m, l, 0, batch);
-    if (l->fp8_active && keeps_x_operand(m, l, batch)) /* float8: one byte an element */
-        in = arena_bytes(quantizer(m, l)->stored_bytes(layer_numel(mp_layer_csrc(m, l, 0), batch) /
-                                                           layer_cols(mp_layer_csrc(m, l, 0)),
-                                                       layer_cols(mp_layer_csrc(m, l, 0))));
+    size_t in = l->fp8_active ? mp_float8_input_saved_bytes(m, l, batch) /* its codes */
+                              : mp_layer_kept_input_bytes(m, l, 0, batch);
     return in + out + (keeps_pre(l->config) ? out : 0);
 }
 
@@ -82,49 +66,8 @@ static size_t dense_workspace_bytes(const mp_model *m, const mp_layer *l, int64_
     const dense_config *c = l->config;
     size_t dz = (size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute);
     size_t bytes = arena_bytes(dz) + arena_bytes((size_t)c->units * sizeof(float)); /* dz, bias */
-    if (l->fp8_active) { /* dz's operand, x's (forward or again); per pass: dz's, W's again */
-        const mp_quantizer *qz = quantizer(m, l);
-        int64_t rows = layer_numel(l, batch) / c->units, in = layer_cols(mp_layer_csrc(m, l, 0));
-        bytes += arena_bytes(qz->operand_bytes(rows, c->units)) +
-                 arena_bytes(qz->operand_bytes(rows, in));
-        if (!qz->pass_invariant)
-            bytes += arena_bytes(qz->operand_bytes(rows, c->units)) +
-                     arena_bytes(qz->operand_bytes(in, c->units));
-    }
+    if (l->fp8_active) bytes += mp_float8_workspace_bytes(m, l, batch);
     return bytes;
-}
-
-/* The kernel as the quantizer reads it: its float32 master when there is
- * one, the reduction along `in` (k_axis 0, forward) or units (1, dX). */
-static mp_quant_input kernel_input(const mp_model_param *w, int k_axis)
-{
-    return (mp_quant_input){w->master ? (const void *)w->master : w->weight,
-                            w->master ? MP_F32 : w->weight_dtype, w->shape[0], w->shape[1], k_axis};
-}
-
-/* Quantized: the kernel's operand into its persistent buffer, and the input's into the temporaries,
- * its compact form kept in the activation arena unless backward quantizes
- * x again. */
-static mp_status quantize_forward(mp_model *m, mp_layer *l, bool training, mp_quant_operand *xo)
-{
-    const dense_config *c = l->config;
-    dense_state *st = l->state;
-    mp_float8_meta *q = mp_float8_layer_metas(m, l);
-    const mp_quantizer *qz = q->ops;
-    mp_quant_mode mode = training ? MP_QUANT_TRAIN : MP_QUANT_INFER;
-    mp_model_param *w = mp_layer_param(m, l, 0);
-    int64_t in = w->shape[0], rows = layer_numel(l, m->batch) / c->units;
-    mp_quant_input wi = kernel_input(w, 0);
-    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, mode, NULL, q[MP_FLOAT8_WEIGHT].codes, &st->wq);
-    bool save = keeps_x_operand(m, l, m->batch);
-    if (mp_layer_input_compute(m, l, 0, !save, &st->in)) return MP_ERR_NOMEM;
-    void *stored = save ? mp_arena_alloc(m->act, qz->stored_bytes(rows, in)) : NULL;
-    void *op = mp_arena_alloc(m->tmp, qz->operand_bytes(rows, in));
-    if (!op || (save && !stored)) return mp_layer_nomem(l, "its input's quantized operand");
-    mp_quant_input xi = {st->in.data, st->in.dtype, rows, in, 1};
-    qz->quantize(&q[MP_FLOAT8_INPUT], &xi, mode, stored, op, xo);
-    st->xs = stored;
-    return MP_OK;
 }
 
 static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
@@ -135,7 +78,8 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     mp_model_param *w = mp_layer_param(m, l, 0), *b = mp_layer_param(m, l, 1);
     mp_quant_operand xo = {NULL, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
     if (l->fp8_active) {
-        if (quantize_forward(m, l, training, &xo)) return MP_ERR_NOMEM;
+        if (mp_float8_forward(m, l, w, training, &st->in, &st->xs, &xo, &st->wq))
+            return MP_ERR_NOMEM;
         wo = st->wq;
     } else if (mp_layer_input_compute(m, l, 0, true, &st->in)) {
         return MP_ERR_NOMEM;
@@ -180,46 +124,6 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     return MP_OK;
 }
 
-/* Quantized: dz's operands (its statistics recorded once), x's for dW
- * (kept, or quantized again as the forward did) and W's for dX (the
- * forward's, or quantized again along units). */
-static void *tmp_operand(mp_model *m, const mp_quantizer *qz, int64_t rows, int64_t cols)
-{
-    return mp_arena_alloc(m->tmp, qz->operand_bytes(rows, cols));
-}
-
-static mp_status quantize_backward(mp_model *m, mp_layer *l, const mp_tensor *dz,
-                                   mp_quant_operand *xo, mp_quant_operand *dzw,
-                                   mp_quant_operand *dzx, mp_quant_operand *wo)
-{
-    const dense_config *c = l->config;
-    const dense_state *st = l->state;
-    mp_float8_meta *q = mp_float8_layer_metas(m, l);
-    const mp_quantizer *qz = q->ops;
-    mp_model_param *w = mp_layer_param(m, l, 0);
-    int64_t in = w->shape[0], rows = mp_tensor_numel(dz) / c->units;
-    void *gq = tmp_operand(m, qz, rows, c->units), *xq = tmp_operand(m, qz, rows, in);
-    if (!gq || !xq) return mp_layer_nomem(l, "its quantized operands");
-    mp_quant_input gi = {dz->data, dz->dtype, rows, c->units, 0};
-    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_TRAIN, NULL, gq, dzw);
-    if (st->xs) {
-        qz->restore(&q[MP_FLOAT8_INPUT], st->xs, rows, in, xq, xo);
-    } else {
-        mp_quant_input xi = {st->in.data, st->in.dtype, rows, in, 0};
-        qz->quantize(&q[MP_FLOAT8_INPUT], &xi, MP_QUANT_AGAIN, NULL, xq, xo);
-    }
-    *dzx = *dzw;
-    *wo = st->wq;
-    if (qz->pass_invariant) return MP_OK;
-    void *g2 = tmp_operand(m, qz, rows, c->units), *w2 = tmp_operand(m, qz, in, c->units);
-    if (!g2 || !w2) return mp_layer_nomem(l, "its quantized operands");
-    gi.k_axis = 1;
-    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_INFER, NULL, g2, dzx);
-    mp_quant_input wi = kernel_input(w, 1);
-    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, MP_QUANT_AGAIN, NULL, w2, wo);
-    return MP_OK;
-}
-
 static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
 {
     const dense_config *c = l->config;
@@ -236,21 +140,26 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
         mp_op_activation_grad(c->act, saved->data, ct, g->data, g->dtype, dz.data, ct,
                               (size_t)mp_tensor_numel(&dz));
     }
-    mp_quant_operand xo = {st->in.data, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
-    mp_quant_operand dzo = {dz.data, dz.dtype, 1.0f}, dzx = dzo;
-    if (l->fp8_active && quantize_backward(m, l, &dz, &xo, &dzo, &dzx, &wo)) return MP_ERR_NOMEM;
+    mp_float8_grad_operands q = {{st->in.data, ct, 1.0f},
+                                 {dz.data, dz.dtype, 1.0f},
+                                 {dz.data, dz.dtype, 1.0f},
+                                 {w->weight, w->weight_dtype, 1.0f}};
+    if (l->fp8_active) {
+        q.w = st->wq;
+        if (mp_float8_backward(m, l, w, &dz, &st->in, st->xs, &q)) return MP_ERR_NOMEM;
+    }
     /* dW = x^T dz and db = column sums of dz, float32 */
     mp_gemm_args gw = mp_gemm_args_default();
     gw.trans_a = true;
     gw.m = in;
     gw.n = units;
     gw.k = rows;
-    gw.alpha = xo.inv_scale * dzo.inv_scale;
-    gw.a = xo.data;
-    gw.a_type = xo.dtype;
+    gw.alpha = q.x.inv_scale * q.dz_w.inv_scale;
+    gw.a = q.x.data;
+    gw.a_type = q.x.dtype;
     gw.lda = in;
-    gw.b = dzo.data;
-    gw.b_type = dzo.dtype;
+    gw.b = q.dz_w.data;
+    gw.b_type = q.dz_w.dtype;
     gw.ldb = units;
     gw.beta = accumulate ? 1.0f : 0.0f;
     gw.c = w->grad;
@@ -268,12 +177,12 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
     gx.m = rows;
     gx.n = in;
     gx.k = units;
-    gx.alpha = dzx.inv_scale * wo.inv_scale;
-    gx.a = dzx.data;
-    gx.a_type = dzx.dtype;
+    gx.alpha = q.dz_x.inv_scale * q.w.inv_scale;
+    gx.a = q.dz_x.data;
+    gx.a_type = q.dz_x.dtype;
     gx.lda = units;
-    gx.b = wo.data;
-    gx.b_type = wo.dtype;
+    gx.b = q.w.data;
+    gx.b_type = q.w.dtype;
     gx.ldb = units;
     gx.c = dx.data;
     gx.c_type = ct;
