@@ -110,6 +110,73 @@ static void test_memory_plan(void **state)
     assert_true((double)in_bytes[1] <= 0.55 * (double)in_bytes[0]);
 }
 
+/* Conv2D in float8 against the bfloat16 convolution: on data whose values
+ * are fp8 codes over a power of two, with one code at the format's max,
+ * the scales are those powers of two, quantization loses nothing and
+ * scaling by a power of two commutes with every float32 rounding: output,
+ * kernel, bias and input gradients must be the same bits. */
+static float random_fp8(test_rng *r, mp_dtype t)
+{
+    for (;;) {
+        uint8_t c = (uint8_t)test_rng_u32(r);
+        if (t == MP_F8E4M3 && (c & 0x7F) != 0x7F) return mp_e4m3_to_f32(c);
+        if (t == MP_F8E5M2 && (c & 0x7F) < 0x7C) return mp_e5m2_to_f32(c);
+    }
+}
+
+static void test_conv2d_float8(void **state)
+{
+    (void)state;
+    enum { B = 2, H = 7, W = 6, C = 3, F = 4 };
+    mp_float8_params p = mp_float8_params_default();
+    p.scaling = MP_FLOAT8_CURRENT;
+    test_rng r = {77};
+    float x[B * H * W * C], wk[3 * 3 * C * F], bias[F], dy[B * 4 * 3 * F];
+    for (int i = 0; i < B * H * W * C; i++) x[i] = random_fp8(&r, MP_F8E4M3) / 128;
+    for (int i = 0; i < 3 * 3 * C * F; i++) wk[i] = random_fp8(&r, MP_F8E4M3) / 512;
+    for (int i = 0; i < (int)(sizeof dy / sizeof *dy); i++)
+        dy[i] = random_fp8(&r, MP_F8E5M2) * 0x1p-20f;
+    x[5] = 448.0f / 128, wk[7] = -448.0f / 512, dy[3] = 57344.0f * 0x1p-20f; /* the maxima */
+    fill(bias, F, 78, -1, 1);
+    uint16_t y[2][B * 4 * 3 * F], dx[2][B * H * W * C];
+    float dw[2][3 * 3 * C * F], db[2][F];
+    for (int v = 0; v < 2; v++) {
+        mp_model *m = mp_model_new_with_policy(4, v ? "mixed_float8" : "mixed_bfloat16");
+        mp_node in = mp_input(m, 3, (int64_t[]){H, W, C}, NULL);
+        mp_node a = mp_activation_layer(m, in, MP_ACT_NONE, NULL);
+        mp_conv2d_options co = mp_conv2d_options_default(F, 3, 3);
+        co.strides[0] = co.strides[1] = 2;
+        co.padding = MP_PADDING_SAME;
+        mp_node c = mp_conv2d(m, a, &co, &(mp_layer_options){.float8_params = &p, .float8 = v});
+        assert_int_equal(mp_model_build(m, c, B), MP_OK);
+        assert_int_equal(mp_model_layer_float8(m, (int)c), v);
+        memcpy(mp_model_get_param(m, 0)->master, wk, sizeof wk);
+        memcpy(mp_model_get_param(m, 1)->master, bias, sizeof bias);
+        mp_model_mark_masters_changed(m);
+        mp_tensor tx, tdy;
+        mp_tensor_wrap(&tx, MP_F32, 4, (int64_t[]){B, H, W, C}, x);
+        mp_tensor_wrap(&tdy, MP_F32, 4, (int64_t[]){B, 4, 3, F}, dy);
+        const mp_tensor *out;
+        assert_int_equal(mp_model_forward(m, &tx, true, &out), MP_OK);
+        assert_int_equal(mp_tensor_numel(out), B * 4 * 3 * F);
+        memcpy(y[v], out->data, sizeof y[v]);
+        assert_int_equal(mp_model_backward(m, &tdy, false), MP_OK);
+        memcpy(dx[v], mp_model_node_grad(m, a)->data, sizeof dx[v]);
+        memcpy(dw[v], mp_model_get_param(m, 0)->grad, sizeof dw[v]);
+        memcpy(db[v], mp_model_get_param(m, 1)->grad, sizeof db[v]);
+        if (v) { /* the scales were the powers of two */
+            mp_float8_tensor_info info[3];
+            for (int i = 0; i < 3; i++) mp_model_float8_tensor(m, i, &info[i]);
+            assert_true(info[0].scale == 128 && info[1].scale == 512 && info[2].scale == 0x1p20f);
+        }
+        mp_model_free(m);
+    }
+    assert_memory_equal(y[0], y[1], sizeof y[0]);
+    assert_memory_equal(dw[0], dw[1], sizeof dw[0]);
+    assert_memory_equal(db[0], db[1], sizeof db[0]);
+    assert_memory_equal(dx[0], dx[1], sizeof dx[0]);
+}
+
 /* ------------------------------------------------- training steps */
 
 typedef struct {
@@ -310,9 +377,9 @@ static void test_bad_input(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_which_layers),   cmocka_unit_test(test_memory_plan),
-        cmocka_unit_test(test_nonfinite_amax), cmocka_unit_test(test_resume_bit_exact),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_which_layers),     cmocka_unit_test(test_memory_plan),
+        cmocka_unit_test(test_conv2d_float8),    cmocka_unit_test(test_nonfinite_amax),
+        cmocka_unit_test(test_resume_bit_exact), cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests_name("fp8_model", tests, NULL, NULL);
 }

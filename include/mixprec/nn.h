@@ -17,7 +17,7 @@ extern "C" {
 /* A Keras dtype policy: layers compute in `compute` and keep variables in
  * `variable`. Names: float32, mixed_float16, mixed_bfloat16, float16,
  * bfloat16, and mixed_float8: mixed_bfloat16 whose float8-capable layers
- * (Dense) quantize their GEMM inputs per tensor to fp8 (mixprec/fp8.h:
+ * (Dense, Conv2D) quantize their GEMM inputs per tensor to fp8 (mixprec/fp8.h:
  * HYBRID, delayed scaling by default; the first and the last such layer,
  * softmax, normalisations and losses stay higher). */
 typedef struct {
@@ -82,7 +82,7 @@ typedef struct {
     uint64_t seed;      /* initialisers / dropout; 0: derived from the model seed */
     /* per role: MP_INIT_DEFAULT keeps the role's default */
     mp_initializer initializers[MP_ROLE_COUNT];
-    /* float8-capable layers (Dense; mixprec/fp8.h): the recipe's settings
+    /* float8-capable layers (Dense, Conv2D; mixprec/fp8.h): the recipe's settings
      * (NULL: the global ones when the layer is added), and whether the
      * layer computes in float8: 0 as its policy says (the first and last
      * such layer excepted unless keep_first_last is false), 1 always, -1

@@ -80,7 +80,7 @@ static void train_usage(FILE *f)
         "  --fp8-history N                 amax history length (default 1024)\n"
         "  --fp8-algorithm max|most_recent amax of the history used (default max)\n"
         "  --fp8-margin M                  scale = fp8_max / amax / 2^M (default 0)\n"
-        "  --fp8-all-layers                quantize the first and last Dense layers too\n",
+        "  --fp8-all-layers                quantize the first and last layers too\n",
         f);
 }
 
