@@ -310,6 +310,7 @@ void mp_set_num_threads(int n);
 #endif
 
 #include "mixprec/nn.h"
+#include "mixprec/fp8.h"
 #include "mixprec/optim.h"
 #include "mixprec/train.h"
 #include "mixprec/data.h"

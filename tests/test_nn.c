@@ -419,8 +419,8 @@ static void test_policy_dtypes(void **state)
     assert_int_equal(p.variable, MP_F32);
     assert_int_equal(mp_policy_from_name("bfloat16", &p), MP_OK);
     assert_int_equal(p.variable, MP_BF16);
-    assert_int_equal(mp_set_global_policy("mixed_float8"), MP_ERR_INVALID);
-    assert_non_null(strstr(mp_last_error(), "mixed_float8"));
+    assert_int_equal(mp_set_global_policy("mixed_float4"), MP_ERR_INVALID);
+    assert_non_null(strstr(mp_last_error(), "mixed_float4"));
     assert_string_equal(mp_global_policy().name, "float32");
 
     assert_int_equal(mp_set_global_policy("mixed_float16"), MP_OK);

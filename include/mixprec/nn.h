@@ -16,11 +16,15 @@ extern "C" {
 
 /* A Keras dtype policy: layers compute in `compute` and keep variables in
  * `variable`. Names: float32, mixed_float16, mixed_bfloat16, float16,
- * bfloat16. */
+ * bfloat16, and mixed_float8: mixed_bfloat16 whose float8-capable layers
+ * (Dense, Conv2D) quantize their GEMM inputs per tensor to fp8 (mixprec/fp8.h:
+ * HYBRID, delayed scaling by default; the first and the last such layer,
+ * softmax, normalisations and losses stay higher). */
 typedef struct {
     char name[24];
     mp_dtype compute;
     mp_dtype variable;
+    bool float8; /* GEMM inputs in float8 (mixprec/fp8.h) */
 } mp_policy;
 
 mp_status mp_policy_from_name(const char *name, mp_policy *out);
@@ -70,12 +74,21 @@ typedef enum {
 const char *mp_initializer_name(mp_initializer i);
 mp_status mp_initializer_from_name(const char *name, mp_initializer *out);
 
+struct mp_float8_params;
+
 typedef struct {
     const char *name;   /* NULL: Keras-style default (dense, dense_1, ...) */
     const char *policy; /* NULL: the global policy when the layer is added */
     uint64_t seed;      /* initialisers / dropout; 0: derived from the model seed */
     /* per role: MP_INIT_DEFAULT keeps the role's default */
     mp_initializer initializers[MP_ROLE_COUNT];
+    /* float8-capable layers (Dense, Conv2D; mixprec/fp8.h): the recipe's settings
+     * (NULL: the global ones when the layer is added), and whether the
+     * layer computes in float8: 0 as its policy says (the first and last
+     * such layer excepted unless keep_first_last is false), 1 always, -1
+     * never */
+    const struct mp_float8_params *float8_params;
+    int float8;
 } mp_layer_options;
 
 typedef struct mp_model mp_model;
@@ -346,6 +359,9 @@ typedef struct {
     size_t param_bytes;     /* masters + compute copies + state */
     size_t saved_bytes;     /* activation arena bytes per forward at batch */
     size_t workspace_bytes; /* upper bound of its backward's workspace at batch */
+    bool float8;            /* its GEMM inputs are quantized to float8 (mixprec/fp8.h):
+                             * saved_bytes then holds the input's fp8 codes, one byte
+                             * an element, when the input would otherwise be copied */
 } mp_layer_info;
 
 int mp_model_num_layers(const mp_model *m);

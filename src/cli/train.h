@@ -15,6 +15,8 @@ typedef struct {
     int nhidden;
     mp_activation act;
     const char *policy;
+    mp_float8_params fp8; /* --fp8-*: the global float8 settings */
+    bool fp8_given;
     mp_optimizer_kind optimizer;
     float lr;
     int64_t batch;

@@ -25,7 +25,8 @@ static void train_usage(FILE *f)
         "  --hidden N,N,...                hidden layer sizes of the MLP (default 4096,4096)\n"
         "  --activation NAME               relu, gelu, gelu_tanh, sigmoid, tanh (default relu)\n"
         "  --policy NAME                   float32, mixed_float16, mixed_bfloat16, float16, "
-        "bfloat16\n"
+        "bfloat16,\n"
+        "                                  mixed_float8 (bfloat16 with Dense GEMM inputs in fp8)\n"
         "  --optimizer sgd|adam|adamw      (default adam)\n"
         "  --lr X                          learning rate (default 1e-3, sgd 1e-2)\n"
         "  --batch-size N|auto             (default 256; auto: the largest batch whose planned\n"
@@ -70,6 +71,17 @@ static void train_usage(FILE *f)
         "writes --log, --save and checkpoints.\n"
         "Ctrl-C (SIGINT) or SIGTERM while training: the step in progress finishes, a checkpoint\n"
         "goes to --checkpoint-dir, and mixprec exits with status 130 (a second signal kills).\n");
+    fputs(
+        "float8 (--policy mixed_float8, or a layer's \"float8\": true in --model):\n"
+        "  --fp8-format hybrid|e4m3        mixed_float8: E4M3 forward and E5M2 gradients, or E4M3\n"
+        "                                  everywhere (default hybrid)\n"
+        "  --fp8-scaling delayed|current   scale from the amax history or this tensor's amax\n"
+        "                                  (default delayed)\n"
+        "  --fp8-history N                 amax history length (default 1024)\n"
+        "  --fp8-algorithm max|most_recent amax of the history used (default max)\n"
+        "  --fp8-margin M                  scale = fp8_max / amax / 2^M (default 0)\n"
+        "  --fp8-all-layers                quantize the first and last layers too\n",
+        f);
 }
 
 static int bad(const char *flag, const char *value, const char *why)
@@ -137,6 +149,7 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
     a->seed = 1;
     a->shuffle = true;
     a->loss_scaling = MP_LOSS_SCALING_AUTO;
+    a->fp8 = mp_float8_params_default();
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -182,9 +195,32 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
             mp_policy p;
             if (mp_policy_from_name(v, &p))
                 return bad(f, v,
-                           "expected float32, mixed_float16, mixed_bfloat16, float16 or bfloat16");
+                           "expected float32, mixed_float16, mixed_bfloat16, float16, bfloat16 or "
+                           "mixed_float8");
             a->policy = v;
             a->policy_given = true;
+        } else if (!strncmp(f, "--fp8-", 6)) {
+            static const char *const keys[][2] = {{"--fp8-format", "format"},
+                                                  {"--fp8-scaling", "scaling"},
+                                                  {"--fp8-history", "amax_history_len"},
+                                                  {"--fp8-algorithm", "algorithm"},
+                                                  {"--fp8-margin", "margin"},
+                                                  {"--fp8-all-layers", "keep_first_last"}};
+            const char *key = NULL;
+            for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+                if (!strcmp(f, keys[k][0])) key = keys[k][1];
+            if (!key) {
+                fprintf(stderr, "mixprec train: unknown option '%s' (see mixprec train --help)\n",
+                        f);
+                return 2;
+            }
+            if (!strcmp(key, "keep_first_last")) {
+                a->fp8.keep_first_last = false;
+            } else {
+                NEED_VALUE;
+                if (mp_float8_params_set(&a->fp8, key, v)) return bad(f, v, mp_last_error());
+            }
+            a->fp8_given = true;
         } else if (!strcmp(f, "--optimizer")) {
             NEED_VALUE;
             if (!strcmp(v, "sgd"))
@@ -306,6 +342,7 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
             "--init-from", "--model",      "--steps-per-epoch"};
         for (size_t k = 0; k < sizeof from_checkpoint / sizeof *from_checkpoint; k++)
             if (!strcmp(f, from_checkpoint[k]) && !a->model_flag) a->model_flag = f;
+        if (!strncmp(f, "--fp8-", 6) && !a->model_flag) a->model_flag = f;
         if (!strcmp(f, "--epochs")) a->epochs_given = true;
         if ((!strcmp(f, "--hidden") || !strcmp(f, "--activation")) && !a->mlp_flag) a->mlp_flag = f;
     }

@@ -352,6 +352,11 @@ int mp_cli_train(int argc, char **argv)
     train_args a;
     int rc = mp_cli_parse_train_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : rc;
+    /* --fp8-*: the settings every float8 layer made from here on takes */
+    if (a.fp8_given && mp_set_global_float8_params(&a.fp8)) {
+        fprintf(stderr, "mixprec train: %s\n", mp_last_error());
+        return 2;
+    }
     if (mp_dist_launched() && !mp_dist_available()) {
         fprintf(stderr, "mixprec train: started by an MPI launcher, but %s\n",
                 "this build has no MPI (sh scripts/deps.sh mpi, then make MPI=1)");

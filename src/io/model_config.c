@@ -16,6 +16,7 @@
 
 #include "io/io_internal.h"
 #include "nn/layer.h"
+#include "nn/quant.h"
 
 #define CONFIG_FORMAT "mixprec.model"
 #define CONFIG_VERSION 2
@@ -59,6 +60,12 @@ static json_t *layer_json(const mp_model *m, const mp_layer *l)
             snprintf(key, sizeof key, "%s_initializer", mp_param_role_name((mp_param_role)r));
             json_object_set_new(o, key, json_string(mp_initializer_name(l->init[r])));
         }
+    if (l->ops->float8) { /* float8: the layer's choice and, where they matter, its settings */
+        mp_float8_params d = mp_float8_params_default();
+        if (l->fp8_mode) json_object_set_new(o, "float8", json_boolean(l->fp8_mode > 0));
+        if (l->policy.float8 || l->fp8_mode > 0 || !mp_float8_params_equal(&l->fp8_params, &d))
+            json_object_set_new(o, "float8_params", mp_float8_params_json(&l->fp8_params));
+    }
     if (l->ops->to_json) l->ops->to_json(l, o);
     return o;
 }
@@ -92,7 +99,8 @@ char *mp_model_config_json(const mp_model *m)
         goto fail;                                                                                 \
     } while (0)
 
-static const char *const common_fields[] = {"class_name", "name", "inputs", "policy", "seed", NULL};
+static const char *const common_fields[] = {"class_name", "name",   "inputs",        "policy",
+                                            "seed",       "float8", "float8_params", NULL};
 
 static bool listed(const char *const *list, const char *key)
 {
@@ -156,6 +164,17 @@ static mp_status add_layer(mp_model *m, const json_t *lj, size_t i, int version,
     const mp_layer_ops *ops = mp_layer_ops_find(type);
     if (!ops) BAD("model config: layer '%s' has unknown class_name '%s'", name, type);
     mp_layer_options o = {.name = name};
+    mp_float8_params f8;
+    const json_t *f8j = json_object_get(lj, "float8"), *f8p = json_object_get(lj, "float8_params");
+    if ((f8j || f8p) && !ops->float8)
+        BAD("model config: layer '%s' (%s): unknown field '%s'", name, type,
+            f8j ? "float8" : "float8_params");
+    if (f8j && !json_is_boolean(f8j))
+        BAD("model config: layer '%s': 'float8' must be true or false", name);
+    if (f8j) o.float8 = json_is_true(f8j) ? 1 : -1;
+    if (f8p && mp_float8_params_from_json(f8p, &f8))
+        BAD("model config: layer '%s': 'float8_params': %s", name, mp_last_error());
+    if (f8p) o.float8_params = &f8;
     const char *policy = json_string_value(pj);
     if ((pj && !policy) || (version == 1 && !policy))
         BAD("model config: layer '%s': 'policy' must be a policy name", name);

@@ -23,6 +23,8 @@ typedef struct {
     int64_t sh, sw, dh, dw; /* strides and dilations (>= 1) */
     int64_t pt, pl;         /* zero rows above / columns left of the image */
     int64_t oh, ow;         /* output [n, oh, ow, o] */
+    float alpha;            /* the sums' factor before bias and activation (per-tensor
+                             * float8's 1/(scale_a scale_b)); 0 is read as 1 */
 } mp_conv_geom;
 
 /* Keras's output size and padding: `same` gives ceil(in / stride) with the

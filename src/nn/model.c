@@ -10,6 +10,7 @@
 
 #include "kernels/ops.h"
 #include "nn/layer.h"
+#include "nn/quant.h"
 
 /* ----------------------------------------------------------- errors */
 
@@ -62,6 +63,7 @@ void mp_model_free(mp_model *m)
     if (!m) return;
     if (m->training_free) m->training_free(m->training);
     mp_model_free_params(m);
+    mp_float8_model_free(m);
     mp_arena_destroy(m->act);
     mp_arena_destroy(m->ws);
     mp_arena_destroy(m->tmp);
@@ -133,6 +135,17 @@ static mp_status init_record(mp_model *m, mp_layer *l, const mp_layer_ops *ops,
                                  (int)o->initializers[r]);
         l->init[r] = o->initializers[r];
     }
+    l->fp8_params = o && o->float8_params ? *o->float8_params : mp_global_float8_params();
+    l->fp8_mode = o ? o->float8 : 0;
+    if (o && o->float8_params && mp_float8_params_validate(o->float8_params))
+        return mp_model_fail(m, MP_ERR_INVALID, "layer '%s': %s", l->name, mp_last_error());
+    if (l->fp8_mode < -1 || l->fp8_mode > 1)
+        return mp_model_fail(m, MP_ERR_INVALID,
+                             "layer '%s': float8 = %d (expected 0 as the policy says, 1 or -1)",
+                             l->name, l->fp8_mode);
+    if (l->fp8_mode == 1 && !ops->float8)
+        return mp_model_fail(m, MP_ERR_INVALID, "layer '%s': %s has no float8 GEMM", l->name,
+                             ops->class_name);
     l->seed = (o && o->seed)
                   ? o->seed
                   : mp_mix64(m->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(m->nlayers + 1));
@@ -226,8 +239,10 @@ mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
                              ninputs);
     m->output = output;
     m->max_batch = max_batch;
+    mp_float8_model_plan(m);
     for (int i = 0; i < m->nlayers; i++)
         if (mp_model_init_params(m, &m->layers[i])) return m->err;
+    if (mp_float8_model_setup(m)) return mp_model_fail(m, MP_ERR_NOMEM, "%s", mp_last_error());
     if (create_arenas(m, max_batch)) return mp_model_fail(m, MP_ERR_NOMEM, "%s", mp_last_error());
     m->built = true;
     return MP_OK;

@@ -33,6 +33,13 @@ struct mp_layer {
     mp_tensor out;  /* output (activation arena, or a view) */
     mp_tensor grad; /* gradient w.r.t. the output (workspace arena) */
     bool has_out, has_grad;
+    /* float8 (kinds whose ops->float8 is set; nn/fp8_model.c): the
+     * recipe's settings, the layer's choice (0 as the policy says, 1 on, -1
+     * off), whether build made it compute in float8 and its first meta */
+    mp_float8_params fp8_params;
+    int fp8_mode;
+    bool fp8_active;
+    int fp8_first;
 };
 
 typedef struct {
@@ -70,6 +77,9 @@ struct mp_model {
      * needs, not their sum) */
     mp_arena *act, *ws, *tmp;
     uint64_t refreshes;
+    /* the float8 recipe's tensors, MP_FLOAT8_ROLES per float8 layer */
+    struct mp_float8_meta *fp8;
+    int nfp8;
     /* compile/fit state owned by train/ (the model only frees it) */
     void *training;
     void (*training_free)(void *);

@@ -1,14 +1,15 @@
 /* policy.c - Keras dtype policies: the compute dtype layers run in and the
- * dtype their variables are kept in, plus the global default. */
+ * dtype their variables are kept in (and whether GEMM inputs go to float8),
+ * plus the global default. */
 #include <stdatomic.h>
 #include <string.h>
 
 #include "core/internal.h"
 
 static const mp_policy policies[] = {
-    {"float32", MP_F32, MP_F32},         {"mixed_float16", MP_F16, MP_F32},
-    {"mixed_bfloat16", MP_BF16, MP_F32}, {"float16", MP_F16, MP_F16},
-    {"bfloat16", MP_BF16, MP_BF16},
+    {"float32", MP_F32, MP_F32, false},         {"mixed_float16", MP_F16, MP_F32, false},
+    {"mixed_bfloat16", MP_BF16, MP_F32, false}, {"float16", MP_F16, MP_F16, false},
+    {"bfloat16", MP_BF16, MP_BF16, false},      {"mixed_float8", MP_BF16, MP_F32, true},
 };
 #define NPOLICIES (int)(sizeof policies / sizeof policies[0])
 
@@ -23,7 +24,7 @@ mp_status mp_policy_from_name(const char *name, mp_policy *out)
         }
     return mp_set_error(MP_ERR_INVALID,
                         "unknown policy '%s' (expected float32, mixed_float16, mixed_bfloat16, "
-                        "float16 or bfloat16)",
+                        "float16, bfloat16 or mixed_float8)",
                         name ? name : "(null)");
 }
 

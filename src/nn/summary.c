@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "nn/layer.h"
+#include "nn/quant.h"
 
 const char *mp_shape_str(int ndim, const int64_t *shape, char *buf, size_t len)
 {
@@ -48,6 +49,9 @@ mp_status mp_model_layer_info(const mp_model *m, int layer, int64_t batch, mp_la
     out->ndim = l->ndim;
     memcpy(out->shape, l->shape, sizeof out->shape);
     out->param_bytes = param_bytes(m, l, &out->params, &out->state);
+    out->float8 = l->fp8_active;
+    if (l->fp8_active) /* the kernel's float8 codes */
+        out->param_bytes += m->fp8[l->fp8_first + MP_FLOAT8_WEIGHT].codes_n;
     out->saved_bytes = l->reachable ? mp_layer_saved_bytes(m, l, batch) : 0;
     out->workspace_bytes =
         l->reachable ? mp_layer_grad_bytes(m, l, batch) + mp_layer_temp_bytes(m, l, batch) : 0;
@@ -74,7 +78,8 @@ mp_status mp_model_memory_plan(const mp_model *m, int64_t batch, int optimizer_s
         out->gradients += n * 4;
         out->optimizer_state += n * 4 * (size_t)optimizer_slots;
     }
-    size_t tmp = 0; /* one layer's temporaries at a time */
+    out->weights += mp_float8_model_bytes(m); /* float8 kernels' codes */
+    size_t tmp = 0;                           /* one layer's temporaries at a time */
     for (int i = 0; i < m->nlayers; i++) {
         const mp_layer *l = &m->layers[i];
         if (!l->reachable) continue;
@@ -139,8 +144,11 @@ mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
         mp_shape_str(l->ndim, l->shape, shape, sizeof shape);
         /* a data source computes nothing: its "compute" is its data's dtype */
         mp_dtype compute = l->ninputs ? l->policy.compute : l->out_dtype;
+        const char *cname = mp_dtype_name(compute);
+        if (l->fp8_active) /* GEMM inputs in float8 (the rest in the compute dtype) */
+            cname = l->fp8_params.format == MP_FLOAT8_HYBRID ? "e4m3+e5m2" : "e4m3";
         fprintf(out, "%-34s %-16s %10lld  %-15s %-9s %-9s %12zu %12zu\n", label, shape,
-                (long long)(in.params + in.state), l->policy.name, mp_dtype_name(compute),
+                (long long)(in.params + in.state), l->policy.name, cname,
                 mp_dtype_name(l->out_dtype), in.param_bytes, in.saved_bytes);
         total += in.params;
         total_state += in.state;
@@ -158,7 +166,7 @@ mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
         size_t bytes;
         const char *what;
     } rows[] = {{"master_weights", p.master_weights, "float32"},
-                {"weights", p.weights, "compute copies"},
+                {"weights", p.weights, "compute copies, float8 kernel codes"},
                 {"state", p.state, "float32, non-trainable"},
                 {"gradients", p.gradients, "float32"},
                 {"activations", p.activations, "saved for backward"},

@@ -1,6 +1,7 @@
 /* checkpoint.c - training checkpoints: the model's parameters, the
  * optimizer's moments, the loss scaler, the step counters, the dropout
- * counter and where a fit stands, in one atomically written safetensors
+ * counter, the float8 recipe's state (checkpoint_fp8.c) and where a fit
+ * stands, in one atomically written safetensors
  * file, and their exact restoration. Loading checks everything before it
  * changes anything. */
 #include <dirent.h>
@@ -292,10 +293,11 @@ mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_s
 {
     mp_optimizer *opt = mp_model_optimizer(m);
     int np = mp_model_num_params(m), ns = opt ? mp_optimizer_num_slots(opt) : 0;
-    int nt = np * (1 + ns);
+    int nf8 = opt ? mp_checkpoint_float8_count(m) : 0; /* float8 state goes with training state */
+    int nt = np * (1 + ns) + nf8;
     mp_named_tensor *t = calloc((size_t)(nt ? nt : 1), sizeof *t);
     char *names = calloc((size_t)(np * ns + 1), SLOT_NAME_MAX);
-    char *config = mp_model_config_json(m), *training = NULL, *fitj = NULL;
+    char *config = mp_model_config_json(m), *training = NULL, *fitj = NULL, *f8names = NULL;
     mp_status s = MP_OK;
     if (!t || !names || !config) {
         s = mp_set_error(MP_ERR_NOMEM, "checkpoint: out of memory");
@@ -317,6 +319,11 @@ mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_s
         nopt++;
     }
     nt = np + nopt * ns;
+    if (nf8 && !(f8names = mp_checkpoint_float8_tensors(m, t + nt))) {
+        s = MP_ERR_NOMEM;
+        goto done;
+    }
+    nt += nf8;
     if (opt) {
         mp_compile_options co;
         mp_model_get_compile_options(m, &co);
@@ -362,6 +369,7 @@ mp_status mp_model_save_checkpoint(mp_model *m, const char *path, const mp_fit_s
 done:
     free(t);
     free(names);
+    free(f8names);
     free(config);
     free(training);
     free(fitj);
@@ -374,7 +382,7 @@ done:
  * copied) before any of it is written into the model. */
 typedef struct {
     int np, ns;
-    const mp_named_tensor **weights, **slots;
+    const mp_named_tensor **weights, **slots, **float8;
     bool has_training, compiled_here;
     mp_compile_options co;
     int64_t opt_step, applied, skipped;
@@ -387,6 +395,7 @@ static void staged_free(staged *st)
 {
     free(st->weights);
     free(st->slots);
+    free(st->float8);
 }
 
 static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char *path, staged *st)
@@ -469,6 +478,10 @@ static mp_status stage_training(mp_model *m, const mp_safetensors *f, const char
         }
         nopt++;
     }
+    /* the float8 recipe's histories and scales */
+    st->float8 = calloc((size_t)mp_checkpoint_float8_count(m) + 1, sizeof *st->float8);
+    if (!s && !st->float8) s = mp_set_error(MP_ERR_NOMEM, "'%s': out of memory", path);
+    if (!s) s = mp_checkpoint_float8_check(m, f, path, st->float8);
 fail:
     json_decref(j);
     return s;
@@ -513,6 +526,7 @@ static mp_status apply(mp_model *m, const mp_safetensors *f, const char *path, m
         if (st.has_scaler) mp_loss_scaler_set_state(mp_model_loss_scaler(m), &st.scaler);
         mp_model_set_step_counts(m, st.applied, st.skipped);
         mp_model_set_forward_count(m, st.forward_count);
+        mp_checkpoint_float8_apply(m, st.float8);
     }
     if (fit) *fit = fs;
     staged_free(&st);

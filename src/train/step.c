@@ -1,6 +1,7 @@
 /* step.c - compile and the training step: forward, loss, backward seeded
  * with the loss scale, unscale and inf/NaN check, optimizer step or skip,
- * scaler update. Everything above (fit, the CLI) is built on this. */
+ * scaler update, the float8 recipe's commit. Everything above (fit, the
+ * CLI) is built on this. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,6 +198,9 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
         t->applied++;
     else
         t->skipped++;
+    /* the float8 recipe: the step's amaxes go into the histories only if it
+     * applied (mixprec/fp8.h) */
+    mp_model_float8_commit(m, res.applied);
     if (r) *r = res;
     return MP_OK;
 }

@@ -28,6 +28,16 @@ mp_status mp_dist_agree(mp_status s, const char *what);
 /* Whether flag is set on any rank (a stop request). */
 bool mp_dist_any(bool flag);
 
+/* The float8 recipe's state in checkpoints (checkpoint_fp8.c): how many
+ * tensors; them into t (names in the returned buffer, free() it after the
+ * write; NULL if out of memory); every one checked in f into found[]
+ * without changing the model; then written into the model. */
+int mp_checkpoint_float8_count(const mp_model *m);
+char *mp_checkpoint_float8_tensors(const mp_model *m, mp_named_tensor *t);
+mp_status mp_checkpoint_float8_check(const mp_model *m, const mp_safetensors *f, const char *path,
+                                     const mp_named_tensor **found);
+void mp_checkpoint_float8_apply(mp_model *m, const mp_named_tensor *const *found);
+
 /* Checkpoints in a directory: ckpt-<steps>.safetensors, ascending steps. */
 typedef struct {
     int64_t steps;

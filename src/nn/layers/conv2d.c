@@ -4,9 +4,12 @@
  * compute dtype with float32 accumulation, fused bias, relu and the cast to
  * the output; activations whose derivative needs the pre-activation keep
  * it. Backward: dW = patches(x)^T dz and dx = the transposed convolution of
- * dz, both implicit GEMMs; db = column sums of dz (float32). */
+ * dz, both implicit GEMMs; db = column sums of dz (float32). In float8
+ * (nn/quant.h) the three GEMMs read the per-tensor quantized x, W and dz as
+ * Dense does, each result multiplied by its operands' 1/scale (alpha). */
 #include "kernels/ops.h"
 #include "nn/layers/spatial.h"
+#include "nn/quant.h"
 
 typedef mp_conv2d_options conv2d_config;
 
@@ -14,6 +17,10 @@ typedef struct {
     mp_tensor in;   /* input in the compute dtype, kept for dW */
     mp_tensor pre;  /* pre-activation when the derivative needs it */
     mp_conv_geom g; /* of the last forward (its batch) */
+    /* float8: the input's kept form (NULL: quantize `in` again), the
+     * kernel's operand */
+    const void *xs;
+    mp_quant_operand wq;
 } conv2d_state;
 
 mp_conv2d_options mp_conv2d_options_default(int64_t filters, int64_t kh, int64_t kw)
@@ -72,28 +79,37 @@ static mp_status conv2d_build(mp_model *m, mp_layer *l)
 static size_t conv2d_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
     size_t out = arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
-    return mp_layer_kept_input_bytes(m, l, 0, batch) + out + (keeps_pre(l->config) ? out : 0);
+    size_t in = l->fp8_active ? mp_float8_input_saved_bytes(m, l, batch) /* its codes */
+                              : mp_layer_kept_input_bytes(m, l, 0, batch);
+    return in + out + (keeps_pre(l->config) ? out : 0);
 }
 
 static size_t conv2d_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
-    (void)m;
     const conv2d_config *c = l->config;
     size_t dz = c->activation == MP_ACT_NONE
                     ? 0
                     : arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
     size_t bias = c->use_bias ? arena_bytes((size_t)c->filters * sizeof(float)) : 0;
-    return dz + bias; /* the pre-activation gradient; a float32 bias copy in forward */
+    size_t fp8 = l->fp8_active ? mp_float8_workspace_bytes(m, l, batch) : 0;
+    return dz + bias + fp8; /* the pre-activation gradient; a float32 bias copy in forward */
 }
 
 static mp_status conv2d_forward(mp_model *m, mp_layer *l, bool training)
 {
-    (void)training;
     const conv2d_config *c = l->config;
     conv2d_state *st = l->state;
     mp_dtype ct = l->policy.compute;
     const mp_model_param *w = mp_layer_param(m, l, 0);
-    if (mp_layer_input_compute(m, l, 0, true, &st->in)) return MP_ERR_NOMEM;
+    mp_quant_operand xo = {NULL, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
+    if (l->fp8_active) {
+        if (mp_float8_forward(m, l, w, training, &st->in, &st->xs, &xo, &st->wq))
+            return MP_ERR_NOMEM;
+        wo = st->wq;
+    } else if (mp_layer_input_compute(m, l, 0, true, &st->in)) {
+        return MP_ERR_NOMEM;
+    }
+    if (!xo.data) xo.data = st->in.data;
     if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
     mp_tensor *z = &l->out;
     if (keeps_pre(c)) {
@@ -125,8 +141,10 @@ static mp_status conv2d_forward(mp_model *m, mp_layer *l, bool training)
                            .dh = c->dilation_rate[0],
                            .dw = c->dilation_rate[1]};
     mp_status s = mp_conv_geom_init(&st->g, c->padding == MP_PADDING_SAME);
+    mp_conv_geom g = st->g;
+    g.alpha = xo.inv_scale * wo.inv_scale;
     if (!s)
-        s = mp_conv2d_forward(&st->g, st->in.data, ct, w->weight, w->weight_dtype, bias,
+        s = mp_conv2d_forward(&g, xo.data, xo.dtype, wo.data, wo.dtype, bias,
                               fused(c) ? c->activation : MP_ACT_NONE, z->data, ct);
     if (s) return kernel_failed(l, s);
     if (!fused(c))
@@ -150,8 +168,19 @@ static mp_status conv2d_backward(mp_model *m, mp_layer *l, bool accumulate)
         mp_op_activation_grad(c->activation, saved->data, ct, g->data, g->dtype, dz.data, ct,
                               (size_t)mp_tensor_numel(&dz));
     }
-    mp_status s =
-        mp_conv2d_backward_filter(&st->g, st->in.data, ct, dz.data, dz.dtype, w->grad, accumulate);
+    mp_float8_grad_operands q = {{st->in.data, ct, 1.0f},
+                                 {dz.data, dz.dtype, 1.0f},
+                                 {dz.data, dz.dtype, 1.0f},
+                                 {w->weight, w->weight_dtype, 1.0f}};
+    if (l->fp8_active) {
+        q.w = st->wq;
+        if (mp_float8_backward(m, l, w, &dz, &st->in, st->xs, &q)) return MP_ERR_NOMEM;
+    }
+    mp_conv_geom gf = st->g, gd = st->g;
+    gf.alpha = q.x.inv_scale * q.dz_w.inv_scale;
+    gd.alpha = q.dz_x.inv_scale * q.w.inv_scale;
+    mp_status s = mp_conv2d_backward_filter(&gf, q.x.data, q.x.dtype, q.dz_w.data, q.dz_w.dtype,
+                                            w->grad, accumulate);
     if (s) return kernel_failed(l, s);
     if (c->use_bias)
         mp_op_column_sum(dz.data, dz.dtype, mp_tensor_numel(&dz) / c->filters, c->filters,
@@ -160,7 +189,7 @@ static mp_status conv2d_backward(mp_model *m, mp_layer *l, bool accumulate)
     mp_tensor dx;
     bool direct;
     if (mp_layer_input_grad(m, l, 0, &dx, &direct)) return MP_ERR_NOMEM;
-    if ((s = mp_conv2d_backward_data(&st->g, dz.data, dz.dtype, w->weight, w->weight_dtype, dx.data,
+    if ((s = mp_conv2d_backward_data(&gd, q.dz_x.data, q.dz_x.dtype, q.w.data, q.w.dtype, dx.data,
                                      ct)))
         return kernel_failed(l, s);
     return mp_layer_input_grad_done(m, l, 0, &dx, direct);
@@ -198,6 +227,7 @@ static mp_status conv2d_from_json(const json_t *o, void *config)
 }
 
 const mp_layer_ops mp_conv2d_ops = {
+    .float8 = true,
     .class_name = "Conv2D",
     .base_name = "conv2d",
     .min_inputs = 1,

@@ -2,9 +2,21 @@
  * GEMM reads x and W in the compute dtype, accumulates in float32 and fuses
  * bias, relu and the cast to the output; activations whose derivative needs
  * the pre-activation keep it. Backward: dW = x^T dz, db = column sums of dz
- * (float32), dx = dz W^T. */
+ * (float32), dx = dz W^T.
+ *
+ * In float8 (nn/quant.h, mixprec/fp8.h) the GEMMs read quantized operands:
+ * x (in the compute dtype) and W (from its float32 master) per tensor in
+ * E4M3, dz in E5M2 (HYBRID) or E4M3, their fp8 values decoded exactly to
+ * bfloat16, each GEMM's result multiplied by the product of its operands'
+ * 1/scale in the epilogue; db stays the float32 column sum of dz. What the forward keeps of x for
+ * dW: its fp8 codes (one byte an element) when x would otherwise be copied (data, another dtype);
+ * when x is a tensor the producer keeps anyway, nothing, and backward
+ * quantizes it again with the forward's scale (the same codes). Everything
+ * goes through the quantizer's table (nn/quant.h), which also serves one
+ * whose operands differ per pass (MX blocks along the reduction). */
 #include "kernels/ops.h"
 #include "nn/layer.h"
+#include "nn/quant.h"
 
 typedef struct {
     int64_t units;
@@ -14,6 +26,10 @@ typedef struct {
 typedef struct {
     mp_tensor in;  /* input in the compute dtype, kept for dW */
     mp_tensor pre; /* pre-activation when the derivative needs it */
+    /* float8 (nn/quant.h): the input's kept form for dW (NULL: quantize
+     * `in` again) and the kernel's operand */
+    const void *xs;
+    mp_quant_operand wq;
 } dense_state;
 
 static bool keeps_pre(const dense_config *c) { return mp_op_activation_grad_needs_input(c->act); }
@@ -40,25 +56,35 @@ static mp_status dense_build(mp_model *m, mp_layer *l)
 static size_t dense_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
     size_t out = arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
-    return mp_layer_kept_input_bytes(m, l, 0, batch) + out + (keeps_pre(l->config) ? out : 0);
+    size_t in = l->fp8_active ? mp_float8_input_saved_bytes(m, l, batch) /* its codes */
+                              : mp_layer_kept_input_bytes(m, l, 0, batch);
+    return in + out + (keeps_pre(l->config) ? out : 0);
 }
 
 static size_t dense_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
-    (void)m;
     const dense_config *c = l->config;
     size_t dz = (size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute);
-    return arena_bytes(dz) + arena_bytes((size_t)c->units * sizeof(float)); /* dz, a bias copy */
+    size_t bytes = arena_bytes(dz) + arena_bytes((size_t)c->units * sizeof(float)); /* dz, bias */
+    if (l->fp8_active) bytes += mp_float8_workspace_bytes(m, l, batch);
+    return bytes;
 }
 
 static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
 {
-    (void)training;
     const dense_config *c = l->config;
     dense_state *st = l->state;
     mp_dtype ct = l->policy.compute;
     mp_model_param *w = mp_layer_param(m, l, 0), *b = mp_layer_param(m, l, 1);
-    if (mp_layer_input_compute(m, l, 0, true, &st->in)) return MP_ERR_NOMEM;
+    mp_quant_operand xo = {NULL, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
+    if (l->fp8_active) {
+        if (mp_float8_forward(m, l, w, training, &st->in, &st->xs, &xo, &st->wq))
+            return MP_ERR_NOMEM;
+        wo = st->wq;
+    } else if (mp_layer_input_compute(m, l, 0, true, &st->in)) {
+        return MP_ERR_NOMEM;
+    }
+    if (!xo.data) xo.data = st->in.data;
     if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
     const float *bias = b->master;
     if (!bias) { /* pure low-precision policy: widen the bias for the epilogue */
@@ -67,7 +93,7 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
         mp_convert(tmp, MP_F32, b->weight, b->weight_dtype, (size_t)c->units);
         bias = tmp;
     }
-    int64_t in = w->shape[0], rows = mp_tensor_numel(&st->in) / in;
+    int64_t in = w->shape[0], rows = layer_numel(l, m->batch) / c->units;
     bool fuse = c->act == MP_ACT_NONE || c->act == MP_ACT_RELU;
     mp_tensor *z = &l->out;
     if (keeps_pre(c)) {
@@ -79,11 +105,12 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     g.m = rows;
     g.n = c->units;
     g.k = in;
-    g.a = st->in.data;
-    g.a_type = ct;
+    g.alpha = xo.inv_scale * wo.inv_scale;
+    g.a = xo.data;
+    g.a_type = xo.dtype;
     g.lda = in;
-    g.b = w->weight;
-    g.b_type = w->weight_dtype;
+    g.b = wo.data;
+    g.b_type = wo.dtype;
     g.ldb = c->units;
     g.c = z->data;
     g.c_type = ct;
@@ -113,17 +140,26 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
         mp_op_activation_grad(c->act, saved->data, ct, g->data, g->dtype, dz.data, ct,
                               (size_t)mp_tensor_numel(&dz));
     }
+    mp_float8_grad_operands q = {{st->in.data, ct, 1.0f},
+                                 {dz.data, dz.dtype, 1.0f},
+                                 {dz.data, dz.dtype, 1.0f},
+                                 {w->weight, w->weight_dtype, 1.0f}};
+    if (l->fp8_active) {
+        q.w = st->wq;
+        if (mp_float8_backward(m, l, w, &dz, &st->in, st->xs, &q)) return MP_ERR_NOMEM;
+    }
     /* dW = x^T dz and db = column sums of dz, float32 */
     mp_gemm_args gw = mp_gemm_args_default();
     gw.trans_a = true;
     gw.m = in;
     gw.n = units;
     gw.k = rows;
-    gw.a = st->in.data;
-    gw.a_type = ct;
+    gw.alpha = q.x.inv_scale * q.dz_w.inv_scale;
+    gw.a = q.x.data;
+    gw.a_type = q.x.dtype;
     gw.lda = in;
-    gw.b = dz.data;
-    gw.b_type = dz.dtype;
+    gw.b = q.dz_w.data;
+    gw.b_type = q.dz_w.dtype;
     gw.ldb = units;
     gw.beta = accumulate ? 1.0f : 0.0f;
     gw.c = w->grad;
@@ -141,11 +177,12 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
     gx.m = rows;
     gx.n = in;
     gx.k = units;
-    gx.a = dz.data;
-    gx.a_type = dz.dtype;
+    gx.alpha = q.dz_x.inv_scale * q.w.inv_scale;
+    gx.a = q.dz_x.data;
+    gx.a_type = q.dz_x.dtype;
     gx.lda = units;
-    gx.b = w->weight;
-    gx.b_type = w->weight_dtype;
+    gx.b = q.w.data;
+    gx.b_type = q.w.dtype;
     gx.ldb = units;
     gx.c = dx.data;
     gx.c_type = ct;
@@ -177,6 +214,7 @@ const mp_layer_ops mp_dense_ops = {
     .base_name = "dense",
     .min_inputs = 1,
     .max_inputs = 1,
+    .float8 = true,
     .config_size = sizeof(dense_config),
     .state_size = sizeof(dense_state),
     .fields = (const char *const[]){"units", "activation", NULL},

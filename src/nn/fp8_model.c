@@ -1,0 +1,272 @@
+/* fp8_model.c - the float8 recipe inside a model: which layers compute in
+ * float8 (decided at build: the layer's choice, else its policy minus the
+ * first and last float8-capable layer), their quantized tensors (three
+ * each: input, kernel, grad_output), the commit after a training step, the
+ * public views of that state, and the layer settings as JSON. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/layer.h"
+#include "nn/quant.h"
+
+static bool layer_active(const mp_layer *l, bool edge)
+{
+    if (!l->ops->float8 || !l->reachable || l->fp8_mode < 0) return false;
+    if (l->fp8_mode > 0) return true;
+    return l->policy.float8 && !(edge && l->fp8_params.keep_first_last);
+}
+
+/* Bytes of the kernel's operand: the kernel seen as [n / last, last]. */
+static size_t kernel_operand_bytes(const mp_model *m, const mp_layer *l, const mp_quantizer *q)
+{
+    for (int j = 0; j < l->nparams; j++) {
+        const mp_model_param *p = &m->params[l->param_first + j].p;
+        int64_t last = p->shape[p->ndim - 1];
+        if (p->role == MP_ROLE_KERNEL) return q->operand_bytes(p->n / last, last);
+    }
+    return 0;
+}
+
+void mp_float8_model_plan(mp_model *m)
+{
+    int first = -1, last = -1;
+    for (int i = 0; i < m->nlayers; i++)
+        if (m->layers[i].ops->float8 && m->layers[i].reachable) {
+            if (first < 0) first = i;
+            last = i;
+        }
+    for (int i = 0; i < m->nlayers; i++) {
+        mp_layer *l = &m->layers[i];
+        l->fp8_active = layer_active(l, i == first || i == last);
+        l->fp8_first = -1;
+        /* the kernel is quantized from its float32 master: no compute copy */
+        for (int j = 0; l->fp8_active && l->policy.variable == MP_F32 && j < l->nparams; j++)
+            if (m->params[l->param_first + j].p.role == MP_ROLE_KERNEL)
+                m->params[l->param_first + j].float32_only = true;
+    }
+}
+
+mp_status mp_float8_model_setup(mp_model *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->nlayers; i++) n += m->layers[i].fp8_active;
+    if (!n) return MP_OK;
+    m->fp8 = calloc((size_t)n * MP_FLOAT8_ROLES, sizeof *m->fp8);
+    if (!m->fp8) return mp_set_error(MP_ERR_NOMEM, "float8: out of memory");
+    for (int i = 0; i < m->nlayers; i++) {
+        mp_layer *l = &m->layers[i];
+        if (!l->fp8_active) continue;
+        l->fp8_first = m->nfp8;
+        for (int r = 0; r < MP_FLOAT8_ROLES; r++) {
+            mp_float8_meta *q = &m->fp8[m->nfp8];
+            mp_status s = mp_float8_meta_init(q, l->name, (mp_float8_role)r, &l->fp8_params);
+            if (s) return s;
+            m->nfp8++;
+        }
+        /* the kernel's operand lives as long as the model (counted as weights) */
+        mp_float8_meta *w = &m->fp8[l->fp8_first + MP_FLOAT8_WEIGHT];
+        w->codes_n = kernel_operand_bytes(m, l, w->ops);
+        if (w->codes_n && !(w->codes = mp_alloc(w->codes_n, MP_MEM_WEIGHTS)))
+            return mp_set_error(MP_ERR_NOMEM, "float8: out of memory for '%s'", w->name);
+    }
+    return MP_OK;
+}
+
+void mp_float8_model_free(mp_model *m)
+{
+    for (int i = 0; i < m->nfp8; i++) mp_float8_meta_release(&m->fp8[i]);
+    free(m->fp8);
+    m->fp8 = NULL;
+    m->nfp8 = 0;
+}
+
+mp_float8_meta *mp_float8_layer_metas(mp_model *m, const mp_layer *l)
+{
+    return l->fp8_active ? &m->fp8[l->fp8_first] : NULL;
+}
+
+size_t mp_float8_model_bytes(const mp_model *m)
+{
+    size_t b = 0;
+    for (int i = 0; i < m->nfp8; i++) b += m->fp8[i].codes_n;
+    return b;
+}
+
+bool mp_model_float8_commit(mp_model *m, bool applied)
+{
+    bool keep = applied, any = false;
+    for (int i = 0; i < m->nfp8; i++) {
+        const mp_float8_meta *q = &m->fp8[i];
+        if (q->has_pending && !isfinite(q->pending)) keep = false;
+        any |= q->has_pending;
+    }
+    for (int i = 0; i < m->nfp8; i++) mp_float8_meta_commit(&m->fp8[i], keep);
+    return keep && any;
+}
+
+int mp_model_float8_num_tensors(const mp_model *m) { return m->nfp8; }
+
+mp_status mp_model_float8_tensor(const mp_model *m, int i, mp_float8_tensor_info *out)
+{
+    if (i < 0 || i >= m->nfp8)
+        return mp_set_error(MP_ERR_INVALID, "float8: no tensor %d (the model has %d)", i, m->nfp8);
+    const mp_float8_meta *q = &m->fp8[i];
+    out->name = q->name;
+    out->layer = q->layer;
+    out->role = q->role;
+    out->dtype = q->dtype;
+    out->params = q->params;
+    out->scale = q->scale;
+    out->has_pending = q->has_pending;
+    out->pending_amax = q->pending;
+    out->history = q->history;
+    return MP_OK;
+}
+
+bool mp_model_layer_float8(const mp_model *m, int layer)
+{
+    return layer >= 0 && layer < m->nlayers && m->layers[layer].fp8_active;
+}
+
+/* ------------------------------------------------------------- JSON */
+
+json_t *mp_float8_params_json(const mp_float8_params *p)
+{
+    return json_pack("{s:s, s:s, s:i, s:s, s:i, s:b}", "format", mp_float8_format_name(p->format),
+                     "scaling", mp_float8_scaling_name(p->scaling), "amax_history_len",
+                     (int)p->amax_history_len, "algorithm", mp_float8_algorithm_name(p->algorithm),
+                     "margin", (int)p->margin, "keep_first_last", p->keep_first_last);
+}
+
+mp_status mp_float8_params_from_json(const json_t *o, mp_float8_params *p)
+{
+    *p = mp_float8_params_default();
+    if (!json_is_object(o))
+        return mp_set_error(MP_ERR_INVALID, "float8_params must be an object of settings");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)o, key, v)
+    {
+        char buf[32];
+        const char *text = json_string_value(v);
+        if (json_is_integer(v)) {
+            snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v));
+            text = buf;
+        } else if (json_is_boolean(v)) {
+            text = json_is_true(v) ? "true" : "false";
+        } else if (!text) {
+            text = "(not a string, integer or boolean)";
+        }
+        mp_status s = mp_float8_params_set(p, key, text);
+        if (s) return s;
+    }
+    return MP_OK;
+}
+
+bool mp_float8_params_equal(const mp_float8_params *a, const mp_float8_params *b)
+{
+    return a->format == b->format && a->scaling == b->scaling &&
+           a->amax_history_len == b->amax_history_len && a->algorithm == b->algorithm &&
+           a->margin == b->margin && a->keep_first_last == b->keep_first_last;
+}
+
+void mp_float8_model_restore(mp_model *m, int i, const void *history, mp_dtype ht,
+                             const void *scale, mp_dtype st)
+{
+    mp_float8_meta *q = &m->fp8[i];
+    float s;
+    mp_convert(&s, MP_F32, scale, st, 1);
+    mp_convert(q->history, MP_F32, history, ht, (size_t)q->params.amax_history_len);
+    mp_float8_meta_set_history(q, q->history, s);
+}
+
+/* ------------------------------------------- a float8 layer's steps */
+
+/* A tensor [..., last] as the matrix [numel / last, last]. */
+static mp_quant_input as_matrix(const void *x, mp_dtype t, int64_t numel, int64_t last, int k_axis)
+{
+    return (mp_quant_input){x, t, numel / last, last, k_axis};
+}
+
+static mp_quant_input kernel_input(const mp_model_param *w, int k_axis)
+{
+    return as_matrix(w->master ? (const void *)w->master : w->weight,
+                     w->master ? MP_F32 : w->weight_dtype, w->n, w->shape[w->ndim - 1], k_axis);
+}
+
+bool mp_float8_keeps_input(const mp_model *m, const mp_layer *l, int64_t batch)
+{
+    return m->fp8[l->fp8_first].ops->pass_invariant &&
+           mp_layer_kept_input_bytes(m, l, 0, batch) > 0;
+}
+
+size_t mp_float8_input_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
+{
+    if (!mp_float8_keeps_input(m, l, batch)) return mp_layer_kept_input_bytes(m, l, 0, batch);
+    const mp_layer *src = mp_layer_csrc(m, l, 0);
+    int64_t cols = layer_cols(src);
+    return arena_bytes(
+        m->fp8[l->fp8_first].ops->stored_bytes(layer_numel(src, batch) / cols, cols));
+}
+
+size_t mp_float8_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
+{
+    const mp_quantizer *qz = m->fp8[l->fp8_first].ops;
+    const mp_layer *src = mp_layer_csrc(m, l, 0);
+    int64_t in = layer_cols(src), out = layer_cols(l);
+    size_t x = arena_bytes(qz->operand_bytes(layer_numel(src, batch) / in, in));
+    size_t g = arena_bytes(qz->operand_bytes(layer_numel(l, batch) / out, out));
+    size_t w = m->fp8[l->fp8_first + MP_FLOAT8_WEIGHT].codes_n;
+    return x + g + (qz->pass_invariant ? 0 : g + arena_bytes(w));
+}
+
+mp_status mp_float8_forward(mp_model *m, mp_layer *l, const mp_model_param *w, bool training,
+                            mp_tensor *in, const void **stored, mp_quant_operand *xo,
+                            mp_quant_operand *wo)
+{
+    mp_float8_meta *q = mp_float8_layer_metas(m, l);
+    const mp_quantizer *qz = q->ops;
+    mp_quant_mode mode = training ? MP_QUANT_TRAIN : MP_QUANT_INFER;
+    mp_quant_input wi = kernel_input(w, 0);
+    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, mode, NULL, q[MP_FLOAT8_WEIGHT].codes, wo);
+    bool save = mp_float8_keeps_input(m, l, m->batch);
+    if (mp_layer_input_compute(m, l, 0, !save, in)) return MP_ERR_NOMEM;
+    mp_quant_input xi =
+        as_matrix(in->data, in->dtype, mp_tensor_numel(in), in->shape[in->ndim - 1], 1);
+    *stored = save ? mp_arena_alloc(m->act, qz->stored_bytes(xi.rows, xi.cols)) : NULL;
+    void *op = mp_arena_alloc(m->tmp, qz->operand_bytes(xi.rows, xi.cols));
+    if (!op || (save && !*stored)) return mp_layer_nomem(l, "its input's quantized operand");
+    qz->quantize(&q[MP_FLOAT8_INPUT], &xi, mode, (void *)*stored, op, xo);
+    return MP_OK;
+}
+
+mp_status mp_float8_backward(mp_model *m, mp_layer *l, const mp_model_param *w, const mp_tensor *dz,
+                             const mp_tensor *in, const void *stored, mp_float8_grad_operands *out)
+{
+    mp_float8_meta *q = mp_float8_layer_metas(m, l);
+    const mp_quantizer *qz = q->ops;
+    const mp_layer *src = mp_layer_csrc(m, l, 0);
+    mp_quant_input gi = as_matrix(dz->data, dz->dtype, mp_tensor_numel(dz), layer_cols(l), 0);
+    int64_t in_cols = layer_cols(src), in_rows = layer_numel(src, m->batch) / in_cols;
+    void *gq = mp_arena_alloc(m->tmp, qz->operand_bytes(gi.rows, gi.cols));
+    void *xq = mp_arena_alloc(m->tmp, qz->operand_bytes(in_rows, in_cols));
+    if (!gq || !xq) return mp_layer_nomem(l, "its quantized operands");
+    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_TRAIN, NULL, gq, &out->dz_w);
+    if (stored) {
+        qz->restore(&q[MP_FLOAT8_INPUT], stored, in_rows, in_cols, xq, &out->x);
+    } else {
+        mp_quant_input xi = as_matrix(in->data, in->dtype, mp_tensor_numel(in), in_cols, 0);
+        qz->quantize(&q[MP_FLOAT8_INPUT], &xi, MP_QUANT_AGAIN, NULL, xq, &out->x);
+    }
+    out->dz_x = out->dz_w;
+    if (qz->pass_invariant) return MP_OK; /* out->w: the forward's */
+    void *g2 = mp_arena_alloc(m->tmp, qz->operand_bytes(gi.rows, gi.cols));
+    void *w2 = mp_arena_alloc(m->tmp, q[MP_FLOAT8_WEIGHT].codes_n);
+    if (!g2 || !w2) return mp_layer_nomem(l, "its quantized operands");
+    gi.k_axis = 1;
+    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_INFER, NULL, g2, &out->dz_x);
+    mp_quant_input wi = kernel_input(w, 1);
+    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, MP_QUANT_AGAIN, NULL, w2, &out->w);
+    return MP_OK;
+}

@@ -1,0 +1,147 @@
+/* quant.h - the hook through which a layer quantizes its GEMM operands, and
+ * the per-tensor float8 recipe state behind it (nn/fp8.c) with the model's
+ * collection of them (nn/fp8_model.c). Not part of the API.
+ *
+ * A layer asks for an operand "quantized for this GEMM" and gets what the
+ * GEMM reads plus the factor its result must be multiplied by. The
+ * per-tensor float8 quantizer gives fp8 codes and 1/scale; a block-scaled
+ * (MX) quantizer can fill the same record with decoded values and factor 1
+ * (its block scales applied while decoding), along the reduction axis the
+ * layer names, without the layer changing. */
+#ifndef MP_QUANT_H
+#define MP_QUANT_H
+
+#include <jansson.h>
+
+#include "core/internal.h"
+
+/* A quantized GEMM operand. */
+typedef struct {
+    const void *data;
+    mp_dtype dtype;
+    float inv_scale; /* the GEMM result is multiplied by the product of both operands' */
+} mp_quant_operand;
+
+/* A tensor as one GEMM pass reads it: rows x cols, row-major, the
+ * reduction running down the rows (k_axis 0) or along each row (1). */
+typedef struct {
+    const void *x;
+    mp_dtype dtype;
+    int64_t rows, cols;
+    int k_axis;
+} mp_quant_input;
+
+typedef enum {
+    MP_QUANT_TRAIN = 0, /* a training pass: the tensor's statistics are recorded */
+    MP_QUANT_INFER = 1, /* an inference pass: nothing is recorded */
+    MP_QUANT_AGAIN = 2, /* backward: give what the last forward gave for this tensor */
+} mp_quant_mode;
+
+typedef struct mp_float8_meta mp_float8_meta;
+
+/* A quantizer: how a tensor becomes a GEMM operand, and the compact form
+ * a layer may keep of it for backward. */
+typedef struct {
+    const char *name;
+    /* the operand of one pass serves the other passes too (per-tensor
+     * scales); false (MX blocks along the reduction): each pass quantizes */
+    bool pass_invariant;
+    /* bytes of the GEMM operand, and of the kept form, for rows x cols */
+    size_t (*operand_bytes)(int64_t rows, int64_t cols);
+    size_t (*stored_bytes)(int64_t rows, int64_t cols);
+    /* in -> operand (and the kept form into `stored` unless NULL) */
+    void (*quantize)(mp_float8_meta *q, const mp_quant_input *in, mp_quant_mode mode, void *stored,
+                     void *operand, mp_quant_operand *out);
+    /* the operand again from the kept form, as the forward gave it */
+    void (*restore)(const mp_float8_meta *q, const void *stored, int64_t rows, int64_t cols,
+                    void *operand, mp_quant_operand *out);
+} mp_quantizer;
+
+/* Per-tensor float8 (mixprec/fp8.h): the operand is the fp8 values decoded
+ * to bfloat16 (exact), so the GEMM runs at the bfloat16 rate and gives the
+ * numbers fp8 inputs with float32 accumulation give; the kept form is the
+ * fp8 codes, one byte an element. */
+extern const mp_quantizer mp_quantizer_float8;
+
+/* The state of one quantized tensor (one role of one layer). */
+struct mp_float8_meta {
+    const mp_quantizer *ops; /* how its tensor is quantized */
+    char name[96];
+    const char *layer;
+    mp_float8_role role;
+    mp_dtype dtype;
+    mp_float8_params params;
+    float scale;    /* what the next pass quantizes with */
+    float *history; /* params.amax_history_len amaxes, newest first */
+    float pending;  /* the max amax seen since the last commit */
+    bool has_pending;
+    void *codes;    /* a persistent operand buffer (kernels), or NULL */
+    size_t codes_n; /* its bytes */
+};
+
+/* Initialise / release one meta (history zeroed, scale 1). */
+mp_status mp_float8_meta_init(mp_float8_meta *q, const char *layer, mp_float8_role role,
+                              const mp_float8_params *p);
+void mp_float8_meta_release(mp_float8_meta *q);
+/* Record an amax seen in a training pass (kept as the max until commit). */
+void mp_float8_meta_record(mp_float8_meta *q, float amax);
+/* keep: push the pending amax (if any) into the history and recompute the
+ * scale (delayed scaling); else drop it. */
+void mp_float8_meta_commit(mp_float8_meta *q, bool keep);
+/* Restore a history (newest first) and scale, as a checkpoint holds them. */
+void mp_float8_meta_set_history(mp_float8_meta *q, const float *in, float scale);
+
+/* ------------------------------------------------------ in the model */
+
+typedef struct mp_model mp_model;
+typedef struct mp_layer mp_layer;
+
+/* At build, before the parameters are allocated: decide which layers
+ * compute in float8 (l->fp8_active; their kernels then keep no compute
+ * copy, being quantized from the float32 master). After: create their
+ * metas (3 each, in layer order) and the kernels' operand buffers. */
+void mp_float8_model_plan(mp_model *m);
+mp_status mp_float8_model_setup(mp_model *m);
+void mp_float8_model_free(mp_model *m);
+/* The metas of layer l (MP_FLOAT8_ROLES of them), NULL when l is not float8. */
+mp_float8_meta *mp_float8_layer_metas(mp_model *m, const mp_layer *l);
+/* Bytes of the persistent code buffers (counted as weights). */
+size_t mp_float8_model_bytes(const mp_model *m);
+
+/* Tensor i's history (newest first, amax_history_len values of dtype ht)
+ * and scale (one value of dtype st), as a checkpoint holds them. */
+void mp_float8_model_restore(mp_model *m, int i, const void *history, mp_dtype ht,
+                             const void *scale, mp_dtype st);
+
+/* A float8 layer's steps, for kinds with one GEMM input, one kernel and
+ * the reduction over the input's last axis (Dense; Conv2D through its
+ * patches). Tensors are seen as matrices over their last axis. */
+/* Whether its forward keeps the input's compact form (the input would be
+ * copied otherwise and one operand serves every pass); the activation
+ * bytes of its input; its temporaries beyond the kind's own. */
+bool mp_float8_keeps_input(const mp_model *m, const mp_layer *l, int64_t batch);
+size_t mp_float8_input_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
+size_t mp_float8_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
+/* Forward: the kernel's operand (from the float32 master when there is
+ * one; persistent), the input in the compute dtype into *in (kept by the
+ * producer, or a temporary when its compact form goes to *stored in the
+ * activation arena) and its operand (temporaries). */
+mp_status mp_float8_forward(mp_model *m, mp_layer *l, const mp_model_param *w, bool training,
+                            mp_tensor *in, const void **stored, mp_quant_operand *xo,
+                            mp_quant_operand *wo);
+/* Backward: the operands of the filter gradient (x, dz_w) and of the data
+ * gradient (dz_x, w: left as is, the forward's, when one operand serves
+ * every pass). */
+typedef struct {
+    mp_quant_operand x, dz_w, dz_x, w;
+} mp_float8_grad_operands;
+mp_status mp_float8_backward(mp_model *m, mp_layer *l, const mp_model_param *w, const mp_tensor *dz,
+                             const mp_tensor *in, const void *stored, mp_float8_grad_operands *out);
+
+/* A layer's settings as a JSON object of names, and back (defaults for
+ * what is absent; an unknown key or bad value fails naming it). */
+json_t *mp_float8_params_json(const mp_float8_params *p);
+mp_status mp_float8_params_from_json(const json_t *o, mp_float8_params *p);
+bool mp_float8_params_equal(const mp_float8_params *a, const mp_float8_params *b);
+
+#endif
