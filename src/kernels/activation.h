@@ -97,6 +97,12 @@ static inline float mp_expf(float x)
     return mp_select(abits > 0x7F800000u, x, y); /* NaN */
 }
 
+/* GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+static inline float mp_gelu_tanh(float x)
+{
+    return 0.5f * x * (1.0f + mp_tanhf(MP_SQRT2_PI * (x + 0.044715f * x * x * x)));
+}
+
 static inline float mp_activate(mp_activation a, float x)
 {
     switch (a) {
@@ -105,7 +111,7 @@ static inline float mp_activate(mp_activation a, float x)
     case MP_ACT_GELU:
         return 0.5f * x * (1.0f + erff(x * MP_SQRT1_2));
     case MP_ACT_GELU_TANH:
-        return 0.5f * x * (1.0f + mp_tanhf(MP_SQRT2_PI * (x + 0.044715f * x * x * x)));
+        return mp_gelu_tanh(x);
     case MP_ACT_SIGMOID:
         return 1.0f / (1.0f + expf(-x));
     case MP_ACT_TANH:
@@ -116,13 +122,18 @@ static inline float mp_activate(mp_activation a, float x)
 }
 
 /* v[i] = act(v[i]), the same values as mp_activate, with the kind chosen
- * once so the loops vectorize. */
-static inline void mp_activate_row(mp_activation a, float *v, size_t n)
+ * once so the loops vectorize (inlined always: into a caller compiled for
+ * a wider ISA, the loops take its vector width). */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+static inline void
+mp_activate_row(mp_activation a, float *v, size_t n)
 {
     switch (a) {
     case MP_ACT_GELU_TANH:
 #pragma omp simd
-        for (size_t i = 0; i < n; i++) v[i] = mp_activate(MP_ACT_GELU_TANH, v[i]);
+        for (size_t i = 0; i < n; i++) v[i] = mp_gelu_tanh(v[i]);
         break;
     case MP_ACT_TANH:
 #pragma omp simd
