@@ -155,16 +155,19 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
 }
 
 /* Splits C into a tm x tn grid of thread regions (tm * tn = nt) that
- * minimises the largest region in tiles; ties go to splitting n, which keeps
- * each thread's packed B private. */
-static void split_grid(int64_t mt, int64_t ntl, int nt, int *tm, int *tn)
+ * minimises the largest region in tiles. Every thread packs the whole of
+ * the side it shares: A (m x k) when n is split, B (k x n) when m is; ties
+ * go to splitting the longer side, so the smaller operand is the one packed
+ * twice. */
+static void split_grid(int64_t m, int64_t n, int64_t mt, int64_t ntl, int nt, int *tm, int *tn)
 {
     int64_t best = -1;
+    const bool prefer_n = n >= m;
     for (int a = 1; a <= nt; a++) {
         if (nt % a) continue;
         int b = nt / a;
         int64_t cost = cdiv(mt, a) * cdiv(ntl, b);
-        if (best < 0 || cost < best || (cost == best && b > *tn)) {
+        if (best < 0 || cost < best || (cost == best && (prefer_n ? b > *tn : a > *tm))) {
             best = cost;
             *tm = a;
             *tn = b;
@@ -276,7 +279,7 @@ mp_status mp_gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
     else if (pl.a.gather && !pl.b.gather && mt >= nt)
         tm = nt;
     else
-        split_grid(mt, ntl, nt, &tm, &tn);
+        split_grid(pl.m, pl.n, mt, ntl, nt, &tm, &tn);
 
     bool ok = true;
     if (nt <= 1) {
