@@ -237,6 +237,83 @@ static void test_steps_per_epoch(void **state)
     mp_dataset_free(ds);
 }
 
+/* A language model's fit resumes exactly: 7 steps in epochs of 3 (across a
+ * pass boundary of the text's windows and mid-epoch), with a checkpoint at
+ * step 4, rebuilt from the file alone and continued, ends with the weights,
+ * optimizer slots and history of the 7 steps run straight. */
+static void test_text_resume(void **state)
+{
+    (void)state;
+    /* 44 bytes: the first 33 train (25 windows: passes of 5 batches of 6),
+     * the last 11 validate (one window) */
+    uint8_t *text = bytes(44, 12);
+    write_file("resume.bin", text, 44);
+    free(text);
+    mp_dataset *ds;
+    assert_int_equal(mp_dataset_load_text(path_of("resume.bin"), T, &ds), MP_OK);
+    mp_fit_options o = mp_fit_options_default();
+    o.batch_size = 6;
+    o.verbose = 0;
+    o.seed = 3;
+    o.epochs = 3;
+    o.steps_per_epoch = 3;
+    o.validation_split = 0.25;
+    o.max_steps = 7;
+    mp_model *straight = lm("mixed_bfloat16", T, 6, true);
+    compile(straight);
+    mp_history hs;
+    assert_int_equal(mp_model_fit(straight, ds, &o, &hs), MP_OK);
+    mp_model *first = lm("mixed_bfloat16", T, 6, true);
+    compile(first);
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/lmck", dir);
+    o.max_steps = 4;
+    o.checkpoint_dir = ck;
+    assert_int_equal(mp_model_fit(first, ds, &o, NULL), MP_OK);
+    char path[700];
+    snprintf(path, sizeof path, "%s/ckpt-%08d.safetensors", ck, 4);
+    mp_model *resumed;
+    mp_fit_state st;
+    assert_int_equal(mp_model_from_checkpoint(path, 6, &resumed, &st), MP_OK);
+    assert_int_equal(st.steps, 4);
+    assert_int_equal(st.steps_per_epoch, 3);
+    o.max_steps = 7;
+    o.checkpoint_dir = NULL;
+    o.resume = &st;
+    mp_history hr;
+    assert_int_equal(mp_model_fit(resumed, ds, &o, &hr), MP_OK);
+    assert_same_weights(straight, resumed);
+    mp_optimizer *oa = mp_model_optimizer(straight), *ob = mp_model_optimizer(resumed);
+    for (int i = 0; i < mp_model_num_params(straight); i++)
+        for (int k = 0; k < mp_optimizer_num_slots(oa); k++) {
+            int64_t n;
+            float *x = mp_optimizer_slot(oa, i, k, &n), *y = mp_optimizer_slot(ob, i, k, NULL);
+            assert_memory_equal(x, y, (size_t)n * sizeof *x);
+        }
+    assert_int_equal(hs.count, hr.count);
+    for (int e = 0; e < hs.count; e++) {
+        assert_true(hs.epochs[e].loss == hr.epochs[e].loss);
+        assert_true(hs.epochs[e].val_loss == hr.epochs[e].val_loss);
+    }
+    /* another epoch length is refused, naming both */
+    o.steps_per_epoch = 2;
+    mp_model *again;
+    mp_fit_state st2;
+    assert_int_equal(mp_model_from_checkpoint(path, 6, &again, &st2), MP_OK);
+    o.resume = &st2;
+    assert_int_equal(mp_model_fit(again, ds, &o, NULL), MP_ERR_INVALID);
+    assert_non_null(strstr(mp_last_error(), "steps per epoch 3"));
+    mp_history_free(&hs);
+    mp_history_free(&hr);
+    mp_fit_state_free(&st);
+    mp_fit_state_free(&st2);
+    mp_model_free(straight);
+    mp_model_free(first);
+    mp_model_free(resumed);
+    mp_model_free(again);
+    mp_dataset_free(ds);
+}
+
 /* The sequence loss is the mean over every position of -log p(label). */
 static void test_sequence_loss(void **state)
 {
@@ -547,6 +624,7 @@ int main(void)
         cmocka_unit_test(test_text_directory),
         cmocka_unit_test(test_text_refusals),
         cmocka_unit_test(test_steps_per_epoch),
+        cmocka_unit_test(test_text_resume),
         cmocka_unit_test(test_sequence_loss),
         cmocka_unit_test(test_position_embedding),
         cmocka_unit_test(test_position_embedding_gradient),
