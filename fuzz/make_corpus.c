@@ -124,6 +124,9 @@ typedef enum {
     ARCH_TOKENS,   /* input int32 [3] -> embedding 5x4 -> flatten -> dense 3 -> softmax (float32) */
     ARCH_CNN,      /* input [2, 2, 1] -> random flip -> conv 3x3 same (2) -> batch norm -> zero
                       padding -> max pool -> global average pool -> dense 3 -> softmax (float32) */
+    ARCH_GPT,      /* input int32 [3] -> embedding 5x4 "emb" -> position embedding 4 -> layer
+                      norm -> causal attention (2 heads of 2) -> add -> reversible embedding
+                      "emb" -> softmax (float32) */
 } arch;
 
 static mp_model *tiny(const char *policy, arch a)
@@ -173,6 +176,17 @@ static mp_model *tiny(const char *policy, arch a)
         x = mp_max_pooling2d(m, x, NULL, NULL);
         x = mp_global_average_pooling2d(m, x, NULL);
         x = mp_dense(m, x, 3, MP_ACT_NONE, NULL);
+        break;
+    }
+    case ARCH_GPT: {
+        mp_multi_head_attention_options a = mp_multi_head_attention_options_default(2, 2);
+        x = mp_input_ex(m, 1, (int64_t[]){3}, MP_I32, NULL);
+        x = mp_embedding(m, x, 5, 4, &(mp_layer_options){.name = "emb"});
+        x = mp_position_embedding(m, x, 4, NULL);
+        in = x;
+        x = mp_multi_head_attention(m, mp_layer_norm(m, x, 1e-5f, NULL), &a, NULL);
+        x = mp_add(m, in, x, NULL);
+        x = mp_reversible_embedding(m, x, "emb", NULL);
         break;
     }
     case ARCH_TOKENS:
@@ -261,17 +275,18 @@ static void train(mp_model *m, mp_dataset *ds, int64_t steps)
     check(mp_model_fit(m, ds, &fo, NULL), "fit");
 }
 
-/* Steps on token ids (datasets hold float features): label = first id mod 3. */
-static void train_tokens(mp_model *m, int64_t steps)
+/* Steps on token ids: label = first id mod 3 (per_sample 1), or every
+ * position labelled with its own id (per_sample 3: a sequence model). */
+static void train_tokens(mp_model *m, int64_t steps, int per_sample)
 {
-    int32_t ids[8 * 3], labels[8];
+    int32_t ids[8 * 3], labels[8 * 3];
     uint64_t s = 7;
     for (int64_t k = 0; k < steps; k++) {
         for (int i = 0; i < 8 * 3; i++) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
             ids[i] = (int32_t)((s >> 33) % 5);
         }
-        for (int i = 0; i < 8; i++) labels[i] = ids[i * 3] % 3;
+        for (int i = 0; i < 8 * per_sample; i++) labels[i] = per_sample == 1 ? ids[i * 3] % 3 : ids[i];
         mp_tensor x;
         check(mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){8, 3}, ids), "ids");
         mp_step_result r;
@@ -285,8 +300,8 @@ static void save_ckpt(const char *policy, arch a, const compile_spec *c, const c
     mp_model *m = tiny(policy, a);
     if (c) {
         compile(m, c);
-        if (a == ARCH_TOKENS)
-            train_tokens(m, 4);
+        if (a == ARCH_TOKENS || a == ARCH_GPT)
+            train_tokens(m, 4, a == ARCH_GPT ? 3 : 1);
         else
             train(m, ds, 4);
     }
@@ -616,6 +631,14 @@ static void write_seeds(void)
               "valid-ckpt-mixed_float16-reshape-add3-sgd-static");
     save_ckpt("mixed_bfloat16", ARCH_TOKENS, &adam, "valid-ckpt-mixed_bfloat16-embedding-adam");
     save_ckpt("mixed_float16", ARCH_CNN, &adam, "valid-ckpt-mixed_float16-cnn-adam");
+    save_ckpt("mixed_bfloat16", ARCH_GPT, &adam, "valid-ckpt-mixed_bfloat16-gpt-tied-adam");
+    /* float8 state (amax histories and scales), with short histories */
+    mp_float8_params f8 = mp_float8_params_default();
+    f8.amax_history_len = 4;
+    check(mp_set_global_float8_params(&f8), "float8 params");
+    save_ckpt("mixed_float8", ARCH_VIEWS, &adam, "valid-ckpt-mixed_float8-views-adam");
+    f8 = mp_float8_params_default();
+    check(mp_set_global_float8_params(&f8), "float8 params");
     /* the largest float a setting can have must survive its JSON round trip */
     const compile_spec flt_max = {
         MP_OPTIMIZER_ADAM, 0, false, MP_LOSS_SCALING_DYNAMIC, false, false, false, FLT_MAX};
