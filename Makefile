@@ -231,7 +231,7 @@ demo:
 	@sh scripts/deps.sh build
 	@sh scripts/deps.sh data
 	@$(MAKE) --no-print-directory $(CLI)
-	$(CLI) demo $(DEMO_ARGS)
+	$(CLI) demo --run-dir $(BUILD)/demo $(DEMO_ARGS)
 
 # ---------------------------------------------------------------- install
 install: $(STATIC) $(SHARED) $(CLI)

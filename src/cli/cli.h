@@ -11,6 +11,10 @@ int mp_cli_predict(int argc, char **argv);
 int mp_cli_inspect(int argc, char **argv);
 int mp_cli_generate(int argc, char **argv); /* generate_cmd.c */
 int mp_cli_report(int argc, char **argv); /* report_cmd.c */
+/* The report of run directories dirs[0..nd) into out; prints where. 0, 1
+ * when some file was missing or unreadable (the page says which), 2 when
+ * nothing could be written. */
+int mp_cli_report_write(const char *const *dirs, int nd, const char *out);
 
 /* Shared by the subcommands: a decimal integer in [lo, hi], all of s. */
 bool mp_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);

@@ -1,9 +1,14 @@
 /* demo_cmd.c - `mixprec demo`: one model (the seed MLP, or --model) trained
- * under float32, mixed_bfloat16 and mixed_float16 on Fashion-MNIST, and one
+ * under float32, mixed_bfloat16 and mixed_float16 on Fashion-MNIST, one
  * table comparing accuracy, time, memory, loss scaling and the largest
- * batch that fits 2 GiB. */
+ * batch that fits 2 GiB, and the HTML report of the three runs (their run
+ * directories under --run-dir, default mixprec-demo, with per-layer
+ * numerics every --diagnostics steps, default 100). */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/train.h"
 
@@ -28,10 +33,22 @@ int mp_cli_demo(int argc, char **argv)
             a.threads = user.threads;
         else if (!strcmp(argv[i], "--model"))
             a.model_file = user.model_file;
+        else if (!strcmp(argv[i], "--run-dir"))
+            a.run_dir = user.run_dir;
+        else if (!strcmp(argv[i], "--diagnostics"))
+            a.diagnostics_every = user.diagnostics_every;
         else if (!strcmp(argv[i], "--hidden")) {
             a.nhidden = user.nhidden;
             memcpy(a.hidden, user.hidden, sizeof a.hidden);
         }
+    const char *base = a.run_dir ? a.run_dir : "mixprec-demo";
+    if (!a.diagnostics_every) a.diagnostics_every = 100;
+    if (mkdir(base, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "mixprec demo: cannot create the run directory '%s': %s\n", base,
+                strerror(errno));
+        return 1;
+    }
+    char dirs[3][4096];
     mp_dataset *train = NULL, *test = NULL;
     if (mp_cli_load_data(&a, true, 0, &train) || mp_cli_load_data(&a, false, 0, &test)) {
         mp_dataset_free(train);
@@ -54,6 +71,11 @@ int mp_cli_demo(int argc, char **argv)
     for (int p = 0; p < 3; p++) {
         a.policy = policies[p];
         a.policy_given = true;
+        snprintf(dirs[p], sizeof dirs[p], "%s/%s", base, policies[p]);
+        a.run_dir = dirs[p];
+        char old[4250]; /* a new run, not appended to an earlier demo's log */
+        snprintf(old, sizeof old, "%.4096s/diagnostics.jsonl", dirs[p]);
+        unlink(old);
         printf("training under %-15s ...", policies[p]);
         fflush(stdout);
         if (a.model_file) { /* a fresh model in this policy */
@@ -94,8 +116,12 @@ int mp_cli_demo(int argc, char **argv)
             "low-precision copy of the weights and halve the per-step memory (act+workspace), so\n"
             "they save overall once batches are large (see make bench-step, batch 8192).\n"
             "batch@2GiB: the largest batch whose planned training memory (the summary's plan,\n"
-            "Adam state included) fits 2 GiB.\n",
+            "Adam state included) fits 2 GiB.\n\n",
             (long long)a.batch);
+        char out[4300];
+        snprintf(out, sizeof out, "%s/report.html", base);
+        const char *d[3] = {dirs[0], dirs[1], dirs[2]};
+        if (mp_cli_report_write(d, 3, out) == 2) rc = 1;
     }
     mp_dataset_free(train);
     mp_dataset_free(test);

@@ -387,6 +387,13 @@ int mp_cli_report(int argc, char **argv)
         free(dirs);
         return 2;
     }
+    int rc = mp_cli_report_write(dirs, nd, out);
+    free(dirs);
+    return rc;
+}
+
+int mp_cli_report_write(const char *const *dirs, int nd, const char *out)
+{
     report_run *runs = calloc(RUNS(nd), sizeof *runs);
     if (!runs) return 2;
     bool partial = false;
@@ -414,6 +421,5 @@ int mp_cli_report(int argc, char **argv)
     }
     for (int r = 0; r < nd; r++) report_run_free(&runs[r]);
     free(runs);
-    free(dirs);
     return rc;
 }
