@@ -45,6 +45,50 @@ static inline void gemv_t(float *restrict y, const float *restrict x, int64_t in
     }
 }
 
+#if MP_X86
+#include <immintrin.h>
+
+/* gemv_t4 for n = 64 on AVX-512: the four rows' 64 sums in 16 registers,
+ * so each k loads 4 vectors of a and 4 broadcasts for 16 products (the
+ * generic loop reloads a for every 16 columns). The same operations in the
+ * same order (a multiply, then an add: no fused multiply-add), so the same
+ * bits. */
+MP_TARGET_AVX512 __attribute__((noinline)) static void
+gemv_t4_64_avx512(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
+                  int64_t ldx, const float *restrict a, int64_t lda, int64_t m, bool add)
+{
+    __m512 c[4][4];
+    for (int j = 0; j < 4; j++)
+        for (int v = 0; v < 4; v++)
+            c[j][v] = add ? _mm512_loadu_ps(y + j * ldy + 16 * v) : _mm512_setzero_ps();
+    for (int64_t k = 0; k < m; k++) {
+        const float *ar = a + k * lda, *xk = x + k * incx;
+        const __m512 a0 = _mm512_loadu_ps(ar), a1 = _mm512_loadu_ps(ar + 16),
+                     a2 = _mm512_loadu_ps(ar + 32), a3 = _mm512_loadu_ps(ar + 48);
+        for (int j = 0; j < 4; j++) {
+            const __m512 xb = _mm512_set1_ps(xk[j * ldx]);
+            c[j][0] = _mm512_add_ps(c[j][0], _mm512_mul_ps(xb, a0));
+            c[j][1] = _mm512_add_ps(c[j][1], _mm512_mul_ps(xb, a1));
+            c[j][2] = _mm512_add_ps(c[j][2], _mm512_mul_ps(xb, a2));
+            c[j][3] = _mm512_add_ps(c[j][3], _mm512_mul_ps(xb, a3));
+        }
+    }
+    for (int j = 0; j < 4; j++)
+        for (int v = 0; v < 4; v++) _mm512_storeu_ps(y + j * ldy + 16 * v, c[j][v]);
+}
+#endif
+
+/* Whether this CPU runs the AVX-512 form of gemv_t4 (set by the entry
+ * points before their tasks start). */
+static bool wide_gemv;
+
+static void choose_gemv(void)
+{
+#if MP_X86
+    wide_gemv = mp_isa_active() != MP_ISA_SCALAR;
+#endif
+}
+
 /* Four gemv_t at once: y + j * ldy = (add ? .. : 0) + sum over k < m, in
  * order, of x[j * ldx + k * incx] * a[k * lda + 0..n) for j < 4. One load
  * of a serves four rows; each row's sums run in gemv_t's order, so the
@@ -53,6 +97,12 @@ static inline void gemv_t4(float *restrict y, int64_t ldy, const float *restrict
                            int64_t ldx, const float *restrict a, int64_t lda, int64_t m, int64_t n,
                            bool add)
 {
+#if MP_X86
+    if (n == 64 && wide_gemv) {
+        gemv_t4_64_avx512(y, ldy, x, incx, ldx, a, lda, m, add);
+        return;
+    }
+#endif
     for (int64_t i0 = 0; i0 < n; i0 += CH) {
         float c0[CH], c1[CH], c2[CH], c3[CH];
         for (int i = 0; i < CH; i++) {
@@ -207,8 +257,12 @@ TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b
                 sum[r + j] = sum[r + j] * corr + add;
                 mx[r + j] = m;
                 scal(a, corr, dp);
-                gemv_t(a, sj, 1, V, dp, nc, dp, true);
+                if (!(r + 3 < nr && visible(q0 + r, k0, nk) == nmax)) /* not all four alike */
+                    gemv_t(a, sj, 1, V, dp, nc, dp, true);
             }
+            /* four rows that see the same keys share the loads of V */
+            if (r + 3 < nr && visible(q0 + r, k0, nk) == nmax)
+                gemv_t4(acc + r * dp, dp, s, 1, sp, V, dp, nmax, dp, true);
         }
     }
     for (int64_t r = 0; r < nr; r++) {
@@ -226,6 +280,7 @@ mp_status mp_attention_forward(const mp_attn_geom *g, const void *q, mp_dtype qt
     mp_status s = check_geom(g, "forward");
     if (s) return s;
     if (!q || !k || !v || !o) return mp_set_error(MP_ERR_INVALID, "attention forward: NULL tensor");
+    choose_gemv();
     const long long nq = (g->t + TILE - 1) / TILE, tasks = g->batch * g->heads * nq;
     const size_t bytes = mp_attention_scratch_bytes(g->d);
     int fail = 0;
@@ -399,6 +454,7 @@ mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype q
     if (s) return s;
     if (!q || !k || !v || !o || !lse || !dout || !dq || !dk || !dv)
         return mp_set_error(MP_ERR_INVALID, "attention backward: NULL tensor");
+    choose_gemv();
     /* one task per (batch, head): the tiles' scratch and the head's dQ */
     const long long tasks = g->batch * g->heads;
     const size_t bytes =
