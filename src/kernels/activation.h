@@ -23,27 +23,11 @@
  *     parts (|r| <= ln2 / 2), e^r by its Taylor series to r^7 (remainder
  *     below 2^-27), 2^n from the exponent bits.
  * NaN passes through; +-inf gives +-1. */
-/* Bits of a float and back, and `c ? a : b` on bits (c 0 or 1). */
-static inline uint32_t mp_f2u(float x)
-{
-    union {
-        float f;
-        uint32_t u;
-    } v = {.f = x};
-    return v.u;
-}
-static inline float mp_u2f(uint32_t x)
-{
-    union {
-        uint32_t u;
-        float f;
-    } v = {.u = x};
-    return v.f;
-}
+/* `c ? a : b` on the bits (c 0 or 1): no branch for a compiler to keep. */
 static inline float mp_select(uint32_t c, float a, float b)
 {
     uint32_t m = 0u - c;
-    return mp_u2f((mp_f2u(a) & m) | (mp_f2u(b) & ~m));
+    return mp_bits_f32((mp_f32_bits(a) & m) | (mp_f32_bits(b) & ~m));
 }
 
 static inline float mp_tanhf(float u)
@@ -51,8 +35,8 @@ static inline float mp_tanhf(float u)
     /* selections on the bits (|u| orders as its bits): with float compares
      * and ?: a compiler keeps branches (float operations may trap), and the
      * loops would not vectorize */
-    const uint32_t abits = mp_f2u(u) & 0x7FFFFFFFu;
-    const float a = mp_u2f(abits), s = u * u;
+    const uint32_t abits = mp_f32_bits(u) & 0x7FFFFFFFu;
+    const float a = mp_bits_f32(abits), s = u * u;
     /* Taylor coefficients of tanh, each rounded once from its exact ratio */
     const float c3 = (float)(-1.0 / 3), c5 = (float)(2.0 / 15), c7 = (float)(-17.0 / 315),
                 c9 = (float)(62.0 / 2835), c11 = (float)(-1382.0 / 155925),
@@ -65,9 +49,9 @@ static inline float mp_tanhf(float u)
     const float e3 = (float)(1.0 / 6), e4 = (float)(1.0 / 24), e5 = (float)(1.0 / 120),
                 e6 = (float)(1.0 / 720), e7 = (float)(1.0 / 5040);
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (e3 + r * (e4 + r * (e5 + r * (e6 + r * e7))))));
-    float e = p * mp_u2f((uint32_t)((int32_t)n + 127) << 23);
-    float big =
-        mp_u2f((mp_f2u(1.0f - 2.0f / (e + 1.0f)) & 0x7FFFFFFFu) | (mp_f2u(u) & 0x80000000u));
+    float e = p * mp_bits_f32((uint32_t)((int32_t)n + 127) << 23);
+    float big = mp_bits_f32((mp_f32_bits(1.0f - 2.0f / (e + 1.0f)) & 0x7FFFFFFFu) |
+                            (mp_f32_bits(u) & 0x80000000u));
     float t = mp_select(abits < 0x3F000000u, small, big); /* |u| < 0.5 */
     return mp_select(abits > 0x7F800000u, u, t);          /* NaN passes */
 }
@@ -80,7 +64,7 @@ static inline float mp_tanhf(float u)
  * the normal range) gives 0, above 88.72 +inf; NaN passes through. */
 static inline float mp_expf(float x)
 {
-    const uint32_t bits = mp_f2u(x), abits = bits & 0x7FFFFFFFu, neg = bits >> 31;
+    const uint32_t bits = mp_f32_bits(x), abits = bits & 0x7FFFFFFFu, neg = bits >> 31;
     /* below the normals / past the largest float ('&', not '&&': no branch) */
     const uint32_t low = neg & (abits > 0x42AEAC4Fu), high = (neg ^ 1u) & (abits > 0x42B17217u);
     float xc = mp_select(low, -87.33654f, mp_select(high, 88.72283f, x));
@@ -92,8 +76,8 @@ static inline float mp_expf(float x)
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (e3 + r * (e4 + r * (e5 + r * (e6 + r * e7))))));
     /* 2^n for n in -126 .. 128: 2^128 as 2 * 2^127 */
     const int32_t ni = (int32_t)n, n1 = ni - (ni > 127);
-    float y = p * mp_u2f((uint32_t)(n1 + 127) << 23) * mp_select(ni > 127, 2.0f, 1.0f);
-    y = mp_select(low, 0.0f, mp_select(high, mp_u2f(0x7F800000u), y));
+    float y = p * mp_bits_f32((uint32_t)(n1 + 127) << 23) * mp_select(ni > 127, 2.0f, 1.0f);
+    y = mp_select(low, 0.0f, mp_select(high, mp_bits_f32(0x7F800000u), y));
     return mp_select(abits > 0x7F800000u, x, y); /* NaN */
 }
 

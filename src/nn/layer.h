@@ -135,6 +135,11 @@ size_t mp_layer_kept_input_bytes(const mp_model *m, const mp_layer *l, int j, in
 mp_status mp_layer_input_grad(mp_model *m, mp_layer *l, int j, mp_tensor *dx, bool *direct);
 mp_status mp_layer_input_grad_done(mp_model *m, mp_layer *l, int j, const mp_tensor *dx,
                                    bool direct);
+/* C = op(A) op(B) + beta C (+ bias, float32, one per column) with float32
+ * accumulation: mp_gemm_ex with the arguments a layer varies. */
+mp_status mp_layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void *a,
+                        mp_dtype at, int64_t lda, const void *b, mp_dtype bt, int64_t ldb,
+                        float beta, void *c, mp_dtype ct, int64_t ldc, const float *bias);
 /* Hand g on to input j unchanged (identity layers); data inputs ignore it. */
 mp_status mp_layer_pass_grad(mp_model *m, mp_layer *l, int j, const mp_tensor *g);
 

@@ -140,3 +140,18 @@ json_t *mp_json_shape(int ndim, const int64_t *shape)
     for (int d = 0; d < ndim; d++) json_array_append_new(a, json_integer(shape[d]));
     return a;
 }
+
+mp_status mp_layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void *a,
+                        mp_dtype at, int64_t lda, const void *b, mp_dtype bt, int64_t ldb,
+                        float beta, void *c, mp_dtype ct, int64_t ldc, const float *bias)
+{
+    mp_gemm_args g = mp_gemm_args_default();
+    g.trans_a = trans_a, g.trans_b = trans_b;
+    g.m = m, g.n = n, g.k = k;
+    g.a = a, g.a_type = at, g.lda = lda;
+    g.b = b, g.b_type = bt, g.ldb = ldb;
+    g.beta = beta;
+    g.c = c, g.c_type = ct, g.ldc = ldc;
+    g.bias = bias;
+    return mp_gemm_ex(&g);
+}

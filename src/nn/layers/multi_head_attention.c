@@ -136,21 +136,6 @@ static size_t mha_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t 
 
 /* ------------------------------------------------------------ forward */
 
-static mp_status gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, mp_dtype at,
-                      int64_t lda, const void *b, mp_dtype bt, int64_t ldb, float beta, void *c,
-                      mp_dtype ct, int64_t ldc, const float *bias)
-{
-    mp_gemm_args g = mp_gemm_args_default();
-    g.trans_a = ta, g.trans_b = tb;
-    g.m = m, g.n = n, g.k = k;
-    g.a = a, g.a_type = at, g.lda = lda;
-    g.b = b, g.b_type = bt, g.ldb = ldb;
-    g.beta = beta;
-    g.c = c, g.c_type = ct, g.ldc = ldc;
-    g.bias = bias;
-    return mp_gemm_ex(&g);
-}
-
 /* Projection p's bias as float32 (NULL without biases); pure low-precision
  * policies keep no master, so the compute copy is widened into m->tmp. */
 static mp_status bias_f32(mp_model *m, mp_layer *l, int p, const float **out)
@@ -257,8 +242,8 @@ static mp_status mha_forward(mp_model *m, mp_layer *l, bool training)
         const mp_model_param *w = kernel_of(m, l, p);
         const float *bias;
         if ((s = bias_f32(m, l, p, &bias)) ||
-            (s = gemm(false, false, rows, hd, e, st->in[source(l, p)].data, ct, e, w->weight,
-                      w->weight_dtype, hd, 0.0f, st->proj[p], ct, hd, bias)))
+            (s = mp_layer_gemm(false, false, rows, hd, e, st->in[source(l, p)].data, ct, e,
+                               w->weight, w->weight_dtype, hd, 0.0f, st->proj[p], ct, hd, bias)))
             return s;
     }
     const mp_attn_geom g = {batch, t, c->num_heads, c->key_dim};
@@ -271,8 +256,8 @@ static mp_status mha_forward(mp_model *m, mp_layer *l, bool training)
     const mp_model_param *wo = kernel_of(m, l, PO);
     const float *bias;
     if ((s = bias_f32(m, l, PO, &bias))) return s;
-    return gemm(false, false, rows, e, hd, st->att, ct, hd, wo->weight, wo->weight_dtype, e, 0.0f,
-                l->out.data, ct, e, bias);
+    return mp_layer_gemm(false, false, rows, e, hd, st->att, ct, hd, wo->weight, wo->weight_dtype,
+                         e, 0.0f, l->out.data, ct, e, bias);
 }
 
 /* ----------------------------------------------------------- backward */
@@ -288,8 +273,8 @@ static mp_status mha_backward(mp_model *m, mp_layer *l, bool accumulate)
     const float beta = accumulate ? 1.0f : 0.0f;
     mp_model_param *wo = kernel_of(m, l, PO);
     /* output projection: dWo = A^T dY, dbo = column sums, dA = dY Wo^T */
-    mp_status s = gemm(true, false, hd, e, rows, st->att, ct, hd, g->data, g->dtype, e, beta,
-                       wo->grad, MP_F32, e, NULL);
+    mp_status s = mp_layer_gemm(true, false, hd, e, rows, st->att, ct, hd, g->data, g->dtype, e,
+                                beta, wo->grad, MP_F32, e, NULL);
     if (s) return s;
     if (c->use_bias)
         mp_op_column_sum(g->data, g->dtype, rows, e, bias_of(m, l, PO)->grad, accumulate);
@@ -297,8 +282,8 @@ static mp_status mha_backward(mp_model *m, mp_layer *l, bool accumulate)
     void *da = mp_arena_alloc(m->tmp, pb), *dp[3];
     for (int p = 0; p < 3; p++) dp[p] = mp_arena_alloc(m->tmp, pb);
     if (!da || !dp[0] || !dp[1] || !dp[2]) return mp_layer_nomem(l, "its attention gradients");
-    if ((s = gemm(false, true, rows, hd, e, g->data, g->dtype, e, wo->weight, wo->weight_dtype, e,
-                  0.0f, da, ct, hd, NULL)))
+    if ((s = mp_layer_gemm(false, true, rows, hd, e, g->data, g->dtype, e, wo->weight,
+                           wo->weight_dtype, e, 0.0f, da, ct, hd, NULL)))
         return s;
     const mp_attn_geom geom = {batch, t, c->num_heads, c->key_dim};
     if ((s = mp_attention_backward(&geom, st->proj[PQ], ct, st->proj[PK], ct, st->proj[PV], ct,
@@ -307,8 +292,8 @@ static mp_status mha_backward(mp_model *m, mp_layer *l, bool accumulate)
     /* input projections: dW = x^T dP, db = column sums of dP */
     for (int p = 0; p < 3; p++) {
         mp_model_param *w = kernel_of(m, l, p);
-        if ((s = gemm(true, false, e, hd, rows, st->in[source(l, p)].data, ct, e, dp[p], ct, hd,
-                      beta, w->grad, MP_F32, hd, NULL)))
+        if ((s = mp_layer_gemm(true, false, e, hd, rows, st->in[source(l, p)].data, ct, e, dp[p],
+                               ct, hd, beta, w->grad, MP_F32, hd, NULL)))
             return s;
         if (c->use_bias) mp_op_column_sum(dp[p], ct, rows, hd, bias_of(m, l, p)->grad, accumulate);
     }
@@ -322,8 +307,9 @@ static mp_status mha_backward(mp_model *m, mp_layer *l, bool accumulate)
         for (int p = 0; p < 3; p++) {
             if (source(l, p) != j) continue;
             const mp_model_param *w = kernel_of(m, l, p);
-            if ((s = gemm(false, true, rows, e, hd, dp[p], ct, hd, w->weight, w->weight_dtype, hd,
-                          first ? 0.0f : 1.0f, dx32, MP_F32, e, NULL)))
+            if ((s = mp_layer_gemm(false, true, rows, e, hd, dp[p], ct, hd, w->weight,
+                                   w->weight_dtype, hd, first ? 0.0f : 1.0f, dx32, MP_F32, e,
+                                   NULL)))
                 return s;
             first = false;
         }

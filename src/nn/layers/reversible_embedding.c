@@ -52,20 +52,6 @@ static size_t rev_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batc
            arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
 }
 
-static mp_status gemm(bool ta, bool tb, int64_t rows, int64_t cols, int64_t k, const void *a,
-                      mp_dtype at, int64_t lda, const void *b, mp_dtype bt, int64_t ldb, float beta,
-                      void *c, mp_dtype ct, int64_t ldc)
-{
-    mp_gemm_args g = mp_gemm_args_default();
-    g.trans_a = ta, g.trans_b = tb;
-    g.m = rows, g.n = cols, g.k = k;
-    g.a = a, g.a_type = at, g.lda = lda;
-    g.b = b, g.b_type = bt, g.ldb = ldb;
-    g.beta = beta;
-    g.c = c, g.c_type = ct, g.ldc = ldc;
-    return mp_gemm_ex(&g);
-}
-
 static mp_status rev_forward(mp_model *m, mp_layer *l, bool training)
 {
     (void)training;
@@ -75,8 +61,8 @@ static mp_status rev_forward(mp_model *m, mp_layer *l, bool training)
     if (mp_layer_input_compute(m, l, 0, true, &st->in)) return MP_ERR_NOMEM;
     if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
     const int64_t v = t->shape[0], w = t->shape[1], rows = mp_tensor_numel(&st->in) / w;
-    return gemm(false, true, rows, v, w, st->in.data, ct, w, t->weight, t->weight_dtype, w, 0.0f,
-                l->out.data, ct, v);
+    return mp_layer_gemm(false, true, rows, v, w, st->in.data, ct, w, t->weight, t->weight_dtype, w,
+                         0.0f, l->out.data, ct, v, NULL);
 }
 
 static mp_status rev_backward(mp_model *m, mp_layer *l, bool accumulate)
@@ -87,16 +73,17 @@ static mp_status rev_backward(mp_model *m, mp_layer *l, bool accumulate)
     const mp_tensor *g = &l->grad;
     const int64_t v = t->shape[0], w = t->shape[1], rows = mp_tensor_numel(g) / v;
     /* dE (+)= dy^T x */
-    mp_status s = gemm(true, false, v, w, rows, g->data, g->dtype, v, st->in.data, st->in.dtype, w,
-                       accumulate || slot->grad_written ? 1.0f : 0.0f, t->grad, MP_F32, w);
+    mp_status s =
+        mp_layer_gemm(true, false, v, w, rows, g->data, g->dtype, v, st->in.data, st->in.dtype, w,
+                      accumulate || slot->grad_written ? 1.0f : 0.0f, t->grad, MP_F32, w, NULL);
     if (s) return s;
     slot->grad_written = true;
     if (mp_layer_input_is_data(m, l, 0)) return MP_OK;
     mp_tensor dx;
     bool direct;
     if (mp_layer_input_grad(m, l, 0, &dx, &direct)) return MP_ERR_NOMEM;
-    if ((s = gemm(false, false, rows, w, v, g->data, g->dtype, v, t->weight, t->weight_dtype, w,
-                  0.0f, dx.data, dx.dtype, w)))
+    if ((s = mp_layer_gemm(false, false, rows, w, v, g->data, g->dtype, v, t->weight,
+                           t->weight_dtype, w, 0.0f, dx.data, dx.dtype, w, NULL)))
         return s;
     return mp_layer_input_grad_done(m, l, 0, &dx, direct);
 }
