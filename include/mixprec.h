@@ -317,5 +317,6 @@ void mp_set_num_threads(int n);
 #include "mixprec/io.h"
 #include "mixprec/dist.h"
 #include "mixprec/mx.h"
+#include "mixprec/tune.h"
 
 #endif /* MIXPREC_H */

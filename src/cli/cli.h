@@ -15,6 +15,7 @@ int mp_cli_report(int argc, char **argv); /* report_cmd.c */
  * when some file was missing or unreadable (the page says which), 2 when
  * nothing could be written. */
 int mp_cli_report_write(const char *const *dirs, int nd, const char *out);
+int mp_cli_tune(int argc, char **argv); /* tune_cmd.c */
 
 /* Shared by the subcommands: a decimal integer in [lo, hi], all of s. */
 bool mp_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);

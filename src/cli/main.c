@@ -22,6 +22,8 @@ static void usage(FILE *out)
             "  inspect    what a safetensors file or checkpoint holds; mixprec inspect FILE\n"
             "  generate   text from a trained language model; mixprec generate FILE --prompt ...\n"
             "  report     an HTML report of run directories; mixprec report DIR... -o FILE.html\n"
+            "  tune-precision  per-layer number formats measured on probe batches; writes a\n"
+            "             model file; mixprec tune-precision --model M.json --help\n"
             "  info       CPU features, the kernel path in use, threads\n"
             "  formats    the number formats and their facts\n"
             "\n"
@@ -91,6 +93,7 @@ static int run(int argc, char **argv)
     if (!strcmp(cmd, "inspect")) return mp_cli_inspect(argc - 2, argv + 2);
     if (!strcmp(cmd, "generate")) return mp_cli_generate(argc - 2, argv + 2);
     if (!strcmp(cmd, "report")) return mp_cli_report(argc - 2, argv + 2);
+    if (!strcmp(cmd, "tune-precision")) return mp_cli_tune(argc - 2, argv + 2);
     fprintf(stderr, "mixprec: unknown command '%s' (try mixprec --help)\n", cmd);
     return 2;
 }
