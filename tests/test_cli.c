@@ -532,6 +532,60 @@ static void test_language_model(void **state)
     assert_non_null(strstr(output(), "no sequence model"));
 }
 
+/* tune-precision: the table, a tuned file that trains, one-line errors. */
+static void test_tune_precision(void **state)
+{
+    (void)state;
+    char p[128];
+    snprintf(p, sizeof p, "%s/tune.json", dir);
+    FILE *f = fopen(p, "w");
+    fprintf(
+        f,
+        "{\"format\": \"mixprec.model\", \"version\": 2, \"layers\": [\n"
+        " {\"class_name\": \"InputLayer\", \"name\": \"x\", \"inputs\": [], \"shape\": [4]},\n"
+        " {\"class_name\": \"Dense\", \"name\": \"h\", \"inputs\": [\"x\"], \"units\": 16,"
+        " \"activation\": \"relu\"},\n"
+        " {\"class_name\": \"Dense\", \"name\": \"h2\", \"inputs\": [\"h\"], \"units\": 16,"
+        " \"activation\": \"relu\"},\n"
+        " {\"class_name\": \"Dense\", \"name\": \"logits\", \"inputs\": [\"h2\"], \"units\": 2},\n"
+        " {\"class_name\": \"Activation\", \"name\": \"p\", \"inputs\": [\"logits\"],"
+        " \"activation\": \"softmax\", \"policy\": \"float32\"}]}\n");
+    fclose(f);
+    assert_int_equal(run("tune-precision --model %1$s/tune.json --data %1$s/train.csv --budget 0.1 "
+                         "--batch-size 16"),
+                     0);
+    const char *o = output();
+    assert_non_null(strstr(o, "budget 0.1"));
+    assert_non_null(strstr(o, "chosen"));
+    assert_non_null(strstr(o, "tune-tuned.json"));
+    assert_int_equal(run("train --data %1$s/train.csv --model %1$s/tune-tuned.json --epochs 1 "
+                         "--batch-size 16 --quiet"),
+                     0);
+    const char *bad[][2] = {
+        {"--budget 0", "--budget 0:"},
+        {"--budget nan", "--budget nan:"},
+        {"--candidates bfloat16,bf16", "'bf16'"},
+        {"--probe-batches 0", "--probe-batches 0:"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[256];
+        snprintf(args, sizeof args,
+                 "tune-precision --model %%1$s/tune.json --data %%1$s/train.csv %s", bad[i][0]);
+        assert_int_equal(run(args), 2);
+        o = output();
+        if (!strstr(o, bad[i][1])) fail_msg("'%s' lacks '%s'", o, bad[i][1]);
+        assert_int_equal(strchr(o, '\n') - o + 1, (long)strlen(o)); /* one line */
+    }
+    f = fopen(p, "w");
+    fprintf(f, "{\"format\": \"mixprec.model\", \"version\": 2, \"layers\": ["
+               "{\"class_name\": \"InputLayer\", \"name\": \"x\", \"inputs\": [], \"shape\": [4]},"
+               "{\"class_name\": \"Activation\", \"name\": \"p\", \"inputs\": [\"x\"],"
+               " \"activation\": \"softmax\"}]}\n");
+    fclose(f);
+    assert_int_equal(run("tune-precision --model %1$s/tune.json --data %1$s/train.csv"), 2);
+    assert_non_null(strstr(output(), "no layer with a kernel"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -543,6 +597,7 @@ int main(void)
         cmocka_unit_test(test_memory_limit),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_language_model),
+        cmocka_unit_test(test_tune_precision),
     };
     return cmocka_run_group_tests_name("cli", tests, setup, teardown);
 }

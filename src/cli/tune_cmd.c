@@ -20,7 +20,9 @@ static void tune_usage(FILE *f)
             "  --data SPEC         fashion-mnist (default), a CSV file, or text:PATH /\n"
             "                      text:fortunes for a sequence model\n"
             "  --data-dir DIR      where fashion-mnist is\n"
-            "  --budget E          the largest error a layer's format may give (default 0.02):\n"
+            "  --budget E          the largest error a layer's format may give (default 0.08:\n"
+            "                      admits 8-bit formats where they fit, not MXFP4; 0.02 keeps\n"
+            "                      16 bits everywhere):\n"
             "                      per tensor max(||q(x)-x||/||x||, fraction of non-zeros\n"
             "                      flushed to 0), worst of activation, kernel and gradient\n"
             "  --probe-batches N   batches measured (default 4)\n"
@@ -101,7 +103,7 @@ int mp_cli_tune(int argc, char **argv)
             errno = 0;
             o.budget = strtod(v, &end);
             if (*end || end == v || errno || !(o.budget > 0) || !isfinite(o.budget))
-                return tune_bad(f, v, "expected a finite number > 0 (a relative error, e.g. 0.02)");
+                return tune_bad(f, v, "expected a finite number > 0 (a relative error, e.g. 0.08)");
         } else if (!strcmp(f, "--probe-batches")) {
             if (!mp_cli_parse_i64(v, 1, 1000, &iv))
                 return tune_bad(f, v, "expected an integer in 1..1000");

@@ -8,7 +8,7 @@
 
 /* The default error budget (mixprec/tune.h, README "Automatic per-layer
  * precision"). */
-#define MP_TUNE_DEFAULT_BUDGET 0.02
+#define MP_TUNE_DEFAULT_BUDGET 0.08
 
 /* Sums of one tensor under one candidate, along one axis. */
 typedef struct {
