@@ -359,6 +359,24 @@ static void test_tuned_file_trains(void **state)
     mp_model *m = NULL;
     assert_int_equal(mp_model_from_config_file(path, NULL, 0, 4, &m), MP_OK);
     mp_model_free(m);
+    /* probing other weights: the model's kernels tripled give another loss */
+    assert_int_equal(mp_model_from_config(cfg, 4, INT64_MAX, &m), MP_OK);
+    for (int i = 0; i < mp_model_num_params(m); i++) {
+        mp_model_param *p = mp_model_get_param(m, i);
+        for (int64_t j = 0; j < p->n; j++) p->master[j] *= 3;
+    }
+    snprintf(path, sizeof path, "%s/w.safetensors", dir);
+    assert_int_equal(mp_model_save_weights(m, path), MP_OK);
+    mp_model_free(m);
+    mp_tune_result r3;
+    o.weights = path;
+    assert_int_equal(mp_tune_precision(cfg, ds, &o, &r3), MP_OK);
+    assert_true(r3.loss != r.loss);
+    mp_tune_result_free(&r3);
+    snprintf(path, sizeof path, "%s/none.safetensors", dir);
+    assert_int_not_equal(mp_tune_precision(cfg, ds, &o, &r3), MP_OK);
+    assert_non_null(strstr(mp_last_error(), "none.safetensors"));
+    o.weights = NULL;
     assert_int_equal(test_remove_tree(dir), 0);
     mp_tune_result_free(&r);
     /* float32 and float16 choices: per-layer policies */

@@ -105,6 +105,11 @@ typedef struct {
      * every candidate eligible (the written file may then need a newer
      * mixprec) */
     bool trainable_only;
+    /* weights to probe with: a safetensors file of this model (weights or
+     * a checkpoint, as `mixprec train --init-from`); NULL: the model's
+     * initial weights. A trained model's tensors are what training will
+     * see; the initial ones can differ much (gradients above all). */
+    const char *weights;
     bool from_logits; /* the loss (sparse categorical cross-entropy on the data's
                        * labels, as `mixprec train`) reads logits; false */
 } mp_tune_options;

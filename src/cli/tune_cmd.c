@@ -30,6 +30,8 @@ static void tune_usage(FILE *f)
             "  --candidates LIST   formats to consider, comma-separated (default all:\n"
             "                      float32,bfloat16,float16,fp8,mxfp8,mxfp6,mxfp4)\n"
             "  --all-layers        let the first and last tuned layer go below 16 bits too\n"
+            "  --init-from FILE    probe with these weights (a safetensors file or checkpoint\n"
+            "                      of this model; default: its initial weights)\n"
             "  --seed S            which samples probe (default 1)\n"
             "  --any-format        every candidate eligible, even one this build cannot train\n"
             "                      (MX before the MX trainer): the file may need a newer mixprec\n"
@@ -98,6 +100,8 @@ int mp_cli_tune(int argc, char **argv)
             dir = v;
         } else if (!strcmp(f, "--output")) {
             output = v;
+        } else if (!strcmp(f, "--init-from")) {
+            o.weights = v;
         } else if (!strcmp(f, "--budget")) {
             char *end;
             errno = 0;

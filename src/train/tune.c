@@ -205,6 +205,7 @@ mp_tune_options mp_tune_options_default(void)
                              .candidates = MP_TUNE_ALL_FORMATS,
                              .keep_first_last = true,
                              .trainable_only = true,
+                             .weights = NULL,
                              .from_logits = false};
 }
 

@@ -162,6 +162,7 @@ mp_status mp_tune_precision(const char *config, const mp_dataset *data, const mp
         goto done;
     }
     if ((s = mp_model_from_config(text, o->batch_size, INT64_MAX, &m))) goto done;
+    if (o->weights && (s = mp_model_load_weights(m, o->weights))) goto done;
     int nl = mp_model_num_layers(m);
     idx = malloc((size_t)nl * sizeof *idx);
     out->layers = calloc((size_t)nl, sizeof *out->layers);
