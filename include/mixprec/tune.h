@@ -95,11 +95,14 @@ typedef struct {
      * refuses MXFP4; below ~0.05 no format with E5M2 gradients qualifies
      * (16 bits everywhere). */
     double budget;
-    int probe_batches;    /* 4 (1 .. 1000) */
-    int64_t batch_size;   /* 32 */
-    uint64_t seed;        /* which samples (a shuffled order); 1 */
-    unsigned candidates;  /* mask of 1u << format; MP_TUNE_ALL_FORMATS (float32 always in) */
-    bool keep_first_last; /* the first and last tuned layer take 16 bits or more; true */
+    int probe_batches;   /* 4 (1 .. 1000) */
+    int64_t batch_size;  /* 32 */
+    uint64_t seed;       /* which samples (a shuffled order); 1 */
+    unsigned candidates; /* mask of 1u << format; MP_TUNE_ALL_FORMATS (float32 always in) */
+    /* the first and the last layer that could take fp8 or MX (Dense,
+     * Conv2D, in model order) take 16 bits or more, as mixed_float8 keeps
+     * them; true */
+    bool keep_first_last;
     /* only formats this build can train are eligible: an MX format only when
      * a model file's "mx" field loads (the MX trainer); true. false makes
      * every candidate eligible (the written file may then need a newer
@@ -129,7 +132,7 @@ typedef struct {
     int64_t weights;   /* kernel elements */
     int64_t acts;      /* input activation elements per probe batch */
     unsigned eligible; /* formats this layer can take (mask) */
-    bool first, last;  /* the first / last tuned layer */
+    bool first, last;  /* the first / last layer that could take fp8 or MX */
     /* per format: the layer's error (NaN: not measured) and its parts */
     double error[MP_TUNE_FORMAT_COUNT];
     double rel[MP_TUNE_FORMAT_COUNT][MP_TUNE_ROLES];

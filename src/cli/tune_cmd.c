@@ -29,7 +29,7 @@ static void tune_usage(FILE *f)
             "  --batch-size N      samples per batch (default 32)\n"
             "  --candidates LIST   formats to consider, comma-separated (default all:\n"
             "                      float32,bfloat16,float16,fp8,mxfp8,mxfp6,mxfp4)\n"
-            "  --all-layers        let the first and last tuned layer go below 16 bits too\n"
+            "  --all-layers        let the first and last Dense/Conv2D go below 16 bits too\n"
             "  --init-from FILE    probe with these weights (a safetensors file or checkpoint\n"
             "                      of this model; default: its initial weights)\n"
             "  --seed S            which samples probe (default 1)\n"

@@ -281,14 +281,19 @@ static int find_tuned(const mp_model *m, const mp_tune_options *o, int *idx, mp_
         r->eligible = (o->candidates | 1u) & (l->ops->float8 ? ~0u : ~q) & trainable;
         idx[n++] = i;
     }
-    if (n > 0) {
-        rows[0].first = true;
-        rows[n - 1].last = true;
-        unsigned wide =
-            (1u << MP_TUNE_FLOAT32) | (1u << MP_TUNE_BFLOAT16) | (1u << MP_TUNE_FLOAT16);
+    /* the first and last that could go below 16 bits, as mixed_float8's plan */
+    int first = -1, last = -1;
+    for (int k = 0; k < n; k++)
+        if (m->layers[idx[k]].ops->float8) {
+            if (first < 0) first = k;
+            last = k;
+        }
+    unsigned wide = (1u << MP_TUNE_FLOAT32) | (1u << MP_TUNE_BFLOAT16) | (1u << MP_TUNE_FLOAT16);
+    if (first >= 0) {
+        rows[first].first = rows[last].last = true;
         if (o->keep_first_last) {
-            rows[0].eligible &= wide;
-            rows[n - 1].eligible &= wide;
+            rows[first].eligible &= wide;
+            rows[last].eligible &= wide;
         }
     }
     return n;
