@@ -294,7 +294,7 @@ void mp_tune_print(const mp_tune_result *r, bool details, FILE *out)
     fprintf(out, "%-*s  %-18s %-10s", w, "layer", "kind", "kernel");
     for (int f = 0; f < MP_TUNE_FORMAT_COUNT; f++)
         fprintf(out, " %10s", mp_tune_format_name((mp_tune_format)f));
-    fprintf(out, "  %-8s %14s\n", "chosen", "vs bfloat16");
+    fprintf(out, "  %-8s %14s\n", "chosen", "saved vs bf16");
     double saved = 0;
     int counts[MP_TUNE_FORMAT_COUNT] = {0};
     for (int k = 0; k < r->nlayers; k++) {
@@ -329,7 +329,7 @@ void mp_tune_print(const mp_tune_result *r, bool details, FILE *out)
     fprintf(out, "\n%d layers:", r->nlayers);
     for (int f = 0; f < MP_TUNE_FORMAT_COUNT; f++)
         if (counts[f]) fprintf(out, " %d %s", counts[f], mp_tune_format_name((mp_tune_format)f));
-    fprintf(out, "; kernels + input activations at batch %lld vs all-bfloat16: %s\n",
+    fprintf(out, "; kernels + input activations at batch %lld, saved vs all-bfloat16: %s\n",
             (long long)o->batch_size, b);
     fprintf(out, "a/w/g: the activation, kernel or gradient gives the error; * chosen (the "
                  "cheapest within the budget);\n(x): measured, not eligible (first/last layer "
