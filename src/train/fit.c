@@ -88,7 +88,7 @@ static void batcher_free(batcher *b)
 
 /* Float features as int32 token ids, in place (both are 4 bytes), for a
  * model whose input takes int32: each must be an integer in int32's range. */
-static mp_status features_to_ids(float *x, int64_t n)
+mp_status mp_features_to_ids(float *x, int64_t n)
 {
     int32_t *id = (int32_t *)(void *)x;
     for (int64_t i = 0; i < n; i++) {
@@ -106,7 +106,7 @@ static mp_status features_to_ids(float *x, int64_t n)
 static mp_status batch_gather(batcher *b, const mp_dataset *ds, const int64_t *idx, int64_t count)
 {
     mp_status s = mp_dataset_gather(ds, idx, count, b->x, b->y);
-    if (!s && b->in_dtype == MP_I32) s = features_to_ids(b->x, count * b->dim);
+    if (!s && b->in_dtype == MP_I32) s = mp_features_to_ids(b->x, count * b->dim);
     return s;
 }
 
@@ -221,7 +221,7 @@ mp_status mp_model_predict(mp_model *m, const float *x, int64_t n, int64_t batch
         const float *xb = x + i * dim;
         if (ids) {
             memcpy(buf, xb, (size_t)(c * dim) * sizeof *buf);
-            if ((s = features_to_ids(buf, c * dim))) break;
+            if ((s = mp_features_to_ids(buf, c * dim))) break;
             xb = buf;
         }
         mp_tensor t;

@@ -49,4 +49,9 @@ int mp_checkpoint_list(const char *dir, mp_checkpoint_entry **out);
  * killed writer left behind. */
 void mp_checkpoint_prune(const char *dir, int keep_last);
 
+/* Float features as int32 token ids, in place (both are 4 bytes), for a
+ * model whose input takes int32: each must be an integer in int32's range
+ * (fit.c; the tuner's probe uses it too). */
+mp_status mp_features_to_ids(float *x, int64_t n);
+
 #endif

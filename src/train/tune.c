@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "nn/layer.h"
+#include "train/train_internal.h"
 #include "train/tune_internal.h"
 
 /* ------------------------------------------------------------ formats */
@@ -321,21 +322,6 @@ static mp_status measure_tensor(const mp_tensor *t, mp_tune_role role, unsigned 
     return s;
 }
 
-/* int32 token ids from float features, in place. */
-static mp_status to_ids(float *x, int64_t n)
-{
-    int32_t *id = (int32_t *)(void *)x;
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i];
-        if (!(v >= -2147483648.0f && v < 2147483648.0f) || v != (float)(int32_t)v)
-            return mp_set_error(MP_ERR_INVALID,
-                                "tune-precision: feature %lld is %g: the model takes token ids",
-                                (long long)i, (double)v);
-        id[i] = (int32_t)v;
-    }
-    return MP_OK;
-}
-
 /* Run the probe batches and fill the layers' errors. */
 mp_status mp_tune_probe(mp_model *m, const mp_dataset *data, const mp_tune_options *o, int n,
                         const int *idx, mp_tune_layer *rows, int64_t *samples, double *loss)
@@ -388,7 +374,7 @@ mp_status mp_tune_probe(mp_model *m, const mp_dataset *data, const mp_tune_optio
     for (int64_t start = 0; start < total && !s; start += bs) {
         int64_t c = total - start < bs ? total - start : bs, shape[MP_MAX_DIMS];
         if ((s = mp_dataset_gather(data, order + start, c, x, y))) break;
-        if (ids && (s = to_ids(x, c * dim))) break;
+        if (ids && (s = mp_features_to_ids(x, c * dim))) break;
         shape[0] = c;
         memcpy(shape + 1, in_shape, (size_t)in_ndim * sizeof *shape);
         mp_tensor t;
