@@ -453,6 +453,80 @@ static void test_mx_choices_text(void **state)
     free(cfg);
 }
 
+/* Any kind with a kernel is tuned: Conv2D (an fp8/MX GEMM path) and
+ * MultiHeadAttention (none yet: 16 bits or float32 only); both files load
+ * and train. */
+static void test_kinds(void **state)
+{
+    (void)state;
+    const char *conv =
+        "{\"format\": \"mixprec.model\", \"version\": 2, \"layers\": ["
+        "{\"class_name\": \"InputLayer\", \"name\": \"x\", \"inputs\": [], \"shape\": [8, 4, 2]},"
+        "{\"class_name\": \"Conv2D\", \"name\": \"conv\", \"inputs\": [\"x\"], \"filters\": 8,"
+        " \"kernel_size\": 3, \"padding\": \"same\", \"activation\": \"relu\"},"
+        "{\"class_name\": \"Flatten\", \"name\": \"f\", \"inputs\": [\"conv\"]},"
+        "{\"class_name\": \"Dense\", \"name\": \"out\", \"inputs\": [\"f\"], \"units\": 4},"
+        "{\"class_name\": \"Activation\", \"name\": \"p\", \"inputs\": [\"out\"],"
+        " \"activation\": \"softmax\", \"policy\": \"float32\"}]}";
+    const char *mha =
+        "{\"format\": \"mixprec.model\", \"version\": 2, \"layers\": ["
+        "{\"class_name\": \"InputLayer\", \"name\": \"x\", \"inputs\": [], \"shape\": [4, 16]},"
+        "{\"class_name\": \"MultiHeadAttention\", \"name\": \"att\", \"inputs\": [\"x\"],"
+        " \"num_heads\": 2, \"key_dim\": 8},"
+        "{\"class_name\": \"Flatten\", \"name\": \"f\", \"inputs\": [\"att\"]},"
+        "{\"class_name\": \"Dense\", \"name\": \"out\", \"inputs\": [\"f\"], \"units\": 4},"
+        "{\"class_name\": \"Activation\", \"name\": \"p\", \"inputs\": [\"out\"],"
+        " \"activation\": \"softmax\", \"policy\": \"float32\"}]}";
+    mp_dataset *ds = data(32, 64, -3, 1, 12);
+    mp_tune_options o = mp_tune_options_default();
+    o.batch_size = 16;
+    o.budget = 10; /* the cheapest eligible wins */
+    o.keep_first_last = false;
+    mp_tune_result r;
+    assert_int_equal(mp_tune_precision(conv, ds, &o, &r), MP_OK);
+    assert_int_equal(r.nlayers, 2);
+    const mp_tune_layer *c = row(&r, "conv");
+    assert_string_equal(c->type, "Conv2D");
+    assert_string_equal(c->shape, "3x3x2x8");
+    assert_int_equal(c->weights, 3 * 3 * 2 * 8);
+    assert_int_equal(c->acts, 16 * 64);
+    assert_true(c->chosen >= MP_TUNE_FP8);
+    mp_model *m = NULL;
+    if (mp_model_from_config(r.config, 16, INT64_MAX, &m)) fail_msg("%s", mp_last_error());
+    mp_compile_options co = mp_compile_options_default();
+    assert_int_equal(mp_model_compile(m, &co), MP_OK);
+    assert_int_equal(mp_model_layer_float8(m, 1), c->chosen == MP_TUNE_FP8);
+    float x[16 * 64];
+    int32_t y[16];
+    int64_t idx[16];
+    for (int i = 0; i < 16; i++) idx[i] = i;
+    assert_int_equal(mp_dataset_gather(ds, idx, 16, x, y), MP_OK);
+    mp_tensor t;
+    mp_step_result sr;
+    mp_tensor_wrap(&t, MP_F32, 4, (int64_t[]){16, 8, 4, 2}, x);
+    assert_int_equal(mp_model_train_step(m, &t, y, NULL, &sr), MP_OK);
+    assert_true(isfinite(sr.loss));
+    mp_model_free(m);
+    mp_tune_result_free(&r);
+    assert_int_equal(mp_tune_precision(mha, ds, &o, &r), MP_OK);
+    const mp_tune_layer *a = row(&r, "att");
+    assert_int_equal(a->weights, 4 * 16 * 2 * 8); /* query, key, value, output kernels */
+    assert_int_equal(a->eligible, 7u);            /* float32, bfloat16, float16 */
+    assert_false(isnan(a->error[MP_TUNE_MXFP4])); /* measured all the same */
+    assert_int_equal(a->chosen, MP_TUNE_BFLOAT16);
+    char line[1024];
+    layer_line(r.config, "att", line, sizeof line);
+    assert_non_null(strstr(line, "\"policy\": \"mixed_bfloat16\"}"));
+    if (mp_model_from_config(r.config, 16, INT64_MAX, &m)) fail_msg("%s", mp_last_error());
+    assert_int_equal(mp_model_compile(m, &co), MP_OK);
+    mp_tensor_wrap(&t, MP_F32, 3, (int64_t[]){16, 4, 16}, x);
+    assert_int_equal(mp_model_train_step(m, &t, y, NULL, &sr), MP_OK);
+    assert_true(isfinite(sr.loss));
+    mp_model_free(m);
+    mp_tune_result_free(&r);
+    mp_dataset_free(ds);
+}
+
 /* ------------------------------------------------------------ bad input */
 
 static void one_line(mp_status s, const char *want)
@@ -512,7 +586,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tensor_errors),      cmocka_unit_test(test_choose_rule),
         cmocka_unit_test(test_huge_dynamic_range), cmocka_unit_test(test_tuned_file_trains),
-        cmocka_unit_test(test_mx_choices_text),    cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_mx_choices_text),    cmocka_unit_test(test_kinds),
+        cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests_name("tune", tests, NULL, NULL);
 }
