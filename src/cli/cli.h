@@ -10,7 +10,7 @@ int mp_cli_evaluate(int argc, char **argv);
 int mp_cli_predict(int argc, char **argv);
 int mp_cli_inspect(int argc, char **argv);
 int mp_cli_generate(int argc, char **argv); /* generate_cmd.c */
-int mp_cli_report(int argc, char **argv); /* report_cmd.c */
+int mp_cli_report(int argc, char **argv);   /* report_cmd.c */
 /* The report of run directories dirs[0..nd) into out; prints where. 0, 1
  * when some file was missing or unreadable (the page says which), 2 when
  * nothing could be written. */
