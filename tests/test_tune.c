@@ -453,6 +453,40 @@ static void test_mx_choices_text(void **state)
     free(cfg);
 }
 
+/* fp8 as delayed scaling's max algorithm: a batch after a larger one is
+ * scaled for the larger. One huge sample in the first probe batch makes
+ * the next three flush their (small) inputs; current scaling would flush
+ * only the first batch's others (15 of 64 samples). */
+static void test_delayed_scaling(void **state)
+{
+    (void)state;
+    char *cfg = mlp_json(32, 2);
+    mp_dataset *tmp = data(64, 32, -3, 1, 21);
+    int64_t order[64];
+    assert_int_equal(mp_dataset_order(tmp, 0, 1, true, order), MP_OK); /* the probe's order */
+    float x[64 * 32];
+    int32_t y[64];
+    int64_t all[64];
+    for (int i = 0; i < 64; i++) all[i] = i;
+    assert_int_equal(mp_dataset_gather(tmp, all, 64, x, y), MP_OK);
+    mp_dataset_free(tmp);
+    for (int j = 0; j < 32; j++) x[order[0] * 32 + j] *= 0x1p24f;
+    mp_dataset *ds = NULL;
+    assert_int_equal(mp_dataset_from_arrays(x, y, 64, 32, 4, &ds), MP_OK);
+    mp_tune_options o = mp_tune_options_default();
+    o.batch_size = 16;
+    o.keep_first_last = false;
+    mp_tune_result r;
+    assert_int_equal(mp_tune_precision(cfg, ds, &o, &r), MP_OK);
+    const mp_tune_layer *a = row(&r, "a");
+    assert_true(a->flush[MP_TUNE_FP8][MP_TUNE_ACTIVATION] > 0.9);
+    assert_true(a->flush[MP_TUNE_BFLOAT16][MP_TUNE_ACTIVATION] == 0);
+    assert_true(a->chosen <= MP_TUNE_FLOAT16);
+    mp_tune_result_free(&r);
+    mp_dataset_free(ds);
+    free(cfg);
+}
+
 /* Any kind with a kernel is tuned: Conv2D (an fp8/MX GEMM path) and
  * MultiHeadAttention (none yet: 16 bits or float32 only); both files load
  * and train. */
@@ -587,7 +621,7 @@ int main(void)
         cmocka_unit_test(test_tensor_errors),      cmocka_unit_test(test_choose_rule),
         cmocka_unit_test(test_huge_dynamic_range), cmocka_unit_test(test_tuned_file_trains),
         cmocka_unit_test(test_mx_choices_text),    cmocka_unit_test(test_kinds),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_delayed_scaling),    cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests_name("tune", tests, NULL, NULL);
 }

@@ -13,9 +13,12 @@
  *   float32             exact (error 0, the reference)
  *   bfloat16, float16   round to nearest even (float16 overflow is inf)
  *   fp8                 per tensor, scale = 448 / amax (E4M3) for activation
- *                       and kernels, 57344 / amax (E5M2) for the gradient
- *                       (current scaling: the tensor's own amax; what the
- *                       delayed recipe converges to when amaxes are steady)
+ *                       and kernels, 57344 / amax (E5M2) for the gradient,
+ *                       amax the largest |x| of this tensor over the probe
+ *                       batches so far (delayed scaling's `max` algorithm
+ *                       with its history on these batches: a batch after a
+ *                       larger one is scaled for the larger; a lone tensor,
+ *                       as mp_tune_tensor_error takes, by its own amax)
  *   mxfp8/mxfp6/mxfp4   MX blocks of 32 (E4M3 / E2M3 / E2M1 for activation
  *                       and kernels, MXFP8 E5M2 for the gradient), along
  *                       each axis in turn - the reduction of each of the

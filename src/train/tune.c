@@ -94,7 +94,7 @@ static void accumulate(const float *x, const float *q, double div, size_t n, tun
 }
 
 mp_status mp_tune_measure(mp_tune_format f, mp_tune_role role, int64_t rows, int64_t cols,
-                          const float *x, tune_acc acc[2])
+                          const float *x, float *amax_hist, tune_acc acc[2])
 {
     size_t n = (size_t)(rows * cols);
     if (f == MP_TUNE_FLOAT32 || n == 0) {
@@ -117,9 +117,14 @@ mp_status mp_tune_measure(mp_tune_format f, mp_tune_role role, int64_t rows, int
         mp_convert(q, MP_F32, codes, t, n);
         accumulate(x, q, 1.0, n, &acc[0]);
         acc[1] = acc[0];
-    } else if (f == MP_TUNE_FP8) { /* current scaling: this tensor's amax */
+    } else if (f == MP_TUNE_FP8) { /* the largest amax so far: delayed scaling's max */
         mp_dtype t = role == MP_TUNE_GRADIENT ? MP_F8E5M2 : MP_F8E4M3;
-        float scale = mp_float8_scale(mp_float8_amax(x, MP_F32, n), 1.0f, t, 0);
+        float amax = mp_float8_amax(x, MP_F32, n);
+        if (amax_hist) {
+            if (isfinite(amax) && amax < *amax_hist) amax = *amax_hist;
+            *amax_hist = amax;
+        }
+        float scale = mp_float8_scale(amax, 1.0f, t, 0);
         mp_float8_quantize(codes, t, x, MP_F32, n, scale);
         mp_convert(q, MP_F32, codes, t, n);
         accumulate(x, q, (double)scale, n, &acc[0]);
@@ -169,7 +174,7 @@ mp_status mp_tune_tensor_error(mp_tune_format f, mp_tune_role role, int64_t rows
                             (long long)rows, (long long)cols);
     tune_acc acc[2];
     memset(acc, 0, sizeof acc);
-    mp_status s = mp_tune_measure(f, role, rows, cols, x, acc);
+    mp_status s = mp_tune_measure(f, role, rows, cols, x, NULL, acc);
     if (s) return s;
     double r, fl;
     mp_tune_acc_result(acc, &r, &fl);
@@ -302,7 +307,7 @@ static int find_tuned(const mp_model *m, const mp_tune_options *o, int *idx, mp_
 
 /* A tensor (any float dtype) as a float32 matrix over its last axis. */
 static mp_status measure_tensor(const mp_tensor *t, mp_tune_role role, unsigned formats,
-                                tune_acc acc[MP_TUNE_FORMAT_COUNT][2])
+                                float *amax_hist, tune_acc acc[MP_TUNE_FORMAT_COUNT][2])
 {
     int64_t n = mp_tensor_numel(t), cols = t->ndim ? t->shape[t->ndim - 1] : 1;
     if (n == 0) return MP_OK;
@@ -317,7 +322,7 @@ static mp_status measure_tensor(const mp_tensor *t, mp_tune_role role, unsigned 
     mp_status s = MP_OK;
     for (int f = 0; f < MP_TUNE_FORMAT_COUNT && !s; f++)
         if (formats & (1u << f))
-            s = mp_tune_measure((mp_tune_format)f, role, n / cols, cols, x, acc[f]);
+            s = mp_tune_measure((mp_tune_format)f, role, n / cols, cols, x, amax_hist, acc[f]);
     free(wide);
     return s;
 }
@@ -341,8 +346,10 @@ mp_status mp_tune_probe(mp_model *m, const mp_dataset *data, const mp_tune_optio
     float *x = malloc((size_t)(bs * dim) * sizeof *x);
     int32_t *y = malloc((size_t)(bs * ldim) * sizeof *y);
     tune_acc(*acc)[MP_TUNE_FORMAT_COUNT][MP_TUNE_ROLES][2] = calloc((size_t)n, sizeof *acc);
+    /* fp8: the largest amax of the activation and the gradient so far */
+    float(*hist)[2] = calloc((size_t)n, sizeof *hist);
     mp_status s = MP_OK;
-    if (!order || !x || !y || !acc) {
+    if (!order || !x || !y || !acc || !hist) {
         s = mp_set_error(MP_ERR_NOMEM, "tune-precision: out of memory");
         goto done;
     }
@@ -365,7 +372,7 @@ mp_status mp_tune_probe(mp_model *m, const mp_dataset *data, const mp_tune_optio
             if (!p->master) t.dtype = p->weight_dtype;
             tune_acc w[MP_TUNE_FORMAT_COUNT][2];
             memset(w, 0, sizeof w);
-            if ((s = measure_tensor(&t, MP_TUNE_WEIGHT, formats, w))) break;
+            if ((s = measure_tensor(&t, MP_TUNE_WEIGHT, formats, NULL, w))) break;
             for (int f = 0; f < MP_TUNE_FORMAT_COUNT; f++)
                 for (int a = 0; a < 2; a++)
                     mp_tune_acc_add(&acc[k][f][MP_TUNE_WEIGHT][a], &w[f][a]);
@@ -399,7 +406,7 @@ mp_status mp_tune_probe(mp_model *m, const mp_dataset *data, const mp_tune_optio
             tune_acc r[MP_TUNE_FORMAT_COUNT][2];
             if (a) {
                 memset(r, 0, sizeof r);
-                if ((s = measure_tensor(a, MP_TUNE_ACTIVATION, formats, r))) break;
+                if ((s = measure_tensor(a, MP_TUNE_ACTIVATION, formats, &hist[k][0], r))) break;
                 for (int f = 0; f < MP_TUNE_FORMAT_COUNT; f++)
                     for (int ax = 0; ax < 2; ax++)
                         mp_tune_acc_add(&acc[k][f][MP_TUNE_ACTIVATION][ax], &r[f][ax]);
@@ -407,7 +414,7 @@ mp_status mp_tune_probe(mp_model *m, const mp_dataset *data, const mp_tune_optio
             }
             if (g) {
                 memset(r, 0, sizeof r);
-                if ((s = measure_tensor(g, MP_TUNE_GRADIENT, formats, r))) break;
+                if ((s = measure_tensor(g, MP_TUNE_GRADIENT, formats, &hist[k][1], r))) break;
                 for (int f = 0; f < MP_TUNE_FORMAT_COUNT; f++)
                     for (int ax = 0; ax < 2; ax++)
                         mp_tune_acc_add(&acc[k][f][MP_TUNE_GRADIENT][ax], &r[f][ax]);
@@ -448,6 +455,7 @@ done:
     free(x);
     free(y);
     free(acc);
+    free(hist);
     return s;
 }
 

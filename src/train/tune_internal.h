@@ -19,9 +19,10 @@ typedef struct {
 
 /* Quantize rows x cols x under f as role and add its sums: acc[0] and
  * acc[1] for MX blocks along axis 0 and 1 (the same sums in both for the
- * other formats). */
+ * other formats). fp8 scales by the larger of x's amax and *amax_hist,
+ * which it then updates (NULL: x's own amax). */
 mp_status mp_tune_measure(mp_tune_format f, mp_tune_role role, int64_t rows, int64_t cols,
-                          const float *x, tune_acc acc[2]);
+                          const float *x, float *amax_hist, tune_acc acc[2]);
 void mp_tune_acc_add(tune_acc *to, const tune_acc *a);
 /* The relative error and flushed fraction of the worse axis (NaN wins). */
 void mp_tune_acc_result(const tune_acc acc[2], double *rel, double *flush);
