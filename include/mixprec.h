@@ -309,6 +309,8 @@ void mp_set_num_threads(int n);
 }
 #endif
 
+/* mx.h first: policies (nn.h) name MX element formats */
+#include "mixprec/mx.h"
 #include "mixprec/nn.h"
 #include "mixprec/fp8.h"
 #include "mixprec/optim.h"
@@ -316,7 +318,6 @@ void mp_set_num_threads(int n);
 #include "mixprec/data.h"
 #include "mixprec/io.h"
 #include "mixprec/dist.h"
-#include "mixprec/mx.h"
 #include "mixprec/tune.h"
 
 #endif /* MIXPREC_H */

@@ -150,6 +150,54 @@ mp_status mp_mx_unpack(mp_mx_format f, int block_size, const void *codes, const 
 mp_status mp_mx_quantize_2d(mp_mx_format f, int block_size, int64_t rows, int64_t cols, int axis,
                             const float *src, void *dst, mp_dtype dst_type);
 
+/* ------------------------------------------------------- training (nn) */
+
+/* MX training (nn/mx_quant.c): a Dense or Conv2D layer whose GEMMs read MX
+ * fake-quantized operands. In every GEMM pass each operand is quantized in
+ * blocks of 32 along that pass's reduction dimension and decoded exactly:
+ *   forward  y  = x W:    x in blocks along its features, W down its rows
+ *                         (both in `format`);
+ *   backward dW = x^T dz: x and dz in blocks of 32 rows (samples), x in
+ *                         `format`, dz in `grad_format`;
+ *            dx = dz W^T: dz along its units (`grad_format`), W along its
+ *                         rows (`format`).
+ * A tensor used in two passes is quantized once for each (MX does not
+ * commute with transposition). The decoded values go to the GEMM in
+ * bfloat16 when every one of them is exact there (always for MXFP6, MXFP4
+ * and MXINT8; for MXFP8 unless a block's scale is tiny, see mp_mx_unpack),
+ * else in float32, with factor 1: the GEMM, accumulating in float32, gives
+ * what MX hardware with float32 accumulation gives. x is quantized in the
+ * compute dtype, W from its float32 master (it keeps no compute copy), dz
+ * after the activation's derivative; the bias gradient is the float32 column
+ * sum of dz. Conv2D sees its input as [pixels, channels] and its kernel as
+ * [kh * kw * in, filters]: the input's blocks run along the channels of each
+ * pixel (the implicit GEMM's reduction when in % 32 == 0) and down 32
+ * pixels for dW. The recipe is stateless: checkpoints hold nothing for it.
+ *
+ * Which layers: policies mixed_mxfp8, mixed_mxfp6 and mixed_mxfp4
+ * (mixed_bfloat16 plus MX GEMM inputs in MXFP8 E4M3, MXFP6 E2M3, MXFP4
+ * E2M1) quantize every Dense and Conv2D except the first and the last such
+ * layer of the model, as mixed_float8 does; a layer's options (.mx, or
+ * "mx" in the model file) turn it on or off under any policy. */
+typedef struct mp_mx_params {
+    mp_mx_format format;      /* forward GEMM inputs (x, W): MP_MXFP8_E4M3 */
+    mp_mx_format grad_format; /* the output gradient dz: MP_MXFP8_E5M2 */
+} mp_mx_params;
+
+mp_mx_params mp_mx_params_default(void);
+/* MP_ERR_INVALID (one line naming the value) for a format outside the enum. */
+mp_status mp_mx_params_validate(const mp_mx_params *p);
+/* The settings layers take when they are created (as the global policy is
+ * read); the default is mp_mx_params_default(). An MX policy replaces
+ * `format` by its own for the layers it quantizes. */
+mp_status mp_set_global_mx_params(const mp_mx_params *p);
+mp_mx_params mp_global_mx_params(void);
+
+struct mp_model;
+/* Whether layer `layer` of a built model computes its GEMMs on MX inputs,
+ * and then (out non-NULL) the formats it uses. */
+bool mp_model_layer_mx(const struct mp_model *m, int layer, mp_mx_params *out);
+
 #ifdef __cplusplus
 }
 #endif

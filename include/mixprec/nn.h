@@ -19,12 +19,17 @@ extern "C" {
  * bfloat16, and mixed_float8: mixed_bfloat16 whose float8-capable layers
  * (Dense, Conv2D) quantize their GEMM inputs per tensor to fp8 (mixprec/fp8.h:
  * HYBRID, delayed scaling by default; the first and the last such layer,
- * softmax, normalisations and losses stay higher). */
+ * softmax, normalisations and losses stay higher); mixed_mxfp8, mixed_mxfp6
+ * and mixed_mxfp4: the same layers with MX block-scaled GEMM inputs
+ * (mixprec/mx.h: MXFP8 E4M3, MXFP6 E2M3, MXFP4 E2M1 forward, MXFP8 E5M2
+ * gradients). */
 typedef struct {
     char name[24];
     mp_dtype compute;
     mp_dtype variable;
-    bool float8; /* GEMM inputs in float8 (mixprec/fp8.h) */
+    bool float8;            /* GEMM inputs in float8 (mixprec/fp8.h) */
+    bool mx;                /* GEMM inputs in MX blocks (mixprec/mx.h) ... */
+    mp_mx_format mx_format; /* ... of this element format (forward inputs) */
 } mp_policy;
 
 mp_status mp_policy_from_name(const char *name, mp_policy *out);
@@ -75,6 +80,7 @@ const char *mp_initializer_name(mp_initializer i);
 mp_status mp_initializer_from_name(const char *name, mp_initializer *out);
 
 struct mp_float8_params;
+struct mp_mx_params;
 
 typedef struct {
     const char *name;   /* NULL: Keras-style default (dense, dense_1, ...) */
@@ -89,6 +95,12 @@ typedef struct {
      * never */
     const struct mp_float8_params *float8_params;
     int float8;
+    /* the same layers in MX (mixprec/mx.h): the formats (NULL: the global
+     * ones, with an MX policy's forward format when the policy has one),
+     * and whether the layer computes on MX inputs: 0 as its policy says, 1
+     * always, -1 never. A layer is not float8 and MX at once. */
+    const struct mp_mx_params *mx_params;
+    int mx;
 } mp_layer_options;
 
 typedef struct mp_model mp_model;
@@ -362,6 +374,7 @@ typedef struct {
     bool float8;            /* its GEMM inputs are quantized to float8 (mixprec/fp8.h):
                              * saved_bytes then holds the input's fp8 codes, one byte
                              * an element, when the input would otherwise be copied */
+    bool mx;                /* its GEMM inputs are MX-quantized (mixprec/mx.h) */
 } mp_layer_info;
 
 int mp_model_num_layers(const mp_model *m);

@@ -17,6 +17,8 @@ typedef struct {
     const char *policy;
     mp_float8_params fp8; /* --fp8-*: the global float8 settings */
     bool fp8_given;
+    mp_mx_params mx; /* --mx-grad: the global MX settings */
+    bool mx_given;
     mp_optimizer_kind optimizer;
     float lr;
     int64_t batch;

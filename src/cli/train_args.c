@@ -26,7 +26,9 @@ static void train_usage(FILE *f)
         "  --activation NAME               relu, gelu, gelu_tanh, sigmoid, tanh (default relu)\n"
         "  --policy NAME                   float32, mixed_float16, mixed_bfloat16, float16, "
         "bfloat16,\n"
-        "                                  mixed_float8 (bfloat16 with Dense GEMM inputs in fp8)\n"
+        "                                  mixed_float8 (bfloat16 with Dense GEMM inputs in fp8),\n"
+        "                                  mixed_mxfp8, mixed_mxfp6, mixed_mxfp4 (bfloat16 with\n"
+        "                                  Dense GEMM inputs in MX blocks: E4M3, E2M3, E2M1)\n"
         "  --optimizer sgd|adam|adamw      (default adam)\n"
         "  --lr X                          learning rate (default 1e-3, sgd 1e-2)\n"
         "  --batch-size N|auto             (default 256; auto: the largest batch whose planned\n"
@@ -80,7 +82,12 @@ static void train_usage(FILE *f)
         "  --fp8-history N                 amax history length (default 1024)\n"
         "  --fp8-algorithm max|most_recent amax of the history used (default max)\n"
         "  --fp8-margin M                  scale = fp8_max / amax / 2^M (default 0)\n"
-        "  --fp8-all-layers                quantize the first and last layers too\n",
+        "  --fp8-all-layers                quantize the first and last layers too\n"
+        "MX (--policy mixed_mxfp8|mixed_mxfp6|mixed_mxfp4, or a layer's \"mx\": \"FORMAT\" in\n"
+        "--model):\n"
+        "  --mx-grad FORMAT                the gradients' MX format (default mxfp8_e5m2; any of\n"
+        "                                  mxfp8_e4m3, mxfp8_e5m2, mxfp6_e2m3, mxfp6_e3m2,\n"
+        "                                  mxfp4_e2m1, mxint8)\n",
         f);
 }
 
@@ -150,6 +157,7 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
     a->shuffle = true;
     a->loss_scaling = MP_LOSS_SCALING_AUTO;
     a->fp8 = mp_float8_params_default();
+    a->mx = mp_mx_params_default();
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -195,8 +203,8 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
             mp_policy p;
             if (mp_policy_from_name(v, &p))
                 return bad(f, v,
-                           "expected float32, mixed_float16, mixed_bfloat16, float16, bfloat16 or "
-                           "mixed_float8");
+                           "expected float32, mixed_float16, mixed_bfloat16, float16, bfloat16, "
+                           "mixed_float8, mixed_mxfp8, mixed_mxfp6 or mixed_mxfp4");
             a->policy = v;
             a->policy_given = true;
         } else if (!strncmp(f, "--fp8-", 6)) {
@@ -221,6 +229,10 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
                 if (mp_float8_params_set(&a->fp8, key, v)) return bad(f, v, mp_last_error());
             }
             a->fp8_given = true;
+        } else if (!strcmp(f, "--mx-grad")) {
+            NEED_VALUE;
+            if (mp_mx_format_from_name(v, &a->mx.grad_format)) return bad(f, v, mp_last_error());
+            a->mx_given = true;
         } else if (!strcmp(f, "--optimizer")) {
             NEED_VALUE;
             if (!strcmp(v, "sgd"))
@@ -342,7 +354,8 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
             "--init-from", "--model",      "--steps-per-epoch"};
         for (size_t k = 0; k < sizeof from_checkpoint / sizeof *from_checkpoint; k++)
             if (!strcmp(f, from_checkpoint[k]) && !a->model_flag) a->model_flag = f;
-        if (!strncmp(f, "--fp8-", 6) && !a->model_flag) a->model_flag = f;
+        if ((!strncmp(f, "--fp8-", 6) || !strncmp(f, "--mx-", 5)) && !a->model_flag)
+            a->model_flag = f;
         if (!strcmp(f, "--epochs")) a->epochs_given = true;
         if ((!strcmp(f, "--hidden") || !strcmp(f, "--activation")) && !a->mlp_flag) a->mlp_flag = f;
     }

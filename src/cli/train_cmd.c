@@ -352,8 +352,9 @@ int mp_cli_train(int argc, char **argv)
     train_args a;
     int rc = mp_cli_parse_train_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : rc;
-    /* --fp8-*: the settings every float8 layer made from here on takes */
-    if (a.fp8_given && mp_set_global_float8_params(&a.fp8)) {
+    /* --fp8-*, --mx-*: the settings every float8 or MX layer made from here on takes */
+    if ((a.fp8_given && mp_set_global_float8_params(&a.fp8)) ||
+        (a.mx_given && mp_set_global_mx_params(&a.mx))) {
         fprintf(stderr, "mixprec train: %s\n", mp_last_error());
         return 2;
     }

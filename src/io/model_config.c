@@ -66,6 +66,7 @@ static json_t *layer_json(const mp_model *m, const mp_layer *l)
         if (l->policy.float8 || l->fp8_mode > 0 || !mp_float8_params_equal(&l->fp8_params, &d))
             json_object_set_new(o, "float8_params", mp_float8_params_json(&l->fp8_params));
     }
+    if (l->ops->float8) mp_mx_layer_json(l, o); /* MX: "mx", "mx_grad" where set */
     if (l->ops->to_json) l->ops->to_json(l, o);
     return o;
 }
@@ -100,7 +101,8 @@ char *mp_model_config_json(const mp_model *m)
     } while (0)
 
 static const char *const common_fields[] = {"class_name", "name",   "inputs",        "policy",
-                                            "seed",       "float8", "float8_params", NULL};
+                                            "seed",       "float8", "float8_params", "mx",
+                                            "mx_grad",    NULL};
 
 static bool listed(const char *const *list, const char *key)
 {
@@ -175,6 +177,13 @@ static mp_status add_layer(mp_model *m, const json_t *lj, size_t i, int version,
     if (f8p && mp_float8_params_from_json(f8p, &f8))
         BAD("model config: layer '%s': 'float8_params': %s", name, mp_last_error());
     if (f8p) o.float8_params = &f8;
+    mp_mx_params mxp;
+    const json_t *mxj = json_object_get(lj, "mx"), *mxg = json_object_get(lj, "mx_grad");
+    if ((mxj || mxg) && !ops->float8)
+        BAD("model config: layer '%s' (%s): unknown field '%s'", name, type,
+            mxj ? "mx" : "mx_grad");
+    if (mp_mx_options_from_json(lj, &o, &mxp))
+        BAD("model config: layer '%s': %s", name, mp_last_error());
     const char *policy = json_string_value(pj);
     if ((pj && !policy) || (version == 1 && !policy))
         BAD("model config: layer '%s': 'policy' must be a policy name", name);

@@ -1,8 +1,10 @@
 /* fp8_model.c - the float8 recipe inside a model: which layers compute in
  * float8 (decided at build: the layer's choice, else its policy minus the
- * first and last float8-capable layer), their quantized tensors (three
- * each: input, kernel, grad_output), the commit after a training step, the
- * public views of that state, and the layer settings as JSON. */
+ * first and last float8-capable layer; the same edges for MX, whose layers
+ * nn/mx_quant.c decides), their quantized tensors (three each: input,
+ * kernel, grad_output), the commit after a training step, the public views
+ * of that state, the layer settings as JSON, and the steps every quantized
+ * layer (float8 or MX) runs through the quantizer's table. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,10 +40,13 @@ void mp_float8_model_plan(mp_model *m)
         }
     for (int i = 0; i < m->nlayers; i++) {
         mp_layer *l = &m->layers[i];
-        l->fp8_active = layer_active(l, i == first || i == last);
-        l->fp8_first = -1;
+        bool edge = i == first || i == last;
+        l->mx_active = mp_mx_layer_plan(l, edge); /* MX, else float8, else neither */
+        l->fp8_active = !l->mx_active && layer_active(l, edge);
+        l->fp8_first = l->mx_first = -1;
         /* the kernel is quantized from its float32 master: no compute copy */
-        for (int j = 0; l->fp8_active && l->policy.variable == MP_F32 && j < l->nparams; j++)
+        for (int j = 0; mp_layer_quantized(l) && l->policy.variable == MP_F32 && j < l->nparams;
+             j++)
             if (m->params[l->param_first + j].p.role == MP_ROLE_KERNEL)
                 m->params[l->param_first + j].float32_only = true;
     }
@@ -51,7 +56,7 @@ mp_status mp_float8_model_setup(mp_model *m)
 {
     int n = 0;
     for (int i = 0; i < m->nlayers; i++) n += m->layers[i].fp8_active;
-    if (!n) return MP_OK;
+    if (!n) return mp_mx_model_setup(m);
     m->fp8 = calloc((size_t)n * MP_FLOAT8_ROLES, sizeof *m->fp8);
     if (!m->fp8) return mp_set_error(MP_ERR_NOMEM, "float8: out of memory");
     for (int i = 0; i < m->nlayers; i++) {
@@ -70,7 +75,7 @@ mp_status mp_float8_model_setup(mp_model *m)
         if (w->codes_n && !(w->codes = mp_alloc(w->codes_n, MP_MEM_WEIGHTS)))
             return mp_set_error(MP_ERR_NOMEM, "float8: out of memory for '%s'", w->name);
     }
-    return MP_OK;
+    return mp_mx_model_setup(m);
 }
 
 void mp_float8_model_free(mp_model *m)
@@ -79,11 +84,17 @@ void mp_float8_model_free(mp_model *m)
     free(m->fp8);
     m->fp8 = NULL;
     m->nfp8 = 0;
+    mp_mx_model_free(m);
 }
 
 mp_float8_meta *mp_float8_layer_metas(mp_model *m, const mp_layer *l)
 {
     return l->fp8_active ? &m->fp8[l->fp8_first] : NULL;
+}
+
+mp_float8_meta *mp_quant_layer_metas(const mp_model *m, const mp_layer *l)
+{
+    return l->fp8_active ? &m->fp8[l->fp8_first] : l->mx_active ? &m->mx[l->mx_first] : NULL;
 }
 
 size_t mp_float8_model_bytes(const mp_model *m)
@@ -181,7 +192,7 @@ void mp_float8_model_restore(mp_model *m, int i, const void *history, mp_dtype h
     mp_float8_meta_set_history(q, q->history, s);
 }
 
-/* ------------------------------------------- a float8 layer's steps */
+/* ------------------------------------ a quantized layer's steps */
 
 /* A tensor [..., last] as the matrix [numel / last, last]. */
 static mp_quant_input as_matrix(const void *x, mp_dtype t, int64_t numel, int64_t last, int k_axis)
@@ -197,7 +208,7 @@ static mp_quant_input kernel_input(const mp_model_param *w, int k_axis)
 
 bool mp_float8_keeps_input(const mp_model *m, const mp_layer *l, int64_t batch)
 {
-    return m->fp8[l->fp8_first].ops->pass_invariant &&
+    return mp_quant_layer_metas(m, l)->ops->pass_invariant &&
            mp_layer_kept_input_bytes(m, l, 0, batch) > 0;
 }
 
@@ -207,17 +218,19 @@ size_t mp_float8_input_saved_bytes(const mp_model *m, const mp_layer *l, int64_t
     const mp_layer *src = mp_layer_csrc(m, l, 0);
     int64_t cols = layer_cols(src);
     return arena_bytes(
-        m->fp8[l->fp8_first].ops->stored_bytes(layer_numel(src, batch) / cols, cols));
+        mp_quant_layer_metas(m, l)->ops->stored_bytes(layer_numel(src, batch) / cols, cols));
 }
 
 size_t mp_float8_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
-    const mp_quantizer *qz = m->fp8[l->fp8_first].ops;
+    const mp_quantizer *qz = mp_quant_layer_metas(m, l)->ops;
     const mp_layer *src = mp_layer_csrc(m, l, 0);
     int64_t in = layer_cols(src), out = layer_cols(l);
     size_t x = arena_bytes(qz->operand_bytes(layer_numel(src, batch) / in, in));
     size_t g = arena_bytes(qz->operand_bytes(layer_numel(l, batch) / out, out));
-    size_t w = m->fp8[l->fp8_first + MP_FLOAT8_WEIGHT].codes_n;
+    size_t w = kernel_operand_bytes(m, l, qz);
+    /* backward's: x and dz (dW); per pass also dz and W again (dx), whose
+     * forward (x and W, in here too) is within that */
     return x + g + (qz->pass_invariant ? 0 : g + arena_bytes(w));
 }
 
@@ -225,11 +238,15 @@ mp_status mp_float8_forward(mp_model *m, mp_layer *l, const mp_model_param *w, b
                             mp_tensor *in, const void **stored, mp_quant_operand *xo,
                             mp_quant_operand *wo)
 {
-    mp_float8_meta *q = mp_float8_layer_metas(m, l);
+    mp_float8_meta *q = mp_quant_layer_metas(m, l);
     const mp_quantizer *qz = q->ops;
     mp_quant_mode mode = training ? MP_QUANT_TRAIN : MP_QUANT_INFER;
     mp_quant_input wi = kernel_input(w, 0);
-    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, mode, NULL, q[MP_FLOAT8_WEIGHT].codes, wo);
+    /* one operand serving every pass persists; a per-pass one is temporary */
+    void *wop = qz->pass_invariant ? q[MP_FLOAT8_WEIGHT].codes
+                                   : mp_arena_alloc(m->tmp, kernel_operand_bytes(m, l, qz));
+    if (!wop) return mp_layer_nomem(l, "its kernel's quantized operand");
+    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, mode, NULL, wop, wo);
     bool save = mp_float8_keeps_input(m, l, m->batch);
     if (mp_layer_input_compute(m, l, 0, !save, in)) return MP_ERR_NOMEM;
     mp_quant_input xi =
@@ -244,7 +261,7 @@ mp_status mp_float8_forward(mp_model *m, mp_layer *l, const mp_model_param *w, b
 mp_status mp_float8_backward(mp_model *m, mp_layer *l, const mp_model_param *w, const mp_tensor *dz,
                              const mp_tensor *in, const void *stored, mp_float8_grad_operands *out)
 {
-    mp_float8_meta *q = mp_float8_layer_metas(m, l);
+    mp_float8_meta *q = mp_quant_layer_metas(m, l);
     const mp_quantizer *qz = q->ops;
     const mp_layer *src = mp_layer_csrc(m, l, 0);
     mp_quant_input gi = as_matrix(dz->data, dz->dtype, mp_tensor_numel(dz), layer_cols(l), 0);
@@ -262,7 +279,7 @@ mp_status mp_float8_backward(mp_model *m, mp_layer *l, const mp_model_param *w, 
     out->dz_x = out->dz_w;
     if (qz->pass_invariant) return MP_OK; /* out->w: the forward's */
     void *g2 = mp_arena_alloc(m->tmp, qz->operand_bytes(gi.rows, gi.cols));
-    void *w2 = mp_arena_alloc(m->tmp, q[MP_FLOAT8_WEIGHT].codes_n);
+    void *w2 = mp_arena_alloc(m->tmp, kernel_operand_bytes(m, l, qz));
     if (!g2 || !w2) return mp_layer_nomem(l, "its quantized operands");
     gi.k_axis = 1;
     qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_INFER, NULL, g2, &out->dz_x);

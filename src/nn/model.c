@@ -146,6 +146,7 @@ static mp_status init_record(mp_model *m, mp_layer *l, const mp_layer_ops *ops,
     if (l->fp8_mode == 1 && !ops->float8)
         return mp_model_fail(m, MP_ERR_INVALID, "layer '%s': %s has no float8 GEMM", l->name,
                              ops->class_name);
+    if (mp_mx_layer_init(l, o)) return mp_model_fail(m, MP_ERR_INVALID, "%s", mp_last_error());
     l->seed = (o && o->seed)
                   ? o->seed
                   : mp_mix64(m->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(m->nlayers + 1));

@@ -40,7 +40,18 @@ struct mp_layer {
     int fp8_mode;
     bool fp8_active;
     int fp8_first;
+    /* MX (the same kinds; nn/mx_quant.c): the formats, the layer's choice
+     * (0 as the policy says, 1 on, -1 off), whether build made it compute
+     * on MX inputs and its first meta */
+    mp_mx_params mx_params;
+    int mx_mode;
+    bool mx_active;
+    int mx_first;
 };
+
+/* Whether layer l's GEMMs read quantized operands (float8 or MX): the
+ * quantized steps of nn/quant.h then run them. */
+static inline bool mp_layer_quantized(const mp_layer *l) { return l->fp8_active || l->mx_active; }
 
 typedef struct {
     mp_model_param p;
@@ -80,6 +91,10 @@ struct mp_model {
     /* the float8 recipe's tensors, MP_FLOAT8_ROLES per float8 layer */
     struct mp_float8_meta *fp8;
     int nfp8;
+    /* the MX quantizer's tensors, MP_FLOAT8_ROLES per MX layer (stateless:
+     * their formats only) */
+    struct mp_float8_meta *mx;
+    int nmx;
     /* compile/fit state owned by train/ (the model only frees it) */
     void *training;
     void (*training_free)(void *);

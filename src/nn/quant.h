@@ -63,9 +63,15 @@ typedef struct {
  * fp8 codes, one byte an element. */
 extern const mp_quantizer mp_quantizer_float8;
 
+/* MX blocks (mixprec/mx.h, nn/mx_quant.c): each pass quantizes its
+ * operands in blocks of 32 along its reduction axis, decoded to bfloat16
+ * where exact, else float32, factor 1; nothing is kept for backward. */
+extern const mp_quantizer mp_quantizer_mx;
+
 /* The state of one quantized tensor (one role of one layer). */
 struct mp_float8_meta {
     const mp_quantizer *ops; /* how its tensor is quantized */
+    mp_mx_format mx_format;  /* the MX quantizer's element format */
     char name[96];
     const char *layer;
     mp_float8_role role;
@@ -105,6 +111,21 @@ mp_status mp_float8_model_setup(mp_model *m);
 void mp_float8_model_free(mp_model *m);
 /* The metas of layer l (MP_FLOAT8_ROLES of them), NULL when l is not float8. */
 mp_float8_meta *mp_float8_layer_metas(mp_model *m, const mp_layer *l);
+/* Those of a quantized layer (float8 or MX; mp_layer_quantized), else NULL. */
+mp_float8_meta *mp_quant_layer_metas(const mp_model *m, const mp_layer *l);
+
+/* MX in the model (nn/mx_quant.c). At creation: the layer's options (its
+ * formats and choice, checked; the error names the layer). At plan: whether
+ * it computes on MX inputs (edge: the first or last quantizable layer).
+ * After: its metas (3 each, in layer order). */
+mp_status mp_mx_layer_init(mp_layer *l, const mp_layer_options *o);
+bool mp_mx_layer_plan(const mp_layer *l, bool edge);
+mp_status mp_mx_model_setup(mp_model *m);
+void mp_mx_model_free(mp_model *m);
+/* The layer fields "mx" (a format name, or false) and "mx_grad" as JSON,
+ * and back into options (fmt holds the formats o->mx_params points to). */
+void mp_mx_layer_json(const mp_layer *l, json_t *o);
+mp_status mp_mx_options_from_json(const json_t *lj, mp_layer_options *o, mp_mx_params *fmt);
 /* Bytes of the persistent code buffers (counted as weights). */
 size_t mp_float8_model_bytes(const mp_model *m);
 
@@ -113,7 +134,8 @@ size_t mp_float8_model_bytes(const mp_model *m);
 void mp_float8_model_restore(mp_model *m, int i, const void *history, mp_dtype ht,
                              const void *scale, mp_dtype st);
 
-/* A float8 layer's steps, for kinds with one GEMM input, one kernel and
+/* A quantized layer's steps (float8 or MX: mp_layer_quantized; the names
+ * say float8 for history), for kinds with one GEMM input, one kernel and
  * the reduction over the input's last axis (Dense; Conv2D through its
  * patches). Tensors are seen as matrices over their last axis. */
 /* Whether its forward keeps the input's compact form (the input would be

@@ -50,6 +50,7 @@ mp_status mp_model_layer_info(const mp_model *m, int layer, int64_t batch, mp_la
     memcpy(out->shape, l->shape, sizeof out->shape);
     out->param_bytes = param_bytes(m, l, &out->params, &out->state);
     out->float8 = l->fp8_active;
+    out->mx = l->mx_active;
     if (l->fp8_active) /* the kernel's float8 codes */
         out->param_bytes += m->fp8[l->fp8_first + MP_FLOAT8_WEIGHT].codes_n;
     out->saved_bytes = l->reachable ? mp_layer_saved_bytes(m, l, batch) : 0;
@@ -120,6 +121,13 @@ static void human(size_t b, char *buf, size_t len)
         snprintf(buf, len, "%zu B", b);
 }
 
+/* "e4m3" for mxfp8_e4m3, "int8" for mxint8 */
+static const char *mx_element(mp_mx_format f)
+{
+    const char *n = mp_mx_format_name(f), *u = strchr(n, '_');
+    return u ? u + 1 : n + 2;
+}
+
 mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
 {
     if (!m->built) return mp_set_error(MP_ERR_INVALID, "model: summary before mp_model_build");
@@ -129,9 +137,9 @@ mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
     fprintf(out, "Model: %d layers, precision plan at batch %lld\n", m->nlayers, (long long)batch);
     const char *rule =
         "---------------------------------------------------------------------------------------"
-        "--------------------------\n";
+        "-----------------------------\n";
     fprintf(out, "%s", rule);
-    fprintf(out, "%-34s %-16s %10s  %-15s %-9s %-9s %12s %12s\n", "Layer (type)", "Output Shape",
+    fprintf(out, "%-34s %-16s %10s  %-15s %-12s %-9s %12s %12s\n", "Layer (type)", "Output Shape",
             "Param #", "Policy", "Compute", "Output", "Param bytes", "Saved act.");
     fprintf(out, "%s", rule);
     int64_t total = 0, total_state = 0;
@@ -145,9 +153,16 @@ mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
         /* a data source computes nothing: its "compute" is its data's dtype */
         mp_dtype compute = l->ninputs ? l->policy.compute : l->out_dtype;
         const char *cname = mp_dtype_name(compute);
+        char mxname[32];
+        mp_mx_params mx;
         if (l->fp8_active) /* GEMM inputs in float8 (the rest in the compute dtype) */
             cname = l->fp8_params.format == MP_FLOAT8_HYBRID ? "e4m3+e5m2" : "e4m3";
-        fprintf(out, "%-34s %-16s %10lld  %-15s %-9s %-9s %12zu %12zu\n", label, shape,
+        if (mp_model_layer_mx(m, i, &mx)) { /* in MX: "mx:e2m3+e5m2" (forward+gradients) */
+            snprintf(mxname, sizeof mxname, "mx:%s+%s", mx_element(mx.format),
+                     mx_element(mx.grad_format));
+            cname = mxname;
+        }
+        fprintf(out, "%-34s %-16s %10lld  %-15s %-12s %-9s %12zu %12zu\n", label, shape,
                 (long long)(in.params + in.state), l->policy.name, cname,
                 mp_dtype_name(l->out_dtype), in.param_bytes, in.saved_bytes);
         total += in.params;

@@ -6,7 +6,9 @@
  * it. Backward: dW = patches(x)^T dz and dx = the transposed convolution of
  * dz, both implicit GEMMs; db = column sums of dz (float32). In float8
  * (nn/quant.h) the three GEMMs read the per-tensor quantized x, W and dz as
- * Dense does, each result multiplied by its operands' 1/scale (alpha). */
+ * Dense does, each result multiplied by its operands' 1/scale (alpha); in
+ * MX (nn/mx_quant.c) x as [pixels, channels] and W as [kh*kw*in, filters]
+ * in blocks along each GEMM's reduction axis, alpha 1. */
 #include "kernels/ops.h"
 #include "nn/layers/spatial.h"
 #include "nn/quant.h"
@@ -17,7 +19,7 @@ typedef struct {
     mp_tensor in;   /* input in the compute dtype, kept for dW */
     mp_tensor pre;  /* pre-activation when the derivative needs it */
     mp_conv_geom g; /* of the last forward (its batch) */
-    /* float8: the input's kept form (NULL: quantize `in` again), the
+    /* float8 or MX: the input's kept form (NULL: quantize `in` again), the
      * kernel's operand */
     const void *xs;
     mp_quant_operand wq;
@@ -79,8 +81,8 @@ static mp_status conv2d_build(mp_model *m, mp_layer *l)
 static size_t conv2d_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
     size_t out = arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
-    size_t in = l->fp8_active ? mp_float8_input_saved_bytes(m, l, batch) /* its codes */
-                              : mp_layer_kept_input_bytes(m, l, 0, batch);
+    size_t in = mp_layer_quantized(l) ? mp_float8_input_saved_bytes(m, l, batch) /* its codes */
+                                      : mp_layer_kept_input_bytes(m, l, 0, batch);
     return in + out + (keeps_pre(l->config) ? out : 0);
 }
 
@@ -91,7 +93,7 @@ static size_t conv2d_workspace_bytes(const mp_model *m, const mp_layer *l, int64
                     ? 0
                     : arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
     size_t bias = c->use_bias ? arena_bytes((size_t)c->filters * sizeof(float)) : 0;
-    size_t fp8 = l->fp8_active ? mp_float8_workspace_bytes(m, l, batch) : 0;
+    size_t fp8 = mp_layer_quantized(l) ? mp_float8_workspace_bytes(m, l, batch) : 0;
     return dz + bias + fp8; /* the pre-activation gradient; a float32 bias copy in forward */
 }
 
@@ -102,7 +104,7 @@ static mp_status conv2d_forward(mp_model *m, mp_layer *l, bool training)
     mp_dtype ct = l->policy.compute;
     const mp_model_param *w = mp_layer_param(m, l, 0);
     mp_quant_operand xo = {NULL, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
-    if (l->fp8_active) {
+    if (mp_layer_quantized(l)) {
         if (mp_float8_forward(m, l, w, training, &st->in, &st->xs, &xo, &st->wq))
             return MP_ERR_NOMEM;
         wo = st->wq;
@@ -172,7 +174,7 @@ static mp_status conv2d_backward(mp_model *m, mp_layer *l, bool accumulate)
                                  {dz.data, dz.dtype, 1.0f},
                                  {dz.data, dz.dtype, 1.0f},
                                  {w->weight, w->weight_dtype, 1.0f}};
-    if (l->fp8_active) {
+    if (mp_layer_quantized(l)) {
         q.w = st->wq;
         if (mp_float8_backward(m, l, w, &dz, &st->in, st->xs, &q)) return MP_ERR_NOMEM;
     }

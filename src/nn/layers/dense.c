@@ -13,7 +13,9 @@
  * when x is a tensor the producer keeps anyway, nothing, and backward
  * quantizes it again with the forward's scale (the same codes). Everything
  * goes through the quantizer's table (nn/quant.h), which also serves one
- * whose operands differ per pass (MX blocks along the reduction). */
+ * whose operands differ per pass: in MX (nn/mx_quant.c) each of the three
+ * GEMMs gets x, W and dz in blocks along its own reduction axis, decoded
+ * exactly, alpha 1, and the forward keeps only what mixed_bfloat16 keeps. */
 #include "kernels/ops.h"
 #include "nn/layer.h"
 #include "nn/quant.h"
@@ -56,8 +58,8 @@ static mp_status dense_build(mp_model *m, mp_layer *l)
 static size_t dense_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
     size_t out = arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
-    size_t in = l->fp8_active ? mp_float8_input_saved_bytes(m, l, batch) /* its codes */
-                              : mp_layer_kept_input_bytes(m, l, 0, batch);
+    size_t in = mp_layer_quantized(l) ? mp_float8_input_saved_bytes(m, l, batch) /* its codes */
+                                      : mp_layer_kept_input_bytes(m, l, 0, batch);
     return in + out + (keeps_pre(l->config) ? out : 0);
 }
 
@@ -66,7 +68,7 @@ static size_t dense_workspace_bytes(const mp_model *m, const mp_layer *l, int64_
     const dense_config *c = l->config;
     size_t dz = (size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute);
     size_t bytes = arena_bytes(dz) + arena_bytes((size_t)c->units * sizeof(float)); /* dz, bias */
-    if (l->fp8_active) bytes += mp_float8_workspace_bytes(m, l, batch);
+    if (mp_layer_quantized(l)) bytes += mp_float8_workspace_bytes(m, l, batch);
     return bytes;
 }
 
@@ -77,7 +79,7 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     mp_dtype ct = l->policy.compute;
     mp_model_param *w = mp_layer_param(m, l, 0), *b = mp_layer_param(m, l, 1);
     mp_quant_operand xo = {NULL, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
-    if (l->fp8_active) {
+    if (mp_layer_quantized(l)) {
         if (mp_float8_forward(m, l, w, training, &st->in, &st->xs, &xo, &st->wq))
             return MP_ERR_NOMEM;
         wo = st->wq;
@@ -144,7 +146,7 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
                                  {dz.data, dz.dtype, 1.0f},
                                  {dz.data, dz.dtype, 1.0f},
                                  {w->weight, w->weight_dtype, 1.0f}};
-    if (l->fp8_active) {
+    if (mp_layer_quantized(l)) {
         q.w = st->wq;
         if (mp_float8_backward(m, l, w, &dz, &st->in, st->xs, &q)) return MP_ERR_NOMEM;
     }
