@@ -78,6 +78,7 @@ static bool quantize_tile(mp_mx_format f, const mp_quant_input *in, int64_t r0, 
             continue;
         }
         uint16_t *d = (uint16_t *)dst + at;
+#pragma omp simd reduction(| : low)
         for (int64_t c = 0; c < tc; c++) {
             uint32_t b = mp_f32_bits(s[c]);
             low |= b & 0xFFFFu;
