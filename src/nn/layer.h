@@ -35,8 +35,8 @@ struct mp_layer_ops {
     int min_inputs;
     int max_inputs;            /* -1: any number */
     bool int_inputs;           /* reads int32 inputs (token ids); others refuse them */
-    bool float8;               /* its GEMMs can take float8 inputs (nn/quant.h): one set of
-                                * MP_FLOAT8_ROLES quantized tensors, the kernel being its
+    bool float8;               /* its GEMMs can take float8 or MX inputs (nn/quant.h): one set
+                                * of MP_FLOAT8_ROLES quantized tensors, the kernel being its
                                 * first MP_ROLE_KERNEL parameter */
     size_t config_size;        /* the kind's settings, copied at creation */
     size_t state_size;         /* its per-step records (zeroed at creation) */
