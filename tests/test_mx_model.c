@@ -120,6 +120,38 @@ static void test_which_layers(void **state)
     mp_model_free(m);
 }
 
+/* What an MX Dense keeps for backward is what mixed_bfloat16 keeps (its
+ * bfloat16 input: each pass quantizes again); plan and arena agree. */
+static void test_memory_plan(void **state)
+{
+    (void)state;
+    size_t saved[2];
+    for (int v = 0; v < 2; v++) {
+        mp_model *m = mp_model_new_with_policy(3, "mixed_bfloat16");
+        mp_node x = mp_input(m, 1, (int64_t[]){256}, NULL);
+        mp_node a = mp_activation_layer(m, x, MP_ACT_NONE, NULL);
+        mp_node y = mp_dense(m, a, 64, MP_ACT_NONE, &(mp_layer_options){.mx = v});
+        assert_int_equal(mp_model_build(m, y, 128), MP_OK);
+        mp_layer_info li;
+        assert_int_equal(mp_model_layer_info(m, (int)y, 128, &li), MP_OK);
+        assert_int_equal(li.mx, v);
+        saved[v] = li.saved_bytes;
+        mp_memory_plan plan;
+        assert_int_equal(mp_model_memory_plan(m, 128, 0, &plan), MP_OK);
+        static float data[128 * 256], dy[128 * 64];
+        fill(data, 128 * 256, 3, -1, 1);
+        fill(dy, 128 * 64, 4, -1, 1);
+        mp_tensor tx, tdy;
+        mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){128, 256}, data);
+        mp_tensor_wrap(&tdy, MP_F32, 2, (int64_t[]){128, 64}, dy);
+        assert_int_equal(mp_model_forward(m, &tx, true, NULL), MP_OK);
+        assert_int_equal(mp_model_activation_bytes(m), plan.activations);
+        assert_int_equal(mp_model_backward(m, &tdy, false), MP_OK); /* within the workspace */
+        mp_model_free(m);
+    }
+    assert_int_equal(saved[0], saved[1]);
+}
+
 /* --------------------------------------------- per-layer JSON fields */
 
 #define LAYER(name, in, units, extra)                                                              \
@@ -389,9 +421,8 @@ static void test_bad_input(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_which_layers),
-        cmocka_unit_test(test_json_fields),
-        cmocka_unit_test(test_resume_bit_exact),
+        cmocka_unit_test(test_which_layers), cmocka_unit_test(test_memory_plan),
+        cmocka_unit_test(test_json_fields),  cmocka_unit_test(test_resume_bit_exact),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests_name("mx_model", tests, NULL, NULL);
