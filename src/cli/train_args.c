@@ -83,8 +83,7 @@ static void train_usage(FILE *f)
         "  --fp8-algorithm max|most_recent amax of the history used (default max)\n"
         "  --fp8-margin M                  scale = fp8_max / amax / 2^M (default 0)\n"
         "  --fp8-all-layers                quantize the first and last layers too\n"
-        "MX (--policy mixed_mxfp8|mixed_mxfp6|mixed_mxfp4, or a layer's \"mx\": \"FORMAT\" in\n"
-        "--model):\n"
+        "MX (--policy mixed_mxfp8|mixed_mxfp6|mixed_mxfp4, or \"mx\": \"FORMAT\" on a layer):\n"
         "  --mx-grad FORMAT                the gradients' MX format (default mxfp8_e5m2; any of\n"
         "                                  mxfp8_e4m3, mxfp8_e5m2, mxfp6_e2m3, mxfp6_e3m2,\n"
         "                                  mxfp4_e2m1, mxint8)\n",
