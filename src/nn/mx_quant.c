@@ -4,6 +4,7 @@
  * their global default, which layers compute on MX inputs, their metas in
  * the model, and the layer fields "mx" / "mx_grad" of model files. The
  * steps a quantized layer runs are shared with float8 (fp8_model.c). */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,15 +46,13 @@ mp_mx_params mp_global_mx_params(void)
 
 /* ------------------------------------------------------------ quantizer */
 
-/* The operand is built in tiles of TILE_R x TILE_C elements, both multiples
- * of the block: every MX block (32 consecutive elements of a row, or 32 rows
- * of a column; the last one of a row or column shorter) lies in one tile,
- * so tiles are independent, run in parallel and give the bits
- * mp_mx_quantize_2d gives on the whole matrix. A tile is widened to float32
- * on the stack, quantized there, and written out in bfloat16 as long as
- * every value is exact there (its low 16 bits zero; NaN and inf are); if one
- * is not (an MXFP8 block with a tiny scale), the whole operand is made again
- * in float32. */
+/* Another dtype (the compute dtype's activations and gradients) is built in
+ * tiles of TILE_R x TILE_C elements, both multiples of the block: every MX block (32 consecutive
+ * elements of a row, or 32 rows of a column; the last one of a row or column shorter) lies in one
+ * tile, so tiles are independent, run in parallel and give the bits mp_mx_quantize_2d gives on the
+ * whole matrix. A tile is widened to float32 on the stack, quantized there, and written out in
+ * bfloat16 as long as every value is exact there (its low 16 bits zero; NaN and inf are); if one is
+ * not (an MXFP8 block with a tiny scale), the whole operand is made again in float32. */
 #define TILE_R MP_MX_BLOCK
 #define TILE_C (8 * MP_MX_BLOCK)
 
@@ -88,11 +87,72 @@ static bool quantize_tile(mp_mx_format f, const mp_quant_input *in, int64_t r0, 
     return low == 0;
 }
 
+/* A float32 input needs no staging: bands of 32 whole rows (which hold
+ * whole blocks along either axis) are quantized straight into the operand,
+ * in bfloat16 unless an MXFP8 block might have a scale too small for it:
+ * bfloat16 (8 significant bits, down to 2^-133) holds scale * element when
+ * scale * min_subnormal >= 2^-133, which every block whose amax reaches
+ * T = 2^(emax - 133) / min_subnormal has (2^-116 for E4M3, 2^-102 for
+ * E5M2; the other formats are exact even at the least scale, 2^-127). A
+ * finite non-zero |x| below T anywhere sends the whole operand to float32. */
+/* The float32 bits of T for format info fi; 0 when every block is exact. */
+static uint32_t tiny_bits(const mp_mx_format_info *fi)
+{
+    if (ldexpf(fi->min_subnormal, -127) >= 0x1p-133f) return 0; /* even at the least scale */
+    return mp_f32_bits(ldexpf(1.0f, fi->emax - 133) / fi->min_subnormal);
+}
+
+/* Whether a finite non-zero |x[i]| is below the float32 whose bits are tb. */
+static int has_tiny(const float *x, size_t n, uint32_t tb)
+{
+    int tiny = 0;
+#pragma omp simd reduction(| : tiny)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = mp_f32_bits(x[i]) & 0x7FFFFFFFu;
+        tiny |= (b - 1u) < (tb - 1u); /* 0 < b < tb */
+    }
+    return tiny;
+}
+
+/* Each band is checked for tiny values, then (in cache) quantized into
+ * bfloat16; a tiny value anywhere makes it all again in float32. */
+static void quantize_f32(mp_mx_format f, const mp_quant_input *in, void *operand,
+                         mp_quant_operand *out)
+{
+    mp_mx_format_info fi;
+    (void)mp_mx_get_info(f, &fi);
+    uint32_t tb = tiny_bits(&fi);
+    const float *x = in->x;
+    int64_t nb = (in->rows + TILE_R - 1) / TILE_R, cols = in->cols;
+    bool par = nb > 1 && in->rows * cols > (1 << 16);
+    int tiny = 0;
+#pragma omp parallel for schedule(static) reduction(| : tiny) if (par)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t r0 = b * TILE_R, br = in->rows - r0 < TILE_R ? in->rows - r0 : TILE_R;
+        if (tb) tiny |= has_tiny(x + r0 * cols, (size_t)(br * cols), tb);
+        (void)mp_mx_quantize_2d(f, MP_MX_BLOCK, br, cols, in->k_axis, x + r0 * cols,
+                                (uint16_t *)operand + r0 * cols, MP_BF16);
+    }
+    if (tiny) {
+#pragma omp parallel for schedule(static) if (par)
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t r0 = b * TILE_R, br = in->rows - r0 < TILE_R ? in->rows - r0 : TILE_R;
+            (void)mp_mx_quantize_2d(f, MP_MX_BLOCK, br, cols, in->k_axis, x + r0 * cols,
+                                    (float *)operand + r0 * cols, MP_F32);
+        }
+    }
+    *out = (mp_quant_operand){operand, tiny ? MP_F32 : MP_BF16, 1.0f};
+}
+
 static void mx_quantize(mp_float8_meta *q, const mp_quant_input *in, mp_quant_mode mode,
                         void *stored, void *operand, mp_quant_operand *out)
 {
     (void)mode;   /* stateless: nothing to record */
     (void)stored; /* never asked to keep a form (not pass-invariant) */
+    if (in->dtype == MP_F32) {
+        quantize_f32(q->mx_format, in, operand, out);
+        return;
+    }
     int64_t nr = (in->rows + TILE_R - 1) / TILE_R, nc = (in->cols + TILE_C - 1) / TILE_C;
     int64_t nt = nr * nc;
     mp_dtype dt = MP_BF16;
