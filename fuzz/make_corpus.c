@@ -286,7 +286,8 @@ static void train_tokens(mp_model *m, int64_t steps, int per_sample)
             s = s * 6364136223846793005ull + 1442695040888963407ull;
             ids[i] = (int32_t)((s >> 33) % 5);
         }
-        for (int i = 0; i < 8 * per_sample; i++) labels[i] = per_sample == 1 ? ids[i * 3] % 3 : ids[i];
+        for (int i = 0; i < 8 * per_sample; i++)
+            labels[i] = per_sample == 1 ? ids[i * 3] % 3 : ids[i];
         mp_tensor x;
         check(mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){8, 3}, ids), "ids");
         mp_step_result r;

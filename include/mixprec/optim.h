@@ -105,8 +105,8 @@ typedef struct {
     /* AdamW: decay every parameter (Keras's default) instead of only those
      * without decay_exempt, the kernels (GPT recipes; mixprec's default) */
     bool decay_all;
-    float clip_norm;    /* > 0: clip by global L2 norm (see mp_clip_grad_norm) */
-    float clip_value;   /* > 0: clamp every gradient to [-clip_value, clip_value] */
+    float clip_norm;  /* > 0: clip by global L2 norm (see mp_clip_grad_norm) */
+    float clip_value; /* > 0: clamp every gradient to [-clip_value, clip_value] */
     mp_lr_schedule schedule;
     mp_rounding rounding; /* pure low-precision parameters only */
     uint64_t seed;        /* for MP_ROUND_STOCHASTIC */

@@ -115,9 +115,9 @@ typedef struct {
     uint64_t seed;
     double validation_split;
     int64_t steps_per_epoch; /* the fit's epoch length (0: a pass over the data) */
-    int64_t data_count; /* training samples (after the split) */
-    uint64_t data_hash; /* of their features and labels */
-    mp_history history; /* the completed epochs */
+    int64_t data_count;      /* training samples (after the split) */
+    uint64_t data_hash;      /* of their features and labels */
+    mp_history history;      /* the completed epochs */
 } mp_fit_state;
 void mp_fit_state_free(mp_fit_state *st);
 

@@ -30,7 +30,7 @@
 
 #include "core/internal.h"
 
-enum { MP_ATTN_TILE = 64 }; /* query and key rows per tile */
+enum { MP_ATTN_TILE = 64 };          /* query and key rows per tile */
 enum { MP_ATTN_DECODE_MAX_D = 256 }; /* head size mp_attention_decode_row takes */
 
 typedef struct {
