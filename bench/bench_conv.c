@@ -53,59 +53,6 @@ static const char *const op_names[NOPS] = {"fwd", "dW", "dX"};
 
 /* ------------------------------------------------------------------ setup */
 
-static void cpu_model(char *out, size_t len)
-{
-    char line[512], name[256] = "", family[32] = "?", model[32] = "?", stepping[32] = "?";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    while (f && fgets(line, sizeof line, f)) {
-        char *colon = strchr(line, ':');
-        if (!colon) {
-            if (line[0] == '\n' && name[0]) break; /* the first processor only */
-            continue;
-        }
-        char *v = colon + 1 + (colon[1] == ' ');
-        v[strcspn(v, "\n")] = 0;
-        if (!strncmp(line, "model name", 10))
-            snprintf(name, sizeof name, "%s", v);
-        else if (!strncmp(line, "cpu family", 10))
-            snprintf(family, sizeof family, "%s", v);
-        else if (!strncmp(line, "model\t", 6))
-            snprintf(model, sizeof model, "%s", v);
-        else if (!strncmp(line, "stepping", 8))
-            snprintf(stepping, sizeof stepping, "%s", v);
-    }
-    if (f) fclose(f);
-    snprintf(out, len, "%s (family %s, model %s, stepping %s)", name[0] ? name : "unknown", family,
-             model, stepping);
-}
-
-/* CPU seconds that processes other than this one and its children have
- * used so far: busy time in /proc/stat minus our own (both in clock ticks).
- * Differences of it say whether something else ran while we timed. */
-static double others_cpu_s(void)
-{
-    unsigned long long v[8] = {0};
-    FILE *f = fopen("/proc/stat", "r");
-    if (!f) return 0;
-    int got = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
-                     &v[4], &v[5], &v[6], &v[7]);
-    fclose(f);
-    if (got != 8) return 0;
-    /* user nice system idle iowait irq softirq steal: all but idle and iowait */
-    double busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
-    struct tms t;
-    times(&t);
-    double own = (double)(t.tms_utime + t.tms_stime + t.tms_cutime + t.tms_cstime);
-    return (busy - own) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static void report_others(const char *what, double cpu0, double t0)
-{
-    double cpu = others_cpu_s() - cpu0, wall = now() - t0;
-    printf("  (other processes during %s: %.1f CPU s in %.0f s = %.0f%% of one core%s)\n", what,
-           cpu, wall, 100.0 * cpu / wall, cpu > 0.05 * wall ? ": the machine was NOT idle" : "");
-}
-
 /* n values in [-1, 1) in dtype t, 64-byte aligned; free() it. */
 static void *random_buffer(size_t n, mp_dtype t, uint32_t seed)
 {
@@ -354,7 +301,7 @@ int main(int argc, char **argv)
         }
     }
     char cpu[400];
-    cpu_model(cpu, sizeof cpu);
+    bench_cpu_model(cpu, sizeof cpu);
     printf("ResNet-20 (%s), batch %d, 28x28x1 inputs, 10 classes, Adam\n", model_file, BATCH);
     printf("CPU: %s\n%d threads, path %s\n", cpu, mp_num_threads(), mp_isa_name(mp_isa_active()));
     mp_gemm_dispatch_report(stdout);
@@ -370,7 +317,7 @@ int main(int argc, char **argv)
 
     /* 1. mixprec's training step per policy */
     printf("\ntraining step, median of %d after %d warm-up:\n", steps, warmup);
-    double cpu0 = others_cpu_s(), t0 = now();
+    bench_watch w = bench_watch_start();
     step_result sr[3];
     for (int p = 0; p < 3; p++) {
         sr[p] = time_steps(model_file, policies[p], warmup, steps);
@@ -382,7 +329,7 @@ int main(int argc, char **argv)
         printf(")\n");
         fflush(stdout);
     }
-    report_others("the steps", cpu0, t0);
+    bench_watch_report(w, "the steps");
 
     /* 2. the convolutions alone */
     printf("\nconvolution kernels alone (median of %d): ms, GFLOP/s of the convolution's "
@@ -394,8 +341,7 @@ int main(int argc, char **argv)
         printf(" | %-8s %6s %6s %6s", mp_dtype_name(policy_dtype[d]), "ms", "conv", "gemm");
     printf("\n");
     op_result res[NSHAPES][3][NOPS];
-    cpu0 = others_cpu_s();
-    t0 = now();
+    w = bench_watch_start();
     for (int s = 0; s < NSHAPES; s++)
         for (int d = 0; d < 3; d++) time_shape(&shapes[s], policy_dtype[d], res[s][d]);
     double step_ms[3] = {0}, step_flops = 0, op_ms[3][NOPS] = {{0}}, op_flops[NOPS] = {0};
@@ -440,7 +386,7 @@ int main(int argc, char **argv)
                2.0 * (double)sq * (double)sq * (double)sq / gms * 1e-6,
                100.0 * step_ms[d] / sr[d].ms, policies[d]);
     }
-    report_others("the kernels", cpu0, t0);
+    bench_watch_report(w, "the kernels");
     fflush(stdout);
 
     /* 3. Keras on the same model, in the same run */
@@ -449,14 +395,13 @@ int main(int argc, char **argv)
     fflush(stdout);
     keras_result kr[3];
     char why[256], versions[160] = "";
-    cpu0 = others_cpu_s();
-    t0 = now();
+    w = bench_watch_start();
     int got = run_keras(python, warmup, steps, kr, why, sizeof why, versions, sizeof versions);
     if (!got) {
         printf("  Keras: n/a (%s)\n", why);
     } else {
         printf("  (%s)\n", versions);
-        report_others("Keras", cpu0, t0);
+        bench_watch_report(w, "Keras");
     }
 
     printf("\nResNet-20 training step, batch %d (median ms; speed-up = Keras ms / mixprec ms):\n",

@@ -51,54 +51,6 @@ static void die(const char *what)
 /* ------------------------------------------------------------------ setup */
 
 /* The first processor's model name, family, model and stepping. */
-static void cpu_model(char *out, size_t len)
-{
-    static const char *const keys[4] = {"model name", "cpu family", "model\t", "stepping"};
-    char line[512], val[4][100] = {"unknown", "?", "?", "?"};
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    while (f && fgets(line, sizeof line, f) && line[0] != '\n') {
-        char *colon = strchr(line, ':');
-        for (int k = 0; colon && k < 4; k++)
-            if (!strncmp(line, keys[k], strlen(keys[k])))
-                snprintf(val[k], sizeof val[k], "%s", colon + 1 + (colon[1] == ' '));
-    }
-    if (f) fclose(f);
-    for (int k = 0; k < 4; k++) val[k][strcspn(val[k], "\n")] = 0;
-    snprintf(out, len, "%s (family %s, model %s, stepping %s)", val[0], val[1], val[2], val[3]);
-}
-
-/* CPU seconds other processes have used so far (busy time in /proc/stat
- * minus our own); differences say whether something else ran while we timed. */
-static double others_cpu_s(void)
-{
-    unsigned long long v[8] = {0};
-    FILE *f = fopen("/proc/stat", "r");
-    if (!f) return 0;
-    int got = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
-                     &v[4], &v[5], &v[6], &v[7]);
-    fclose(f);
-    if (got != 8) return 0;
-    double busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
-    struct tms t;
-    times(&t);
-    double own = (double)(t.tms_utime + t.tms_stime + t.tms_cutime + t.tms_cstime);
-    return (busy - own) / (double)sysconf(_SC_CLK_TCK);
-}
-
-static double cpu0, t0;
-static void start_watch(void)
-{
-    cpu0 = others_cpu_s();
-    t0 = now();
-}
-static void report_others(const char *what)
-{
-    double cpu = others_cpu_s() - cpu0, wall = now() - t0;
-    printf("  (other processes during %s: %.1f CPU s in %.0f s = %.0f%% of one core%s)\n", what,
-           cpu, wall, 100.0 * cpu / wall, cpu > 0.05 * wall ? ": the machine was NOT idle" : "");
-    fflush(stdout);
-}
-
 /* n float32 values in [-1, 1), 64-byte aligned (untracked: the inputs and
  * outputs both attention versions share); free() it. */
 static float *random_floats(size_t n, uint32_t seed)
@@ -570,7 +522,7 @@ int main(int argc, char **argv)
             return usage();
     }
     char cpu[512], lbuf[128] = "?\n";
-    cpu_model(cpu, sizeof cpu);
+    bench_cpu_model(cpu, sizeof cpu);
     const int threads = mp_num_threads();
     printf("GPT (%s): 4 layers, %d heads of %d, width 256, context %d, vocabulary %d\n", MODEL_FILE,
            HEADS, HEAD_DIM, CONTEXT, VOCAB);
@@ -581,31 +533,32 @@ int main(int argc, char **argv)
     if (la) fclose(la);
     printf("load average at start: %s", lbuf);
 
+    bench_watch w;
     attn_times at[3] = {{0}};
     size_t mem[2] = {0};
     if (on[S_ATTENTION]) {
-        start_watch();
+        w = bench_watch_start();
         bench_attention(reps, at, mem);
-        report_others("the attention kernels");
+        bench_watch_report(w, "the attention kernels");
     }
     train_result tr[2] = {{0}};
     if (on[S_TRAIN]) {
         printf("\ntraining step, batch %d x %d tokens, AdamW, median of %d after %d warm-up:\n",
                BATCH, CONTEXT, steps, warmup);
-        start_watch();
+        w = bench_watch_start();
         for (int p = 0; p < 2; p++) {
             tr[p] = bench_train(policies[p], warmup, steps);
             printf("  mixprec %-15s %8.1f ms/step %8.0f tokens/s  (%.2fx float32, loss %.3f)\n",
                    policies[p], tr[p].ms, tr[p].tokens_s, tr[0].ms / tr[p].ms, (double)tr[p].loss);
             fflush(stdout);
         }
-        report_others("the steps");
+        bench_watch_report(w, "the steps");
     }
     gen_result gr[2] = {{0}};
     if (on[S_GENERATE]) {
-        start_watch();
+        w = bench_watch_start();
         section_generate(gen_tokens, gr);
-        report_others("generation");
+        bench_watch_report(w, "generation");
     }
     double kms[2] = {0};
     if (on[S_KERAS]) {
@@ -613,9 +566,9 @@ int main(int argc, char **argv)
                "(bench/gpt_keras.py, %s):\n",
                threads, python);
         fflush(stdout);
-        start_watch();
+        w = bench_watch_start();
         run_keras(python, threads, warmup, steps, kms);
-        report_others("Keras");
+        bench_watch_report(w, "Keras");
     }
 
     if (on[S_TRAIN])
