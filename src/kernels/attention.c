@@ -457,8 +457,7 @@ mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype q
     choose_gemv();
     /* one task per (batch, head): the tiles' scratch and the head's dQ */
     const long long tasks = g->batch * g->heads;
-    const size_t bytes =
-        mp_attention_scratch_bytes(g->d) + (size_t)g->t * pad16((size_t)g->d) * sizeof(float);
+    const size_t bytes = mp_attention_backward_scratch_bytes(g->t, g->d);
     int fail = 0;
 #pragma omp parallel num_threads(threads_for(tasks))
     {
