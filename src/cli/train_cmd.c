@@ -378,12 +378,10 @@ int mp_cli_train(int argc, char **argv)
         return rc;
     }
     int64_t text_len;
-    if (a.quiet)
-        ;
-    else if (mp_dataset_text(train, &text_len))
+    if (!a.quiet && mp_dataset_text(train, &text_len))
         printf("data: a text of %lld bytes: %lld windows of %lld tokens\n", (long long)text_len,
                (long long)mp_dataset_count(train), (long long)context);
-    else
+    else if (!a.quiet)
         printf("data: %lld training samples of %lld features, %d classes%s\n",
                (long long)mp_dataset_count(train), (long long)mp_dataset_dim(train),
                (int)mp_dataset_classes(train), test ? "" : " (no test set)");

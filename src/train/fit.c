@@ -258,7 +258,7 @@ static mp_status write_csv(const char *path, const mp_history *h)
 }
 
 /* Resuming: the state must describe a fit of this data in this order. */
-static mp_status check_resume(const mp_fit_state *r, const mp_fit_state *now, int64_t nb)
+static mp_status check_resume(const mp_fit_state *r, const mp_fit_state *now, int64_t per_epoch)
 {
     if (r->batch_size != now->batch_size || r->shuffle != now->shuffle || r->seed != now->seed ||
         r->validation_split != now->validation_split || r->steps_per_epoch != now->steps_per_epoch)
@@ -277,9 +277,9 @@ static mp_status check_resume(const mp_fit_state *r, const mp_fit_state *now, in
                             "fingerprint %016llx; this data has %lld, %016llx)",
                             (long long)r->data_count, (unsigned long long)r->data_hash,
                             (long long)now->data_count, (unsigned long long)now->data_hash);
-    if (r->batch > nb)
+    if (r->batch > per_epoch)
         return mp_set_error(MP_ERR_INVALID, "resume: batch %lld of an epoch of %lld batches",
-                            (long long)r->batch, (long long)nb); /* nb: batches per epoch */
+                            (long long)r->batch, (long long)per_epoch);
     return MP_OK;
 }
 
