@@ -79,6 +79,20 @@ static bool pack(const gemm_impl *im, const gemm_operand *op, int64_t w0, int64_
     return true;
 }
 
+/* The kernel for a panel with nr valid columns, and how many it writes
+ * (*kw): a narrow one where the impl has it and the panel is mostly
+ * padding. */
+static gemm_kernel_fn kernel_for(const gemm_impl *im, int64_t nr, int *kw)
+{
+    const int64_t v = (nr + 15) / 16 - 1;
+    if (nr < im->nr && v < 2 && im->narrow[v]) {
+        *kw = 16 * (int)(v + 1);
+        return im->narrow[v];
+    }
+    *kw = im->nr;
+    return im->kernel;
+}
+
 /* Computes rows [m0, m1) x cols [n0, n1) of C; false if out of memory. */
 static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
@@ -135,15 +149,17 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                     for (int64_t jr = 0; jr < nb; jr += NR) {
                         const char *bpan = bp + (size_t)(jr / NR) * (size_t)(NR * kpad) * esz;
                         const int64_t mr = min64(MR, mb - ir), nr = min64(NR, nb - jr);
-                        if (direct && mr == MR && nr == NR) {
+                        int kw;
+                        const gemm_kernel_fn kern = kernel_for(im, nr, &kw);
+                        if (direct && mr == MR && nr == kw) {
                             float *cp = (float *)e->c + (ic + ir) * e->ldc + jc + jr;
-                            im->kernel(kpad, apan, bpan, cp, e->ldc, !first);
+                            kern(kpad, apan, bpan, cp, e->ldc, !first);
                         } else if (!multi) {
-                            im->kernel(kpad, apan, bpan, tile, NR, 0);
+                            kern(kpad, apan, bpan, tile, NR, 0);
                             im->epilogue(e, tile, NR, ic + ir, jc + jr, mr, nr);
                         } else {
                             float *t = cw + ir * ldw + (jc - n0) + jr;
-                            im->kernel(kpad, apan, bpan, t, ldw, !first);
+                            kern(kpad, apan, bpan, t, ldw, !first);
                             if (last) im->epilogue(e, t, ldw, ic + ir, jc + jr, mr, nr);
                         }
                     }

@@ -9,41 +9,54 @@
 
 enum { FMR = 8, FNR = 48 };
 
-MP_TARGET_AVX512 static void kernel_f32(int64_t kc, const void *a, const void *b, float *c,
-                                        int64_t ldc, int acc)
+/* The microkernel on the first nv (1..3) column vectors of the tile: nv < 3
+ * serves a panel whose last columns are padding (n = 256 leaves a 16-wide
+ * panel), so no FMA is spent on zeros. Each element's sum runs over k in
+ * the same order whatever nv is, so the bits do not depend on the choice. */
+MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
+kernel_f32_nv(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc, int acc, int nv)
 {
-    const float *ap = a, *bp = b;
-    __m512 c0[FMR], c1[FMR], c2[FMR];
+    __m512 cv[3][FMR];
 #pragma GCC unroll 8
-    for (int i = 0; i < FMR; i++) {
-        if (acc) {
-            c0[i] = _mm512_loadu_ps(c + i * ldc);
-            c1[i] = _mm512_loadu_ps(c + i * ldc + 16);
-            c2[i] = _mm512_loadu_ps(c + i * ldc + 32);
-        } else {
-            c0[i] = _mm512_setzero_ps();
-            c1[i] = _mm512_setzero_ps();
-            c2[i] = _mm512_setzero_ps();
-        }
-    }
+    for (int i = 0; i < FMR; i++)
+#pragma GCC unroll 3
+        for (int v = 0; v < nv; v++)
+            cv[v][i] = acc ? _mm512_loadu_ps(c + i * ldc + 16 * v) : _mm512_setzero_ps();
     for (int64_t k = 0; k < kc; k++) {
-        __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16), b2 = _mm512_load_ps(bp + 32);
+        __m512 bv[3];
+#pragma GCC unroll 3
+        for (int v = 0; v < nv; v++) bv[v] = _mm512_load_ps(bp + 16 * v);
 #pragma GCC unroll 8
         for (int i = 0; i < FMR; i++) {
             __m512 av = _mm512_set1_ps(ap[i]);
-            c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
-            c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
-            c2[i] = _mm512_fmadd_ps(av, b2, c2[i]);
+#pragma GCC unroll 3
+            for (int v = 0; v < nv; v++) cv[v][i] = _mm512_fmadd_ps(av, bv[v], cv[v][i]);
         }
         ap += FMR;
         bp += FNR;
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < FMR; i++) {
-        _mm512_storeu_ps(c + i * ldc, c0[i]);
-        _mm512_storeu_ps(c + i * ldc + 16, c1[i]);
-        _mm512_storeu_ps(c + i * ldc + 32, c2[i]);
-    }
+    for (int i = 0; i < FMR; i++)
+#pragma GCC unroll 3
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(c + i * ldc + 16 * v, cv[v][i]);
+}
+
+MP_TARGET_AVX512 static void kernel_f32(int64_t kc, const void *a, const void *b, float *c,
+                                        int64_t ldc, int acc)
+{
+    kernel_f32_nv(kc, a, b, c, ldc, acc, 3);
+}
+
+MP_TARGET_AVX512 static void kernel_f32_n16(int64_t kc, const void *a, const void *b, float *c,
+                                            int64_t ldc, int acc)
+{
+    kernel_f32_nv(kc, a, b, c, ldc, acc, 1);
+}
+
+MP_TARGET_AVX512 static void kernel_f32_n32(int64_t kc, const void *a, const void *b, float *c,
+                                            int64_t ldc, int acc)
+{
+    kernel_f32_nv(kc, a, b, c, ldc, acc, 2);
 }
 
 /* Up to 8 consecutive elements of a 16/32-bit type widened to f32; lanes past
@@ -74,18 +87,27 @@ MP_TARGET_AVX512 static void pack_f32(const gemm_operand *op, int64_t w0, int64_
     const char *base = op->base;
     float *out = dst;
     if (op->sw == 1) {
-        /* Rows of the panels are contiguous in memory: walk each source row
-         * once, left to right, and deal it out to the panels. */
-        const int64_t np = (nw + W - 1) / W;
-        for (int64_t d = 0; d < nd; d++) {
-            const char *src = base + (w0 + (d0 + d) * op->sd) * es;
-            for (int64_t p = 0; p < np; p++) {
-                float *o = out + p * nd * W + d * W;
-                for (int g = 0; g < W; g += 8) {
-                    int64_t cnt = nw - p * W - g;
-                    __m256 v = cnt <= 0 ? _mm256_setzero_ps()
-                                        : load8(src + (p * W + g) * es, t, cnt >= 8 ? 8 : (int)cnt);
-                    _mm256_storeu_ps(o + g, v);
+        /* Rows of the panels are contiguous in memory. Take 8 source rows
+         * (depths) at a time, read left to right, and write each panel's
+         * 8 x W piece whole: the reads run as 8 sequential streams the
+         * prefetcher follows, and each written line is filled at once
+         * (dealing a single row out writes W floats to every panel, nd * W
+         * floats apart, and leaves lines half written). */
+        enum { G = 8 };
+        for (int64_t dg = 0; dg < nd; dg += G) {
+            const int64_t gn = nd - dg < G ? nd - dg : G;
+            for (int64_t p = 0; p * W < nw; p++) {
+                const int64_t nv = nw - p * W < W ? nw - p * W : W;
+                const char *col = base + (w0 + p * W + (d0 + dg) * op->sd) * es;
+                float *o = out + p * nd * W + dg * W;
+                for (int64_t d = 0; d < gn; d++) {
+                    const char *src = col + d * op->sd * es;
+                    for (int g = 0; g < W; g += 8) {
+                        int64_t cnt = nv - g;
+                        __m256 v = cnt <= 0 ? _mm256_setzero_ps()
+                                            : load8(src + g * es, t, cnt >= 8 ? 8 : (int)cnt);
+                        _mm256_storeu_ps(o + d * W + g, v);
+                    }
                 }
             }
         }
@@ -123,6 +145,7 @@ const gemm_impl mp_gemm_avx512_impl = {
     .mc = 1024,
     .nc = 480,
     .kernel = kernel_f32,
+    .narrow = {kernel_f32_n16, kernel_f32_n32},
     .pack = pack_f32,
     .epilogue = mp_gemm_epilogue_avx512,
 };

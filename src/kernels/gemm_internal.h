@@ -71,6 +71,10 @@ typedef struct {
     int mr, nr;
     int64_t kc, mc, nc; /* cache blocks: kc in depth units, mc/nc multiples of mr/nr */
     gemm_kernel_fn kernel;
+    /* Optional: narrow[v] computes only the first 16 * (v + 1) columns of a
+     * tile (reading the same NR-wide B panel), for panels that are mostly
+     * padding; NULL: the full kernel serves. */
+    gemm_kernel_fn narrow[2];
     gemm_pack_fn pack; /* for both operands */
     gemm_epilogue_fn epilogue;
 } gemm_impl;
