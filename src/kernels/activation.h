@@ -105,26 +105,26 @@ static inline float mp_activate(mp_activation a, float x)
     }
 }
 
-/* v[i] = act(v[i]), the same values as mp_activate, with the kind chosen
+/* y[i] = act(x[i]) (y may be x), the same values as mp_activate, with the kind chosen
  * once so the loops vectorize (inlined always: into a caller compiled for
  * a wider ISA, the loops take its vector width). */
 #if defined(__GNUC__)
 __attribute__((always_inline))
 #endif
 static inline void
-mp_activate_row(mp_activation a, float *v, size_t n)
+mp_activate_row(mp_activation a, const float *x, float *y, size_t n)
 {
     switch (a) {
     case MP_ACT_GELU_TANH:
 #pragma omp simd
-        for (size_t i = 0; i < n; i++) v[i] = mp_gelu_tanh(v[i]);
+        for (size_t i = 0; i < n; i++) y[i] = mp_gelu_tanh(x[i]);
         break;
     case MP_ACT_TANH:
 #pragma omp simd
-        for (size_t i = 0; i < n; i++) v[i] = mp_tanhf(v[i]);
+        for (size_t i = 0; i < n; i++) y[i] = mp_tanhf(x[i]);
         break;
     default:
-        for (size_t i = 0; i < n; i++) v[i] = mp_activate(a, v[i]);
+        for (size_t i = 0; i < n; i++) y[i] = mp_activate(a, x[i]);
         break;
     }
 }

@@ -51,7 +51,7 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
         }
         if (direct) continue;
         if (e->act == MP_ACT_GELU || e->act == MP_ACT_GELU_TANH)
-            mp_activate_row(e->act, row, (size_t)nr);
+            mp_activate_row(e->act, row, row, (size_t)nr);
         mp_convert_isa(MP_ISA_AVX512, (char *)e->c + (size_t)ci * csz, e->c_type, row, MP_F32,
                        (size_t)nr, MP_OVERFLOW_SATURATE);
     }

@@ -6,6 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kernels/activation.h"
 #include "kernels/ops.h"
 
@@ -18,6 +22,20 @@ static inline void load(float *dst, const void *src, mp_dtype t, size_t off, siz
 static inline void store(void *dst, mp_dtype t, size_t off, const float *src, size_t n)
 {
     mp_convert((char *)dst + off * mp_dtype_size(t), t, src, MP_F32, n);
+}
+/* n elements from off, read in place when they are float32 already,
+ * decoded into buf otherwise. */
+static inline const float *view(float *buf, const void *src, mp_dtype t, size_t off, size_t n)
+{
+    if (t == MP_F32) return (const float *)src + off;
+    load(buf, src, t, off, n);
+    return buf;
+}
+/* Where a result of n elements at off is computed: straight into dst when it
+ * is float32, else into buf for store() to round. */
+static inline float *out_at(float *buf, void *dst, mp_dtype t, size_t off)
+{
+    return t == MP_F32 ? (float *)dst + off : buf;
 }
 
 #define INV_SQRT_2PI 0.39894228040143267794f
@@ -54,19 +72,19 @@ static inline float act_d(mp_activation a, float s)
 #define ACT_CLONES
 #endif
 
-ACT_CLONES static void activate_chunk(mp_activation act, float *buf, size_t len)
+ACT_CLONES static void activate_chunk(mp_activation act, const float *x, float *y, size_t len)
 {
-    mp_activate_row(act, buf, len);
+    mp_activate_row(act, x, y, len);
 }
 
-ACT_CLONES static void activation_grad_chunk(mp_activation act, const float *s, float *g,
-                                             size_t len)
+ACT_CLONES static void activation_grad_chunk(mp_activation act, const float *s, const float *g,
+                                             float *dx, size_t len)
 {
     if (act == MP_ACT_GELU_TANH) { /* the costly one: a loop that vectorizes */
 #pragma omp simd
-        for (size_t i = 0; i < len; i++) g[i] *= act_d(MP_ACT_GELU_TANH, s[i]);
+        for (size_t i = 0; i < len; i++) dx[i] = g[i] * act_d(MP_ACT_GELU_TANH, s[i]);
     } else {
-        for (size_t i = 0; i < len; i++) g[i] *= act_d(act, s[i]);
+        for (size_t i = 0; i < len; i++) dx[i] = g[i] * act_d(act, s[i]);
     }
 }
 
@@ -80,11 +98,11 @@ void mp_op_activation(mp_activation act, const void *x, mp_dtype xt, void *y, mp
     const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (chunks > 8)
     for (long long c = 0; c < chunks; c++) {
-        float buf[CHUNK];
+        float xb[CHUNK], yb[CHUNK];
         size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
-        load(buf, x, xt, off, len);
-        activate_chunk(act, buf, len);
-        store(y, yt, off, buf, len);
+        float *o = out_at(yb, y, yt, off);
+        activate_chunk(act, view(xb, x, xt, off, len), o, len);
+        if (yt != MP_F32) store(y, yt, off, o, len);
     }
 }
 
@@ -94,12 +112,12 @@ void mp_op_activation_grad(mp_activation act, const void *saved, mp_dtype st, co
     const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (chunks > 8)
     for (long long c = 0; c < chunks; c++) {
-        float s[CHUNK], g[CHUNK];
+        float sb[CHUNK], gb[CHUNK], ob[CHUNK];
         size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
-        load(s, saved, st, off, len);
-        load(g, dy, dyt, off, len);
-        activation_grad_chunk(act, s, g, len);
-        store(dx, dxt, off, g, len);
+        float *o = out_at(ob, dx, dxt, off);
+        activation_grad_chunk(act, view(sb, saved, st, off, len), view(gb, dy, dyt, off, len), o,
+                              len);
+        if (dxt != MP_F32) store(dx, dxt, off, o, len);
     }
 }
 
@@ -151,12 +169,12 @@ void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, 
     const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (chunks > 8)
     for (long long c = 0; c < chunks; c++) {
-        float u[CHUNK], v[CHUNK];
+        float ub[CHUNK], vb[CHUNK], ob[CHUNK];
         size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
-        load(u, a, at, off, len);
-        load(v, b, bt, off, len);
-        for (size_t i = 0; i < len; i++) u[i] += v[i];
-        store(y, yt, off, u, len);
+        const float *u = view(ub, a, at, off, len), *v = view(vb, b, bt, off, len);
+        float *o = out_at(ob, y, yt, off);
+        for (size_t i = 0; i < len; i++) o[i] = u[i] + v[i];
+        if (yt != MP_F32) store(y, yt, off, o, len);
     }
 }
 
@@ -179,18 +197,43 @@ void mp_op_mask_scale(const void *x, mp_dtype xt, const uint8_t *mask, float sca
     }
 }
 
+/* Column reductions give each thread a contiguous range of columns (in
+ * steps of 16) and sum every column over the rows in order: the same bits
+ * for any thread count, and each row read in one piece. */
+static void my_columns(int64_t cols, int64_t *c0, int64_t *c1)
+{
+#ifdef _OPENMP
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int64_t t = 0, nt = 1;
+#endif
+    const int64_t units = (cols + 15) / 16;
+    *c0 = units * t / nt * 16;
+    *c1 = units * (t + 1) / nt * 16;
+    if (*c0 > cols) *c0 = cols;
+    if (*c1 > cols) *c1 = cols;
+}
+
 void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, float *out,
                       bool accumulate)
 {
-    double *acc = mp_scratch(3, (size_t)cols * sizeof *acc);
-    float *buf = mp_scratch(4, (size_t)cols * sizeof *buf);
-    memset(acc, 0, (size_t)cols * sizeof *acc);
-    for (int64_t r = 0; r < rows; r++) {
-        load(buf, x, xt, (size_t)(r * cols), (size_t)cols);
-        for (int64_t c = 0; c < cols; c++) acc[c] += buf[c];
+#pragma omp parallel if (rows * cols > 65536)
+    {
+        int64_t c0, c1;
+        my_columns(cols, &c0, &c1);
+        const int64_t w = c1 - c0;
+        double *acc = mp_scratch(3, (size_t)cols * sizeof *acc);
+        float *buf = mp_scratch(4, (size_t)cols * sizeof *buf);
+        if (w > 0) {
+            memset(acc, 0, (size_t)w * sizeof *acc);
+            for (int64_t r = 0; r < rows; r++) {
+                const float *v = view(buf, x, xt, (size_t)(r * cols + c0), (size_t)w);
+                for (int64_t c = 0; c < w; c++) acc[c] += v[c];
+            }
+            for (int64_t c = 0; c < w; c++)
+                out[c0 + c] = (float)((accumulate ? (double)out[c0 + c] : 0.0) + acc[c]);
+        }
     }
-    for (int64_t c = 0; c < cols; c++)
-        out[c] = (float)((accumulate ? (double)out[c] : 0.0) + acc[c]);
 }
 
 void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const float *beta, float eps,
@@ -215,35 +258,60 @@ void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const floa
     }
 }
 
+/* Two passes: rows in parallel for dx, then column strips in parallel for
+ * dgamma and dbeta (x normalised again on the way, by the same formula). */
 void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const float *mean,
                            const float *rstd, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
                            float *dgamma, float *dbeta, bool accumulate, int64_t rows, int64_t cols)
 {
-    double *dg = mp_scratch(3, (size_t)cols * sizeof *dg),
-           *db = mp_scratch(4, (size_t)cols * sizeof *db);
-    float *xh = mp_scratch(5, (size_t)cols * sizeof *xh),
-          *g = mp_scratch(6, (size_t)cols * sizeof *g);
-    memset(dg, 0, (size_t)cols * sizeof *dg);
-    memset(db, 0, (size_t)cols * sizeof *db);
-    for (int64_t r = 0; r < rows; r++) {
-        load(xh, x, xt, (size_t)(r * cols), (size_t)cols);
-        load(g, dy, dyt, (size_t)(r * cols), (size_t)cols);
-        double sum_d = 0, sum_dx = 0;
-        for (int64_t c = 0; c < cols; c++) {
-            xh[c] = (xh[c] - mean[r]) * rstd[r];
-            dg[c] += (double)g[c] * xh[c];
-            db[c] += g[c];
-            float d = g[c] * gamma[c]; /* gradient w.r.t. the normalised value */
-            g[c] = d;
-            sum_d += d;
-            sum_dx += (double)d * xh[c];
+    const bool par = rows * cols > 65536;
+#pragma omp parallel if (par)
+    {
+        float *xh = mp_scratch(5, (size_t)cols * sizeof *xh),
+              *g = mp_scratch(6, (size_t)cols * sizeof *g);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            load(xh, x, xt, (size_t)(r * cols), (size_t)cols);
+            load(g, dy, dyt, (size_t)(r * cols), (size_t)cols);
+            double sum_d = 0, sum_dx = 0;
+            for (int64_t c = 0; c < cols; c++) {
+                xh[c] = (xh[c] - mean[r]) * rstd[r];
+                float d = g[c] * gamma[c]; /* gradient w.r.t. the normalised value */
+                g[c] = d;
+                sum_d += d;
+                sum_dx += (double)d * xh[c];
+            }
+            float md = (float)(sum_d / (double)cols), mdx = (float)(sum_dx / (double)cols);
+            for (int64_t c = 0; c < cols; c++) g[c] = rstd[r] * (g[c] - md - xh[c] * mdx);
+            store(dx, dxt, (size_t)(r * cols), g, (size_t)cols);
         }
-        float md = (float)(sum_d / (double)cols), mdx = (float)(sum_dx / (double)cols);
-        for (int64_t c = 0; c < cols; c++) g[c] = rstd[r] * (g[c] - md - xh[c] * mdx);
-        store(dx, dxt, (size_t)(r * cols), g, (size_t)cols);
     }
-    for (int64_t c = 0; c < cols; c++) {
-        dgamma[c] = (float)((accumulate ? (double)dgamma[c] : 0.0) + dg[c]);
-        dbeta[c] = (float)((accumulate ? (double)dbeta[c] : 0.0) + db[c]);
+#pragma omp parallel if (par)
+    {
+        int64_t c0, c1;
+        my_columns(cols, &c0, &c1);
+        const int64_t w = c1 - c0;
+        double *dg = mp_scratch(3, (size_t)cols * sizeof *dg),
+               *db = mp_scratch(4, (size_t)cols * sizeof *db);
+        float *xb = mp_scratch(5, (size_t)cols * sizeof *xb),
+              *gb = mp_scratch(6, (size_t)cols * sizeof *gb);
+        if (w > 0) {
+            memset(dg, 0, (size_t)w * sizeof *dg);
+            memset(db, 0, (size_t)w * sizeof *db);
+            for (int64_t r = 0; r < rows; r++) {
+                const size_t off = (size_t)(r * cols + c0);
+                const float *xv = view(xb, x, xt, off, (size_t)w),
+                            *gv = view(gb, dy, dyt, off, (size_t)w);
+                for (int64_t c = 0; c < w; c++) {
+                    float h = (xv[c] - mean[r]) * rstd[r];
+                    dg[c] += (double)gv[c] * h;
+                    db[c] += gv[c];
+                }
+            }
+            for (int64_t c = 0; c < w; c++) {
+                dgamma[c0 + c] = (float)((accumulate ? (double)dgamma[c0 + c] : 0.0) + dg[c]);
+                dbeta[c0 + c] = (float)((accumulate ? (double)dbeta[c0 + c] : 0.0) + db[c]);
+            }
+        }
     }
 }
