@@ -93,6 +93,30 @@ static gemm_kernel_fn kernel_for(const gemm_impl *im, int64_t nr, int *kw)
     return im->kernel;
 }
 
+/* Where a microkernel call finds its A panel: packed (si == 0) or in place
+ * (see gemm_kernel_a_fn). */
+typedef struct {
+    const void *p;
+    int64_t si, sk;
+} a_panel;
+
+static void micro(const gemm_impl *im, gemm_kernel_fn kern, int kw, int64_t kc, a_panel a,
+                  const void *b, float *c, int64_t ldc, int acc)
+{
+    if (a.si)
+        im->kernel_a(kc, a.p, a.si, a.sk, b, c, ldc, acc, kw / 16);
+    else
+        kern(kc, a.p, b, c, ldc, acc);
+}
+
+/* Whether A can be read in place: float32 on a kernel that takes it so,
+ * with a unit stride along width or depth. */
+static bool a_in_place(const gemm_impl *im, const gemm_operand *a)
+{
+    return im->kernel_a && im->fmt == GEMM_FMT_F32 && a->type == MP_F32 && !a->gather &&
+           (a->sw == 1 || a->sd == 1);
+}
+
 /* Computes rows [m0, m1) x cols [n0, n1) of C; false if out of memory. */
 static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
@@ -134,32 +158,44 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     if (!ap || !bp || (multi && !cw)) return false;
     const int64_t ldw = nr_pad;
 
+    const bool in_place = a_in_place(im, &pl->a);
     for (int64_t ic = m0; ic < m1; ic += mc) {
         const int64_t mb = min64(mc, m1 - ic);
         for (int64_t pc = 0; pc < pl->k; pc += kcb) {
             const int64_t kb = min64(kcb, pl->k - pc);
             const int64_t kpad = im->fmt == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
             const bool first = pc == 0, last = pc + kb >= pl->k;
-            if (!pack(im, &pl->a, ic, mb, pc, kb, MR, ap)) return false;
+            if (!in_place && !pack(im, &pl->a, ic, mb, pc, kb, MR, ap)) return false;
             for (int64_t jc = n0; jc < n1; jc += nc) {
                 const int64_t nb = min64(nc, n1 - jc);
                 if (!pack(im, &pl->b, jc, nb, pc, kb, NR, bp)) return false;
                 for (int64_t ir = 0; ir < mb; ir += MR) {
-                    const char *apan = ap + (size_t)(ir / MR) * (size_t)(MR * kpad) * esz;
+                    const int64_t mr = min64(MR, mb - ir);
+                    a_panel apan = {ap + (size_t)(ir / MR) * (size_t)(MR * kpad) * esz, 0, 0};
+                    if (in_place && mr == MR) {
+                        apan.p = (const float *)pl->a.base + (ic + ir) * pl->a.sw + pc * pl->a.sd;
+                        apan.si = pl->a.sw;
+                        apan.sk = pl->a.sd;
+                    } else if (in_place && jc == n0) { /* a last, partial panel: packed */
+                        if (!pack(im, &pl->a, ic + ir, mr, pc, kb, MR, ap)) return false;
+                        apan.p = ap;
+                    } else if (in_place) {
+                        apan.p = ap;
+                    }
                     for (int64_t jr = 0; jr < nb; jr += NR) {
                         const char *bpan = bp + (size_t)(jr / NR) * (size_t)(NR * kpad) * esz;
-                        const int64_t mr = min64(MR, mb - ir), nr = min64(NR, nb - jr);
+                        const int64_t nr = min64(NR, nb - jr);
                         int kw;
                         const gemm_kernel_fn kern = kernel_for(im, nr, &kw);
                         if (direct && mr == MR && nr == kw) {
                             float *cp = (float *)e->c + (ic + ir) * e->ldc + jc + jr;
-                            kern(kpad, apan, bpan, cp, e->ldc, !first);
+                            micro(im, kern, kw, kpad, apan, bpan, cp, e->ldc, !first);
                         } else if (!multi) {
-                            kern(kpad, apan, bpan, tile, NR, 0);
+                            micro(im, kern, kw, kpad, apan, bpan, tile, NR, 0);
                             im->epilogue(e, tile, NR, ic + ir, jc + jr, mr, nr);
                         } else {
                             float *t = cw + ir * ldw + (jc - n0) + jr;
-                            kern(kpad, apan, bpan, t, ldw, !first);
+                            micro(im, kern, kw, kpad, apan, bpan, t, ldw, !first);
                             if (last) im->epilogue(e, t, ldw, ic + ir, jc + jr, mr, nr);
                         }
                     }

@@ -9,12 +9,14 @@
 
 enum { FMR = 8, FNR = 48 };
 
-/* The microkernel on the first nv (1..3) column vectors of the tile: nv < 3
+/* The microkernel on the first nv (1..3) column vectors of the tile, A's
+ * element (i, k) at ap[i * si + k * sk] (packed: si = 1, sk = FMR). nv < 3
  * serves a panel whose last columns are padding (n = 256 leaves a 16-wide
  * panel), so no FMA is spent on zeros. Each element's sum runs over k in
- * the same order whatever nv is, so the bits do not depend on the choice. */
+ * the same order whatever the variant, so the bits do not depend on it. */
 MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
-kernel_f32_nv(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc, int acc, int nv)
+kernel_f32_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float *bp, float *c,
+                int64_t ldc, int acc, int nv)
 {
     __m512 cv[3][FMR];
 #pragma GCC unroll 8
@@ -28,11 +30,11 @@ kernel_f32_nv(int64_t kc, const float *ap, const float *bp, float *c, int64_t ld
         for (int v = 0; v < nv; v++) bv[v] = _mm512_load_ps(bp + 16 * v);
 #pragma GCC unroll 8
         for (int i = 0; i < FMR; i++) {
-            __m512 av = _mm512_set1_ps(ap[i]);
+            __m512 av = _mm512_set1_ps(ap[i * si]);
 #pragma GCC unroll 3
             for (int v = 0; v < nv; v++) cv[v][i] = _mm512_fmadd_ps(av, bv[v], cv[v][i]);
         }
-        ap += FMR;
+        ap += sk;
         bp += FNR;
     }
 #pragma GCC unroll 8
@@ -44,19 +46,35 @@ kernel_f32_nv(int64_t kc, const float *ap, const float *bp, float *c, int64_t ld
 MP_TARGET_AVX512 static void kernel_f32(int64_t kc, const void *a, const void *b, float *c,
                                         int64_t ldc, int acc)
 {
-    kernel_f32_nv(kc, a, b, c, ldc, acc, 3);
+    kernel_f32_core(kc, a, 1, FMR, b, c, ldc, acc, 3);
 }
 
 MP_TARGET_AVX512 static void kernel_f32_n16(int64_t kc, const void *a, const void *b, float *c,
                                             int64_t ldc, int acc)
 {
-    kernel_f32_nv(kc, a, b, c, ldc, acc, 1);
+    kernel_f32_core(kc, a, 1, FMR, b, c, ldc, acc, 1);
 }
 
 MP_TARGET_AVX512 static void kernel_f32_n32(int64_t kc, const void *a, const void *b, float *c,
                                             int64_t ldc, int acc)
 {
-    kernel_f32_nv(kc, a, b, c, ldc, acc, 2);
+    kernel_f32_core(kc, a, 1, FMR, b, c, ldc, acc, 2);
+}
+
+/* A in place: its rows (sk = 1: one stream per row) or its columns (si = 1:
+ * a panel column is 8 consecutive floats) stand in for the packed panel. */
+MP_TARGET_AVX512 static void kernel_f32_a(int64_t kc, const float *a, int64_t si, int64_t sk,
+                                          const void *b, float *c, int64_t ldc, int acc, int nv)
+{
+    if (sk == 1) {
+        if (nv == 3) kernel_f32_core(kc, a, si, 1, b, c, ldc, acc, 3);
+        else if (nv == 2) kernel_f32_core(kc, a, si, 1, b, c, ldc, acc, 2);
+        else kernel_f32_core(kc, a, si, 1, b, c, ldc, acc, 1);
+    } else {
+        if (nv == 3) kernel_f32_core(kc, a, 1, sk, b, c, ldc, acc, 3);
+        else if (nv == 2) kernel_f32_core(kc, a, 1, sk, b, c, ldc, acc, 2);
+        else kernel_f32_core(kc, a, 1, sk, b, c, ldc, acc, 1);
+    }
 }
 
 /* Up to 8 consecutive elements of a 16/32-bit type widened to f32; lanes past
@@ -146,6 +164,7 @@ const gemm_impl mp_gemm_avx512_impl = {
     .nc = 480,
     .kernel = kernel_f32,
     .narrow = {kernel_f32_n16, kernel_f32_n32},
+    .kernel_a = kernel_f32_a,
     .pack = pack_f32,
     .epilogue = mp_gemm_epilogue_avx512,
 };

@@ -49,6 +49,13 @@ typedef void (*gemm_pack_fn)(const gemm_operand *op, int64_t w0, int64_t nw, int
 typedef void (*gemm_kernel_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                int acc);
 
+/* The microkernel on A read where it lies (float32 format only): element
+ * (i, k) of the MR-row panel at a[i * si + k * sk], one of si, sk being 1;
+ * writes the first 16 * nv columns of the tile (nv = NR / 16: all of it).
+ * Spares packing A when A is float32 with a unit stride. */
+typedef void (*gemm_kernel_a_fn)(int64_t kc, const float *a, int64_t si, int64_t sk, const void *b,
+                                 float *c, int64_t ldc, int acc, int nv);
+
 /* What happens to a finished f32 tile on its way to C. */
 typedef struct {
     float alpha, beta;
@@ -75,6 +82,7 @@ typedef struct {
      * tile (reading the same NR-wide B panel), for panels that are mostly
      * padding; NULL: the full kernel serves. */
     gemm_kernel_fn narrow[2];
+    gemm_kernel_a_fn kernel_a; /* optional */
     gemm_pack_fn pack; /* for both operands */
     gemm_epilogue_fn epilogue;
 } gemm_impl;
