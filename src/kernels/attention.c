@@ -5,9 +5,10 @@
  * columns (s[c] += q[k] * kT[k][c]) and the value sums as updates over the
  * channels, in blocks of CH lanes of constant length (rows padded with
  * zeros to a multiple of CH), so -O2 vectorizes them without reassociating
- * any sum: each sum runs in one fixed order, whatever the vector width. Forward and backward
- * recompute s_ij with the same operations in the same order, so backward's p_ij = exp(s_ij - lse_i)
- * matches the forward's softmax. */
+ * any sum: each sum runs in one fixed order of fused multiply-adds (fmaf,
+ * one rounding per term), whatever the vector width. Forward and backward
+ * recompute s_ij with the same operations in the same order, so backward's
+ * p_ij = exp(s_ij - lse_i) matches the forward's softmax. */
 #include <math.h>
 #include <string.h>
 
@@ -20,26 +21,36 @@
 
 /* The tile loops for each vector width the CPU may have (chosen once at
  * load): the arithmetic, and so every bit of the results, is the same in
- * each (no contraction to FMA in ISO C mode, the same order of operations). */
+ * each (explicit fmaf, exactly rounded everywhere: an FMA instruction in the
+ * AVX-512 and Haswell clones, the C library's in the default one, slow but
+ * the same bits; no other contraction in ISO C mode). */
 #if MP_X86 && defined(__GNUC__) && !defined(__clang__)
-#define TILE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define TILE_CLONES __attribute__((target_clones("avx512f", "arch=haswell", "default")))
 #else
 #define TILE_CLONES
+#endif
+
+/* The loops with products live inside the clones: a copy left out of line
+ * would be built for the default target, where fmaf is a library call. */
+#if defined(__GNUC__)
+#define INLINE static inline __attribute__((always_inline))
+#else
+#define INLINE static inline
 #endif
 
 static size_t pad16(size_t n) { return (n + CH - 1) & ~(size_t)(CH - 1); }
 
 /* y[0..n) = (add ? y : 0) + sum over k < m, in order, of x[k * incx] *
  * a[k * lda + 0..n): each block of CH sums stays in registers over k */
-static inline void gemv_t(float *restrict y, const float *restrict x, int64_t incx,
-                          const float *restrict a, int64_t lda, int64_t m, int64_t n, bool add)
+INLINE void gemv_t(float *restrict y, const float *restrict x, int64_t incx,
+                   const float *restrict a, int64_t lda, int64_t m, int64_t n, bool add)
 {
     for (int64_t i0 = 0; i0 < n; i0 += CH) {
         float acc[CH];
         for (int i = 0; i < CH; i++) acc[i] = add ? y[i0 + i] : 0.0f;
         for (int64_t k = 0; k < m; k++) {
             const float xk = x[k * incx], *ar = a + k * lda + i0;
-            for (int i = 0; i < CH; i++) acc[i] += xk * ar[i];
+            for (int i = 0; i < CH; i++) acc[i] = fmaf(xk, ar[i], acc[i]);
         }
         for (int i = 0; i < CH; i++) y[i0 + i] = acc[i];
     }
@@ -51,8 +62,7 @@ static inline void gemv_t(float *restrict y, const float *restrict x, int64_t in
 /* gemv_t4 for n = 64 on AVX-512: the four rows' 64 sums in 16 registers,
  * so each k loads 4 vectors of a and 4 broadcasts for 16 products (the
  * generic loop reloads a for every 16 columns). The same operations in the
- * same order (a multiply, then an add: no fused multiply-add), so the same
- * bits. */
+ * same order (one fused multiply-add per term), so the same bits. */
 MP_TARGET_AVX512 __attribute__((noinline)) static void
 gemv_t4_64_avx512(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
                   int64_t ldx, const float *restrict a, int64_t lda, int64_t m, bool add)
@@ -67,10 +77,10 @@ gemv_t4_64_avx512(float *restrict y, int64_t ldy, const float *restrict x, int64
                      a2 = _mm512_loadu_ps(ar + 32), a3 = _mm512_loadu_ps(ar + 48);
         for (int j = 0; j < 4; j++) {
             const __m512 xb = _mm512_set1_ps(xk[j * ldx]);
-            c[j][0] = _mm512_add_ps(c[j][0], _mm512_mul_ps(xb, a0));
-            c[j][1] = _mm512_add_ps(c[j][1], _mm512_mul_ps(xb, a1));
-            c[j][2] = _mm512_add_ps(c[j][2], _mm512_mul_ps(xb, a2));
-            c[j][3] = _mm512_add_ps(c[j][3], _mm512_mul_ps(xb, a3));
+            c[j][0] = _mm512_fmadd_ps(xb, a0, c[j][0]);
+            c[j][1] = _mm512_fmadd_ps(xb, a1, c[j][1]);
+            c[j][2] = _mm512_fmadd_ps(xb, a2, c[j][2]);
+            c[j][3] = _mm512_fmadd_ps(xb, a3, c[j][3]);
         }
     }
     for (int j = 0; j < 4; j++)
@@ -93,9 +103,9 @@ static void choose_gemv(void)
  * order, of x[j * ldx + k * incx] * a[k * lda + 0..n) for j < 4. One load
  * of a serves four rows; each row's sums run in gemv_t's order, so the
  * results are its bits. */
-static inline void gemv_t4(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
-                           int64_t ldx, const float *restrict a, int64_t lda, int64_t m, int64_t n,
-                           bool add)
+INLINE void gemv_t4(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
+                    int64_t ldx, const float *restrict a, int64_t lda, int64_t m, int64_t n,
+                    bool add)
 {
 #if MP_X86
     if (n == 64 && wide_gemv) {
@@ -115,10 +125,10 @@ static inline void gemv_t4(float *restrict y, int64_t ldy, const float *restrict
             const float *xk = x + k * incx, *ar = a + k * lda + i0;
             const float x0 = xk[0], x1 = xk[ldx], x2 = xk[2 * ldx], x3 = xk[3 * ldx];
             for (int i = 0; i < CH; i++) {
-                c0[i] += x0 * ar[i];
-                c1[i] += x1 * ar[i];
-                c2[i] += x2 * ar[i];
-                c3[i] += x3 * ar[i];
+                c0[i] = fmaf(x0, ar[i], c0[i]);
+                c1[i] = fmaf(x1, ar[i], c1[i]);
+                c2[i] = fmaf(x2, ar[i], c2[i]);
+                c3[i] = fmaf(x3, ar[i], c3[i]);
             }
         }
         for (int i = 0; i < CH; i++) {
@@ -333,10 +343,9 @@ static void load_query_side(const mp_attn_geom *g, float *Q, float *dO, float *l
  * . v - D) into rows j of p and ds (stride ld); the score and dO . v sums
  * computed four rows at a time over the columns the last row sees, each in
  * row_grads's order of old. */
-static inline void row_grads4(float *p, float *ds, int64_t ld, const float *q, const float *dor,
-                              int64_t dp, const float *KT, const float *VT, int64_t d,
-                              const int64_t *nc, int rows, float scale, const float *ls,
-                              const float *D)
+INLINE void row_grads4(float *p, float *ds, int64_t ld, const float *q, const float *dor,
+                       int64_t dp, const float *KT, const float *VT, int64_t d, const int64_t *nc,
+                       int rows, float scale, const float *ls, const float *D)
 {
     const int64_t n = (int64_t)pad16((size_t)nc[rows - 1]);
     gemv_t4(p, ld, q, 1, dp, KT, TILE, d, n, false);
