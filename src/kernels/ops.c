@@ -236,6 +236,53 @@ void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, fl
     }
 }
 
+/* Row statistics in float64, in LANES interleaved partial sums (element c
+ * goes to lane c % LANES) added up in lane order at the end: a fixed order,
+ * so the same bits on every run and thread count, and loops the compiler
+ * vectorizes (one running sum would chain every add on the last). */
+#define LANES 8
+
+/* The body of a row statistic: eight named lanes (so they stay in
+ * registers and the adds vectorize), element i to lane i % 8, the tail
+ * too, then the lanes added in order. */
+#define LANE_SUM(n, T)                                                                             \
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;                         \
+    int64_t c = 0;                                                                                 \
+    for (; c + LANES <= (n); c += LANES) {                                                         \
+        a0 += T(c);                                                                                \
+        a1 += T(c + 1);                                                                            \
+        a2 += T(c + 2);                                                                            \
+        a3 += T(c + 3);                                                                            \
+        a4 += T(c + 4);                                                                            \
+        a5 += T(c + 5);                                                                            \
+        a6 += T(c + 6);                                                                            \
+        a7 += T(c + 7);                                                                            \
+    }                                                                                              \
+    double *lane[LANES] = {&a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7};                                \
+    for (int j = 0; c + j < (n); j++) *lane[j] += T(c + j);                                        \
+    return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
+
+static double row_sum(const float *x, int64_t n)
+{
+#define T(i) (double)x[i]
+    LANE_SUM(n, T);
+#undef T
+}
+
+static double row_dot(const float *x, const float *y, int64_t n)
+{
+#define T(i) (double)x[i] * y[i]
+    LANE_SUM(n, T);
+#undef T
+}
+
+static double row_sq_dev(const float *x, double mu, int64_t n)
+{
+#define T(i) ((double)x[i] - mu) * ((double)x[i] - mu)
+    LANE_SUM(n, T);
+#undef T
+}
+
 void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const float *beta, float eps,
                       void *y, mp_dtype yt, float *mean, float *rstd, int64_t rows, int64_t cols)
 {
@@ -245,10 +292,7 @@ void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const floa
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             load(buf, x, xt, (size_t)(r * cols), (size_t)cols);
-            double s = 0, s2 = 0;
-            for (int64_t c = 0; c < cols; c++) s += buf[c];
-            double mu = s / (double)cols;
-            for (int64_t c = 0; c < cols; c++) s2 += ((double)buf[c] - mu) * ((double)buf[c] - mu);
+            double mu = row_sum(buf, cols) / (double)cols, s2 = row_sq_dev(buf, mu, cols);
             float m = (float)mu, rs = (float)(1.0 / sqrt(s2 / (double)cols + (double)eps));
             mean[r] = m;
             rstd[r] = rs;
@@ -273,14 +317,11 @@ void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const
         for (int64_t r = 0; r < rows; r++) {
             load(xh, x, xt, (size_t)(r * cols), (size_t)cols);
             load(g, dy, dyt, (size_t)(r * cols), (size_t)cols);
-            double sum_d = 0, sum_dx = 0;
             for (int64_t c = 0; c < cols; c++) {
                 xh[c] = (xh[c] - mean[r]) * rstd[r];
-                float d = g[c] * gamma[c]; /* gradient w.r.t. the normalised value */
-                g[c] = d;
-                sum_d += d;
-                sum_dx += (double)d * xh[c];
+                g[c] *= gamma[c]; /* gradient w.r.t. the normalised value */
             }
+            const double sum_d = row_sum(g, cols), sum_dx = row_dot(g, xh, cols);
             float md = (float)(sum_d / (double)cols), mdx = (float)(sum_dx / (double)cols);
             for (int64_t c = 0; c < cols; c++) g[c] = rstd[r] * (g[c] - md - xh[c] * mdx);
             store(dx, dxt, (size_t)(r * cols), g, (size_t)cols);
