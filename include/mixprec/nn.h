@@ -430,7 +430,10 @@ uint64_t mp_model_weight_refreshes(const mp_model *m);
 /* The arenas' figures of the last forward/backward. */
 size_t mp_model_activation_bytes(const mp_model *m);
 size_t mp_model_workspace_bytes(const mp_model *m);
-/* The tensor a node produced in the last forward (NULL if none). */
+/* The tensor a node produced in the last forward (NULL if none). An output
+ * no backward reads in full (a relu Dense or LayerNormalization whose
+ * consumers are all float8 layers, which keep its codes) lives only until
+ * the backward begins: NULL after it. */
 const mp_tensor *mp_model_node_output(const mp_model *m, mp_node node);
 /* The gradient reaching a node in the last backward (NULL if none). */
 const mp_tensor *mp_model_node_grad(const mp_model *m, mp_node node);

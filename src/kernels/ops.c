@@ -121,6 +121,38 @@ void mp_op_activation_grad(mp_activation act, const void *saved, mp_dtype st, co
     }
 }
 
+/* CHUNK is a multiple of 8: each chunk owns whole mask bytes. */
+void mp_op_positive_mask(const void *y, mp_dtype yt, uint8_t *mask, size_t n)
+{
+    const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (chunks > 8)
+    for (long long c = 0; c < chunks; c++) {
+        float s[CHUNK];
+        size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
+        load(s, y, yt, off, len);
+        for (size_t i = 0; i < len; i += 8) {
+            unsigned bits = 0;
+            for (size_t b = 0; b < 8 && i + b < len; b++) bits |= (unsigned)(s[i + b] > 0.0f) << b;
+            mask[(off + i) / 8] = (uint8_t)bits;
+        }
+    }
+}
+
+void mp_op_mask_grad(const uint8_t *mask, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
+                     size_t n)
+{
+    const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static) if (chunks > 8)
+    for (long long c = 0; c < chunks; c++) {
+        float g[CHUNK];
+        size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
+        load(g, dy, dyt, off, len);
+        for (size_t i = 0; i < len; i++) /* as act_d: a product, so -0 and NaN as there */
+            g[i] *= (mask[(off + i) / 8] >> ((off + i) % 8)) & 1u ? 1.0f : 0.0f;
+        store(dx, dxt, off, g, len);
+    }
+}
+
 void mp_op_softmax(const void *x, mp_dtype xt, void *y, mp_dtype yt, int64_t rows, int64_t cols)
 {
 #pragma omp parallel if (rows * cols > 65536)

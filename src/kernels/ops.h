@@ -14,6 +14,13 @@ bool mp_op_activation_grad_needs_input(mp_activation act);
 /* dx = dy * act'(.), `saved` being x or y as above. */
 void mp_op_activation_grad(mp_activation act, const void *saved, mp_dtype st, const void *dy,
                            mp_dtype dyt, void *dx, mp_dtype dxt, size_t n);
+/* Bit i of mask (least significant first in each byte) = y[i] > 0: all a
+ * relu's derivative reads of its output, in (n + 7) / 8 bytes. */
+void mp_op_positive_mask(const void *y, mp_dtype yt, uint8_t *mask, size_t n);
+/* dx = dy * (bit i of mask ? 1 : 0): the relu gradient from that mask, the
+ * bits mp_op_activation_grad(MP_ACT_RELU, y, ...) gives (-0 and NaN alike). */
+void mp_op_mask_grad(const uint8_t *mask, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
+                     size_t n);
 /* Row-wise softmax over `cols`, float32 inside with the row max subtracted. */
 void mp_op_softmax(const void *x, mp_dtype xt, void *y, mp_dtype yt, int64_t rows, int64_t cols);
 /* dx = y * (dy - sum(dy * y)) row-wise. */

@@ -206,10 +206,16 @@ static mp_quant_input kernel_input(const mp_model_param *w, int k_axis)
                      w->master ? MP_F32 : w->weight_dtype, w->n, w->shape[w->ndim - 1], k_axis);
 }
 
+bool mp_float8_compact_input(const mp_model *m, const mp_layer *l, int j)
+{
+    (void)m; /* decided by the plan, before the metas exist */
+    return j == 0 && l->fp8_active && mp_quantizer_float8.pass_invariant;
+}
+
 bool mp_float8_keeps_input(const mp_model *m, const mp_layer *l, int64_t batch)
 {
     return mp_quant_layer_metas(m, l)->ops->pass_invariant &&
-           mp_layer_kept_input_bytes(m, l, 0, batch) > 0;
+           (mp_layer_csrc(m, l, 0)->out_dropped || mp_layer_kept_input_bytes(m, l, 0, batch) > 0);
 }
 
 size_t mp_float8_input_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)

@@ -29,6 +29,17 @@
 
 #include "nn/model_internal.h"
 
+/* What a layer's backward reads of its own output. An output that no
+ * backward reads in full (its own reads at most its sign; every consumer
+ * keeps a compact form of it) is "dropped": it lives only through the
+ * forward, in the gradient arena (unused until backward), and the layer
+ * keeps a bit mask when it needs the sign. */
+typedef enum {
+    MP_OUTPUT_READ = 0, /* all of it */
+    MP_OUTPUT_SIGN,     /* only whether each element is > 0 (relu) */
+    MP_OUTPUT_UNREAD,   /* nothing */
+} mp_output_use;
+
 struct mp_layer_ops {
     const char *class_name; /* Keras class: "Dense" */
     const char *base_name;  /* default names: "dense", "dense_1", ... */
@@ -64,6 +75,13 @@ struct mp_layer_ops {
     mp_status (*decode_reset)(mp_model *m, mp_layer *l, int64_t capacity);
     /* optional: free what the layer allocated outside the arenas */
     void (*release)(mp_layer *l);
+    /* optional, dropped outputs (model.c plans them): what its backward
+     * reads of its own output (NULL: all of it, so it is kept) */
+    mp_output_use (*output_use)(const mp_layer *l);
+    /* optional: whether its forward keeps a compact form of its own of
+     * input j (float8 codes), so that no backward reads the producer's
+     * output (NULL: never) */
+    bool (*compact_input)(const mp_model *m, const mp_layer *l, int j);
 };
 
 /* ------------------------------------------------------------- registry */
@@ -123,6 +141,15 @@ mp_status mp_layer_nomem(const mp_layer *l, const char *what);
 /* A [batch, shape_of's shape] tensor in dtype t from arena a. */
 mp_status mp_layer_alloc(mp_model *m, const mp_layer *shape_of, mp_arena *a, mp_dtype t,
                          mp_tensor *out);
+/* l->out, [batch, l's shape] in dtype t: in the activation arena, or in
+ * the gradient arena when the output is dropped (l->out_dropped). */
+mp_status mp_layer_alloc_output(mp_model *m, mp_layer *l, mp_dtype t);
+/* Bytes the activation arena keeps of l's output (of n elements of dtype
+ * t): all of it; a dropped one nothing, or its sign mask when `sign`. */
+size_t mp_layer_output_saved_bytes(const mp_layer *l, int64_t n, mp_dtype t, bool sign);
+/* The sign mask of l's output (mp_op_positive_mask), in the activation
+ * arena, for a backward that reads only that of a dropped output. */
+mp_status mp_layer_keep_sign(mp_model *m, mp_layer *l, uint8_t **mask);
 /* Input j of l in l's compute dtype: a view when it already is, else a cast
  * copy. keep: it must last until backward (activation arena; user data is
  * always copied, it may change). */

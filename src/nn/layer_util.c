@@ -22,6 +22,27 @@ mp_status mp_layer_alloc(mp_model *m, const mp_layer *shape_of, mp_arena *a, mp_
     return mp_tensor_from_arena(out, a, t, shape_of->ndim + 1, shape);
 }
 
+mp_status mp_layer_alloc_output(mp_model *m, mp_layer *l, mp_dtype t)
+{
+    if (mp_layer_alloc(m, l, l->out_dropped ? m->ws : m->act, t, &l->out))
+        return mp_layer_nomem(l, "its output");
+    return MP_OK;
+}
+
+size_t mp_layer_output_saved_bytes(const mp_layer *l, int64_t n, mp_dtype t, bool sign)
+{
+    if (!l->out_dropped) return arena_bytes((size_t)n * mp_dtype_size(t));
+    return sign ? arena_bytes(((size_t)n + 7) / 8) : 0;
+}
+
+mp_status mp_layer_keep_sign(mp_model *m, mp_layer *l, uint8_t **mask)
+{
+    size_t n = (size_t)mp_tensor_numel(&l->out);
+    if (!(*mask = mp_arena_alloc(m->act, (n + 7) / 8))) return mp_layer_nomem(l, "its sign mask");
+    mp_op_positive_mask(l->out.data, l->out.dtype, *mask, n);
+    return MP_OK;
+}
+
 mp_status mp_layer_input_compute(mp_model *m, mp_layer *l, int j, bool keep, mp_tensor *out)
 {
     const mp_layer *src = mp_layer_csrc(m, l, j);

@@ -213,6 +213,31 @@ mp_node mp_layer_create(mp_model *m, const mp_layer_ops *ops, const mp_node *inp
 
 static mp_status create_arenas(mp_model *m, int64_t max_batch);
 
+/* Which outputs no backward reads in full (layer.h, mp_output_use): the
+ * layer's own backward reads at most their sign, and every consumer keeps
+ * a compact form of its own. The model's output is always kept (the loss
+ * reads it). Runs after the float8 plan, on which compact forms depend. */
+static void plan_dropped_outputs(mp_model *m)
+{
+    for (int i = 0; i < m->nlayers; i++) {
+        mp_layer *l = &m->layers[i];
+        l->out_dropped = false;
+        if (!l->reachable || !l->ops->backward || i == m->output || !l->ops->output_use ||
+            l->ops->output_use(l) == MP_OUTPUT_READ)
+            continue;
+        bool ok = true, read = false;
+        for (int k = i + 1; k < m->nlayers && ok; k++) {
+            const mp_layer *c = &m->layers[k];
+            for (int j = 0; c->reachable && j < c->ninputs && ok; j++) {
+                if (c->inputs[j] != i) continue;
+                read = true;
+                ok = c->ops->compact_input && c->ops->compact_input(m, c, j);
+            }
+        }
+        l->out_dropped = ok && read;
+    }
+}
+
 mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
 {
     if (sticky(m)) return m->err;
@@ -241,6 +266,7 @@ mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
     m->output = output;
     m->max_batch = max_batch;
     mp_float8_model_plan(m);
+    plan_dropped_outputs(m);
     for (int i = 0; i < m->nlayers; i++)
         if (mp_model_init_params(m, &m->layers[i])) return m->err;
     if (mp_float8_model_setup(m)) return mp_model_fail(m, MP_ERR_NOMEM, "%s", mp_last_error());
@@ -254,6 +280,8 @@ mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
  * output needs) and one layer's temporaries (the largest). */
 static mp_status create_arenas(mp_model *m, int64_t max_batch)
 {
+    /* the gradient arena also holds the dropped outputs during forward,
+     * each no bigger than its gradient (l->out_dtype), so grads covers them */
     size_t act = 0, grads = 0, tmp = 0;
     for (int i = 0; i < m->nlayers; i++) {
         const mp_layer *l = &m->layers[i];
@@ -418,7 +446,10 @@ static mp_status begin_backward(mp_model *m)
         return mp_set_error(MP_ERR_INVALID, "model: backward without a forward pass");
     mp_arena_reset(m->ws);
     mp_arena_reset(m->tmp);
-    for (int i = 0; i < m->nlayers; i++) m->layers[i].has_grad = false;
+    for (int i = 0; i < m->nlayers; i++) {
+        m->layers[i].has_grad = false;
+        if (m->layers[i].out_dropped) m->layers[i].has_out = false; /* gradients go there now */
+    }
     return MP_OK;
 }
 

@@ -33,6 +33,8 @@ struct mp_layer {
     mp_tensor out;  /* output (activation arena, or a view) */
     mp_tensor grad; /* gradient w.r.t. the output (workspace arena) */
     bool has_out, has_grad;
+    /* its output lives only through the forward (layer.h, mp_output_use) */
+    bool out_dropped;
     /* float8 (kinds whose ops->float8 is set; nn/fp8_model.c): the
      * recipe's settings, the layer's choice (0 as the policy says, 1 on, -1
      * off), whether build made it compute in float8 and its first meta */

@@ -138,9 +138,12 @@ void mp_float8_model_restore(mp_model *m, int i, const void *history, mp_dtype h
  * say float8 for history), for kinds with one GEMM input, one kernel and
  * the reduction over the input's last axis (Dense; Conv2D through its
  * patches). Tensors are seen as matrices over their last axis. */
-/* Whether its forward keeps the input's compact form (the input would be
- * copied otherwise and one operand serves every pass); the activation
+/* Whether it can keep input j's compact form (ops->compact_input: a
+ * float8 layer's input 0, one operand serving every pass), known at plan.
+ * Whether its forward keeps it (the input would be copied otherwise, or
+ * its producer drops it; layer.h); the activation
  * bytes of its input; its temporaries beyond the kind's own. */
+bool mp_float8_compact_input(const mp_model *m, const mp_layer *l, int j);
 bool mp_float8_keeps_input(const mp_model *m, const mp_layer *l, int64_t batch);
 size_t mp_float8_input_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
 size_t mp_float8_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch);

@@ -8,10 +8,13 @@
  * x (in the compute dtype) and W (from its float32 master) per tensor in
  * E4M3, dz in E5M2 (HYBRID) or E4M3, their fp8 values decoded exactly to
  * bfloat16, each GEMM's result multiplied by the product of its operands'
- * 1/scale in the epilogue; db stays the float32 column sum of dz. What the forward keeps of x for
- * dW: its fp8 codes (one byte an element) when x would otherwise be copied (data, another dtype);
- * when x is a tensor the producer keeps anyway, nothing, and backward
- * quantizes it again with the forward's scale (the same codes). Everything
+ * 1/scale in the epilogue; db stays the float32 column sum of dz. What
+ * the forward keeps of x for dW: its fp8 codes (one byte an element) when
+ * x would otherwise be copied (data, another dtype) or its producer drops
+ * it (layer.h: no backward reads it in full); when x is a tensor the
+ * producer keeps anyway, nothing, and backward quantizes it again with the
+ * forward's scale (the same codes). A relu Dense whose output is dropped
+ * keeps y > 0 as a bit mask for its derivative instead of y. Everything
  * goes through the quantizer's table (nn/quant.h), which also serves one
  * whose operands differ per pass: in MX (nn/mx_quant.c) each of the three
  * GEMMs gets x, W and dz in blocks along its own reduction axis, decoded
@@ -32,9 +35,19 @@ typedef struct {
      * `in` again) and the kernel's operand */
     const void *xs;
     mp_quant_operand wq;
+    uint8_t *sign; /* relu with a dropped output (layer.h): y > 0 as bits */
 } dense_state;
 
 static bool keeps_pre(const dense_config *c) { return mp_op_activation_grad_needs_input(c->act); }
+
+/* What backward reads of y: nothing (no activation, or one whose
+ * derivative takes the pre-activation), its sign (relu), else all. */
+static mp_output_use dense_output_use(const mp_layer *l)
+{
+    const dense_config *c = l->config;
+    if (c->act == MP_ACT_NONE || keeps_pre(c)) return MP_OUTPUT_UNREAD;
+    return c->act == MP_ACT_RELU ? MP_OUTPUT_SIGN : MP_OUTPUT_READ;
+}
 
 static mp_status dense_build(mp_model *m, mp_layer *l)
 {
@@ -57,10 +70,13 @@ static mp_status dense_build(mp_model *m, mp_layer *l)
 
 static size_t dense_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
-    size_t out = arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
+    int64_t n = layer_numel(l, batch);
+    size_t pre = arena_bytes((size_t)n * mp_dtype_size(l->policy.compute));
+    size_t out =
+        mp_layer_output_saved_bytes(l, n, l->policy.compute, dense_output_use(l) == MP_OUTPUT_SIGN);
     size_t in = mp_layer_quantized(l) ? mp_float8_input_saved_bytes(m, l, batch) /* its codes */
                                       : mp_layer_kept_input_bytes(m, l, 0, batch);
-    return in + out + (keeps_pre(l->config) ? out : 0);
+    return in + out + (keeps_pre(l->config) ? pre : 0);
 }
 
 static size_t dense_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
@@ -87,7 +103,7 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
         return MP_ERR_NOMEM;
     }
     if (!xo.data) xo.data = st->in.data;
-    if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
+    if (mp_layer_alloc_output(m, l, ct)) return MP_ERR_NOMEM;
     const float *bias = b->master;
     if (!bias) { /* pure low-precision policy: widen the bias for the epilogue */
         float *tmp = mp_arena_alloc(m->tmp, (size_t)c->units * sizeof(float));
@@ -123,6 +139,9 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     if (s) return s;
     if (!fuse)
         mp_op_activation(c->act, z->data, ct, l->out.data, ct, (size_t)mp_tensor_numel(&l->out));
+    st->sign = NULL;
+    if (l->out_dropped && dense_output_use(l) == MP_OUTPUT_SIGN)
+        return mp_layer_keep_sign(m, l, &st->sign);
     return MP_OK;
 }
 
@@ -139,8 +158,11 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
         if (mp_layer_alloc(m, l, m->tmp, ct, &dz))
             return mp_layer_nomem(l, "its pre-activation gradient");
         const mp_tensor *saved = keeps_pre(c) ? &st->pre : &l->out;
-        mp_op_activation_grad(c->act, saved->data, ct, g->data, g->dtype, dz.data, ct,
-                              (size_t)mp_tensor_numel(&dz));
+        if (st->sign)
+            mp_op_mask_grad(st->sign, g->data, g->dtype, dz.data, ct, (size_t)mp_tensor_numel(&dz));
+        else
+            mp_op_activation_grad(c->act, saved->data, ct, g->data, g->dtype, dz.data, ct,
+                                  (size_t)mp_tensor_numel(&dz));
     }
     mp_float8_grad_operands q = {{st->in.data, ct, 1.0f},
                                  {dz.data, dz.dtype, 1.0f},
@@ -227,6 +249,8 @@ const mp_layer_ops mp_dense_ops = {
     .workspace_bytes = dense_workspace_bytes,
     .to_json = dense_to_json,
     .from_json = dense_from_json,
+    .output_use = dense_output_use,
+    .compact_input = mp_float8_compact_input,
 };
 
 mp_node mp_dense(mp_model *m, mp_node x, int64_t units, mp_activation act,

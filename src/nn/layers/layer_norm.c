@@ -1,7 +1,8 @@
 /* layer_norm.c - LayerNormalization over the last axis: statistics in
  * float32 from float64 sums under every policy, gamma and beta read as
  * float32 (no compute copy); the input, mean and 1/std are kept for
- * backward. */
+ * backward, which never reads the output (so consumers that keep their
+ * own compact form of it let the model drop it; layer.h). */
 #include "kernels/ops.h"
 #include "nn/layer.h"
 
@@ -31,8 +32,14 @@ static size_t layer_norm_saved_bytes(const mp_model *m, const mp_layer *l, int64
 {
     int64_t n = layer_numel(l, batch), rows = n / layer_cols(l);
     return mp_layer_kept_input_bytes(m, l, 0, batch) +
-           arena_bytes((size_t)n * mp_dtype_size(l->policy.compute)) +
+           mp_layer_output_saved_bytes(l, n, l->policy.compute, false) +
            2 * arena_bytes((size_t)rows * sizeof(float));
+}
+
+static mp_output_use layer_norm_output_use(const mp_layer *l)
+{
+    (void)l;
+    return MP_OUTPUT_UNREAD;
 }
 
 static mp_status layer_norm_forward(mp_model *m, mp_layer *l, bool training)
@@ -42,7 +49,7 @@ static mp_status layer_norm_forward(mp_model *m, mp_layer *l, bool training)
     layer_norm_state *st = l->state;
     mp_dtype ct = l->policy.compute;
     if (mp_layer_input_compute(m, l, 0, true, &st->in)) return MP_ERR_NOMEM;
-    if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
+    if (mp_layer_alloc_output(m, l, ct)) return MP_ERR_NOMEM;
     int64_t cols = layer_cols(l), rows = mp_tensor_numel(&l->out) / cols;
     st->mean = mp_arena_alloc(m->act, (size_t)rows * sizeof(float));
     st->rstd = mp_arena_alloc(m->act, (size_t)rows * sizeof(float));
@@ -99,6 +106,7 @@ const mp_layer_ops mp_layer_norm_ops = {
     .saved_bytes = layer_norm_saved_bytes,
     .to_json = layer_norm_to_json,
     .from_json = layer_norm_from_json,
+    .output_use = layer_norm_output_use,
 };
 
 mp_node mp_layer_norm(mp_model *m, mp_node x, float epsilon, const mp_layer_options *o)

@@ -1,0 +1,189 @@
+/* test_dropped_output.c - outputs no backward reads in full (nn/layer.h,
+ * mp_output_use): a relu Dense whose consumers are float8 layers keeps a
+ * bit mask of y > 0 instead of y, its y living only through the forward.
+ * The mask's relu gradient against the relu derivative of the elementwise
+ * op, bit for bit on every kind of value (negative zero and NaN included);
+ * a float8 MLP whose relu Dense layers drop their outputs trains to the
+ * same bits as the same MLP with each relu a separate Activation layer
+ * (whose output is kept, and which the float8 layers quantize again in
+ * backward), while keeping less: the plan says how much and the arena
+ * agrees. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "kernels/ops.h"
+
+/* ------------------------------------------------------- the mask ops */
+
+static float special(test_rng *r)
+{
+    static const float s[] = {0.0f, -0.0f, 1e-40f, -1e-40f, INFINITY, -INFINITY, NAN, -NAN};
+    uint32_t u = test_rng_u32(r);
+    return u % 4 == 0 ? s[(u >> 2) % 8] : (float)test_rng_uniform(r, -2, 2);
+}
+
+static void test_mask_grad_is_relu_grad(void **state)
+{
+    (void)state;
+    /* more than 8 chunks of 2048 (the parallel path) and not a multiple of 8 */
+    const size_t n = 8 * 2048 * 3 + 5;
+    const mp_dtype types[] = {MP_F32, MP_BF16};
+    float *y = malloc(n * sizeof *y), *dy = malloc(n * sizeof *dy);
+    uint8_t *mask = malloc((n + 7) / 8);
+    char *yt = malloc(n * 4), *dyt = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
+    assert_true(y && dy && mask && yt && dyt && a && b);
+    test_rng r = {7};
+    for (size_t i = 0; i < n; i++) {
+        y[i] = special(&r);
+        dy[i] = special(&r);
+    }
+    for (int t = 0; t < 2; t++) {
+        size_t es = mp_dtype_size(types[t]);
+        mp_convert(yt, types[t], y, MP_F32, n);
+        mp_convert(dyt, types[t], dy, MP_F32, n);
+        memset(mask, 0xA5, (n + 7) / 8);
+        mp_op_positive_mask(yt, types[t], mask, n);
+        for (size_t i = 0; i < n; i++) { /* the mask against the test's own y > 0 */
+            float v;
+            mp_convert(&v, MP_F32, yt + i * es, types[t], 1);
+            assert_int_equal((mask[i / 8] >> (i % 8)) & 1, v > 0.0f);
+        }
+        mp_op_mask_grad(mask, dyt, types[t], a, types[t], n);
+        mp_op_activation_grad(MP_ACT_RELU, yt, types[t], dyt, types[t], b, types[t], n);
+        assert_memory_equal(a, b, n * es);
+    }
+    free(y), free(dy), free(mask), free(yt), free(dyt), free(a), free(b);
+}
+
+/* ------------------------------------------- a float8 MLP, two ways */
+
+enum { B = 8, IN = 24, H = 32, OUT = 3, STEPS = 4 };
+
+/* input, 2 hidden relu layers, a linear one, softmax (float32); every
+ * Dense in float8 (HYBRID, delayed). fused: relu inside the Dense (which
+ * then drops its output); else Dense then a separate relu Activation.
+ * Seeds per layer, so that both draw the same weights. */
+static mp_model *mlp(bool fused)
+{
+    mp_model *m = mp_model_new_with_policy(5, "mixed_bfloat16");
+    mp_node x = mp_input(m, 1, (int64_t[]){IN}, NULL);
+    for (int i = 0; i < 3; i++) {
+        bool hidden = i < 2;
+        mp_layer_options o = {.float8 = 1, .seed = 100 + (uint64_t)i};
+        x = mp_dense(m, x, hidden ? H : OUT, hidden && fused ? MP_ACT_RELU : MP_ACT_NONE, &o);
+        if (hidden && !fused) x = mp_activation_layer(m, x, MP_ACT_RELU, NULL);
+    }
+    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+    assert_int_equal(mp_model_build(m, x, B), MP_OK);
+    assert_int_equal(mp_model_compile(m, NULL), MP_OK);
+    return m;
+}
+
+static void check_plan_and_arena(mp_model *m, const mp_tensor *tx)
+{
+    mp_memory_plan plan;
+    assert_int_equal(mp_model_memory_plan(m, B, 0, &plan), MP_OK);
+    assert_int_equal(mp_model_forward(m, tx, true, NULL), MP_OK);
+    assert_int_equal(mp_model_activation_bytes(m), plan.activations);
+}
+
+static void test_same_training_less_kept(void **state)
+{
+    (void)state;
+    mp_model *m[2] = {mlp(true), mlp(false)};
+    float x[STEPS][B * IN];
+    int32_t y[STEPS][B];
+    test_rng r = {11};
+    for (int s = 0; s < STEPS; s++)
+        for (int i = 0; i < B * IN; i++) x[s][i] = (float)test_rng_uniform(&r, -1, 1);
+    for (int s = 0; s < STEPS; s++)
+        for (int i = 0; i < B; i++) y[s][i] = (i + s) % OUT;
+    mp_tensor tx[STEPS];
+    for (int s = 0; s < STEPS; s++) mp_tensor_wrap(&tx[s], MP_F32, 2, (int64_t[]){B, IN}, x[s]);
+
+    /* what the fused model keeps: per hidden Dense a mask (H bits a sample,
+     * one arena granule of 64 bytes at B = 8) for its bf16 output; the
+     * consumer keeps H fp8 codes a sample for the bf16 input it would read */
+    mp_layer_info fused, sep, relu;
+    assert_int_equal(mp_model_layer_info(m[0], 1, B, &fused), MP_OK);
+    assert_int_equal(mp_model_layer_info(m[1], 1, B, &sep), MP_OK);
+    assert_int_equal(mp_model_layer_info(m[1], 2, B, &relu), MP_OK);
+    assert_true(fused.float8 && sep.float8);
+    assert_int_equal(fused.saved_bytes, B * IN /* the input's codes */ + 64 /* the mask */);
+    assert_int_equal(sep.saved_bytes, B * IN + B * H * 2 /* its output */);
+    assert_int_equal(relu.saved_bytes, B * H * 2);
+    mp_layer_info next;
+    assert_int_equal(mp_model_layer_info(m[0], 2, B, &next), MP_OK);
+    assert_int_equal(next.saved_bytes, B * H /* codes */ + 64);
+    for (int k = 0; k < 2; k++) check_plan_and_arena(m[k], &tx[0]);
+    assert_true(mp_model_activation_bytes(m[0]) < mp_model_activation_bytes(m[1]));
+
+    /* the dropped output is there through the forward, not after backward */
+    assert_non_null(mp_model_node_output(m[0], 1));
+    for (int s = 0; s < STEPS; s++) {
+        mp_step_result res[2];
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(mp_model_train_step(m[k], &tx[s], y[s], NULL, &res[k]), MP_OK);
+            assert_true(res[k].applied);
+        }
+        assert_memory_equal(&res[0].loss, &res[1].loss, sizeof res[0].loss);
+    }
+    assert_null(mp_model_node_output(m[0], 1));
+    assert_non_null(mp_model_node_output(m[1], 2));
+
+    /* the same parameters (in the same order: Activation has none) and the
+     * same recipe state, bit for bit */
+    assert_int_equal(mp_model_num_params(m[0]), mp_model_num_params(m[1]));
+    for (int i = 0; i < mp_model_num_params(m[0]); i++) {
+        const mp_model_param *a = mp_model_get_param(m[0], i), *b = mp_model_get_param(m[1], i);
+        assert_int_equal(a->n, b->n);
+        assert_memory_equal(a->master, b->master, (size_t)a->n * sizeof(float));
+    }
+    assert_int_equal(mp_model_float8_num_tensors(m[0]), mp_model_float8_num_tensors(m[1]));
+    for (int i = 0; i < mp_model_float8_num_tensors(m[0]); i++) {
+        mp_float8_tensor_info a, b;
+        assert_int_equal(mp_model_float8_tensor(m[0], i, &a), MP_OK);
+        assert_int_equal(mp_model_float8_tensor(m[1], i, &b), MP_OK);
+        assert_memory_equal(&a.scale, &b.scale, sizeof a.scale);
+        assert_memory_equal(a.history, b.history,
+                            (size_t)a.params.amax_history_len * sizeof(float));
+    }
+    mp_model_free(m[0]);
+    mp_model_free(m[1]);
+}
+
+/* A consumer that reads the output itself (a bfloat16 Dense, not float8)
+ * keeps it: nothing is dropped, and the relu Dense keeps its output. */
+static void test_kept_when_read(void **state)
+{
+    (void)state;
+    mp_model *m = mp_model_new_with_policy(5, "mixed_bfloat16");
+    mp_node x = mp_input(m, 1, (int64_t[]){IN}, NULL);
+    mp_node h = mp_dense(m, x, H, MP_ACT_RELU, NULL);
+    mp_node a = mp_dense(m, h, H, MP_ACT_NONE, &(mp_layer_options){.float8 = 1});
+    mp_node b = mp_dense(m, h, H, MP_ACT_NONE, &(mp_layer_options){.float8 = -1});
+    mp_node y = mp_add(m, a, b, NULL);
+    assert_int_equal(mp_model_build(m, y, B), MP_OK);
+    mp_layer_info li;
+    assert_int_equal(mp_model_layer_info(m, (int)h, B, &li), MP_OK);
+    assert_int_equal(li.saved_bytes, B * IN * 2 /* bf16 input copy */ + B * H * 2);
+    assert_int_equal(mp_model_layer_info(m, (int)a, B, &li), MP_OK);
+    assert_int_equal(li.saved_bytes, B * H * 2 /* its output only: it reads h again */);
+    float data[B * IN] = {0};
+    mp_tensor tx;
+    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){B, IN}, data);
+    check_plan_and_arena(m, &tx);
+    mp_model_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mask_grad_is_relu_grad),
+        cmocka_unit_test(test_same_training_less_kept),
+        cmocka_unit_test(test_kept_when_read),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
