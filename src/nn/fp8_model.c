@@ -3,8 +3,9 @@
  * first and last float8-capable layer; the same edges for MX, whose layers
  * nn/mx_quant.c decides), their quantized tensors (three each: input,
  * kernel, grad_output), the commit after a training step, the public views
- * of that state, the layer settings as JSON, and the steps every quantized
- * layer (float8 or MX) runs through the quantizer's table. */
+ * of that state and the layer settings as JSON. The steps every quantized
+ * layer (float8 or MX) runs through the quantizer's table are in
+ * quant_steps.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,17 +18,6 @@ static bool layer_active(const mp_layer *l, bool edge)
     if (!l->ops->float8 || !l->reachable || l->fp8_mode < 0) return false;
     if (l->fp8_mode > 0) return true;
     return l->policy.float8 && !(edge && l->fp8_params.keep_first_last);
-}
-
-/* Bytes of the kernel's operand: the kernel seen as [n / last, last]. */
-static size_t kernel_operand_bytes(const mp_model *m, const mp_layer *l, const mp_quantizer *q)
-{
-    for (int j = 0; j < l->nparams; j++) {
-        const mp_model_param *p = &m->params[l->param_first + j].p;
-        int64_t last = p->shape[p->ndim - 1];
-        if (p->role == MP_ROLE_KERNEL) return q->operand_bytes(p->n / last, last);
-    }
-    return 0;
 }
 
 void mp_float8_model_plan(mp_model *m)
@@ -55,7 +45,8 @@ void mp_float8_model_plan(mp_model *m)
 mp_status mp_float8_model_setup(mp_model *m)
 {
     int n = 0;
-    for (int i = 0; i < m->nlayers; i++) n += m->layers[i].fp8_active;
+    for (int i = 0; i < m->nlayers; i++)
+        n += m->layers[i].fp8_active * mp_quant_gemms(&m->layers[i]);
     if (!n) return mp_mx_model_setup(m);
     m->fp8 = calloc((size_t)n * MP_FLOAT8_ROLES, sizeof *m->fp8);
     if (!m->fp8) return mp_set_error(MP_ERR_NOMEM, "float8: out of memory");
@@ -63,17 +54,20 @@ mp_status mp_float8_model_setup(mp_model *m)
         mp_layer *l = &m->layers[i];
         if (!l->fp8_active) continue;
         l->fp8_first = m->nfp8;
-        for (int r = 0; r < MP_FLOAT8_ROLES; r++) {
-            mp_float8_meta *q = &m->fp8[m->nfp8];
-            mp_status s = mp_float8_meta_init(q, l->name, (mp_float8_role)r, &l->fp8_params);
-            if (s) return s;
-            m->nfp8++;
+        for (int g = 0; g < mp_quant_gemms(l); g++) {
+            for (int r = 0; r < MP_FLOAT8_ROLES; r++) {
+                mp_float8_meta *q = &m->fp8[m->nfp8];
+                mp_status s = mp_float8_meta_init(q, l->name, (mp_float8_role)r, &l->fp8_params);
+                if (s) return s;
+                mp_quant_meta_name(q, l, g);
+                m->nfp8++;
+            }
+            /* the kernel's operand lives as long as the model (counted as weights) */
+            mp_float8_meta *w = &m->fp8[m->nfp8 - MP_FLOAT8_ROLES + MP_FLOAT8_WEIGHT];
+            w->codes_n = mp_quant_kernel_bytes(mp_quant_kernel(m, l, g), w->ops);
+            if (w->codes_n && !(w->codes = mp_alloc(w->codes_n, MP_MEM_WEIGHTS)))
+                return mp_set_error(MP_ERR_NOMEM, "float8: out of memory for '%s'", w->name);
         }
-        /* the kernel's operand lives as long as the model (counted as weights) */
-        mp_float8_meta *w = &m->fp8[l->fp8_first + MP_FLOAT8_WEIGHT];
-        w->codes_n = kernel_operand_bytes(m, l, w->ops);
-        if (w->codes_n && !(w->codes = mp_alloc(w->codes_n, MP_MEM_WEIGHTS)))
-            return mp_set_error(MP_ERR_NOMEM, "float8: out of memory for '%s'", w->name);
     }
     return mp_mx_model_setup(m);
 }
@@ -190,106 +184,4 @@ void mp_float8_model_restore(mp_model *m, int i, const void *history, mp_dtype h
     mp_convert(&s, MP_F32, scale, st, 1);
     mp_convert(q->history, MP_F32, history, ht, (size_t)q->params.amax_history_len);
     mp_float8_meta_set_history(q, q->history, s);
-}
-
-/* ------------------------------------ a quantized layer's steps */
-
-/* A tensor [..., last] as the matrix [numel / last, last]. */
-static mp_quant_input as_matrix(const void *x, mp_dtype t, int64_t numel, int64_t last, int k_axis)
-{
-    return (mp_quant_input){x, t, numel / last, last, k_axis};
-}
-
-static mp_quant_input kernel_input(const mp_model_param *w, int k_axis)
-{
-    return as_matrix(w->master ? (const void *)w->master : w->weight,
-                     w->master ? MP_F32 : w->weight_dtype, w->n, w->shape[w->ndim - 1], k_axis);
-}
-
-bool mp_float8_compact_input(const mp_model *m, const mp_layer *l, int j)
-{
-    (void)m; /* decided by the plan, before the metas exist */
-    return j == 0 && l->fp8_active && mp_quantizer_float8.pass_invariant;
-}
-
-bool mp_float8_keeps_input(const mp_model *m, const mp_layer *l, int64_t batch)
-{
-    return mp_quant_layer_metas(m, l)->ops->pass_invariant &&
-           (mp_layer_csrc(m, l, 0)->out_dropped || mp_layer_kept_input_bytes(m, l, 0, batch) > 0);
-}
-
-size_t mp_float8_input_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
-{
-    if (!mp_float8_keeps_input(m, l, batch)) return mp_layer_kept_input_bytes(m, l, 0, batch);
-    const mp_layer *src = mp_layer_csrc(m, l, 0);
-    int64_t cols = layer_cols(src);
-    return arena_bytes(
-        mp_quant_layer_metas(m, l)->ops->stored_bytes(layer_numel(src, batch) / cols, cols));
-}
-
-size_t mp_float8_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
-{
-    const mp_quantizer *qz = mp_quant_layer_metas(m, l)->ops;
-    const mp_layer *src = mp_layer_csrc(m, l, 0);
-    int64_t in = layer_cols(src), out = layer_cols(l);
-    size_t x = arena_bytes(qz->operand_bytes(layer_numel(src, batch) / in, in));
-    size_t g = arena_bytes(qz->operand_bytes(layer_numel(l, batch) / out, out));
-    size_t w = kernel_operand_bytes(m, l, qz);
-    /* backward's: x and dz (dW); per pass also dz and W again (dx), whose
-     * forward (x and W, in here too) is within that */
-    return x + g + (qz->pass_invariant ? 0 : g + arena_bytes(w));
-}
-
-mp_status mp_float8_forward(mp_model *m, mp_layer *l, const mp_model_param *w, bool training,
-                            mp_tensor *in, const void **stored, mp_quant_operand *xo,
-                            mp_quant_operand *wo)
-{
-    mp_float8_meta *q = mp_quant_layer_metas(m, l);
-    const mp_quantizer *qz = q->ops;
-    mp_quant_mode mode = training ? MP_QUANT_TRAIN : MP_QUANT_INFER;
-    mp_quant_input wi = kernel_input(w, 0);
-    /* one operand serving every pass persists; a per-pass one is temporary */
-    void *wop = qz->pass_invariant ? q[MP_FLOAT8_WEIGHT].codes
-                                   : mp_arena_alloc(m->tmp, kernel_operand_bytes(m, l, qz));
-    if (!wop) return mp_layer_nomem(l, "its kernel's quantized operand");
-    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, mode, NULL, wop, wo);
-    bool save = mp_float8_keeps_input(m, l, m->batch);
-    if (mp_layer_input_compute(m, l, 0, !save, in)) return MP_ERR_NOMEM;
-    mp_quant_input xi =
-        as_matrix(in->data, in->dtype, mp_tensor_numel(in), in->shape[in->ndim - 1], 1);
-    *stored = save ? mp_arena_alloc(m->act, qz->stored_bytes(xi.rows, xi.cols)) : NULL;
-    void *op = mp_arena_alloc(m->tmp, qz->operand_bytes(xi.rows, xi.cols));
-    if (!op || (save && !*stored)) return mp_layer_nomem(l, "its input's quantized operand");
-    qz->quantize(&q[MP_FLOAT8_INPUT], &xi, mode, (void *)*stored, op, xo);
-    return MP_OK;
-}
-
-mp_status mp_float8_backward(mp_model *m, mp_layer *l, const mp_model_param *w, const mp_tensor *dz,
-                             const mp_tensor *in, const void *stored, mp_float8_grad_operands *out)
-{
-    mp_float8_meta *q = mp_quant_layer_metas(m, l);
-    const mp_quantizer *qz = q->ops;
-    const mp_layer *src = mp_layer_csrc(m, l, 0);
-    mp_quant_input gi = as_matrix(dz->data, dz->dtype, mp_tensor_numel(dz), layer_cols(l), 0);
-    int64_t in_cols = layer_cols(src), in_rows = layer_numel(src, m->batch) / in_cols;
-    void *gq = mp_arena_alloc(m->tmp, qz->operand_bytes(gi.rows, gi.cols));
-    void *xq = mp_arena_alloc(m->tmp, qz->operand_bytes(in_rows, in_cols));
-    if (!gq || !xq) return mp_layer_nomem(l, "its quantized operands");
-    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_TRAIN, NULL, gq, &out->dz_w);
-    if (stored) {
-        qz->restore(&q[MP_FLOAT8_INPUT], stored, in_rows, in_cols, xq, &out->x);
-    } else {
-        mp_quant_input xi = as_matrix(in->data, in->dtype, mp_tensor_numel(in), in_cols, 0);
-        qz->quantize(&q[MP_FLOAT8_INPUT], &xi, MP_QUANT_AGAIN, NULL, xq, &out->x);
-    }
-    out->dz_x = out->dz_w;
-    if (qz->pass_invariant) return MP_OK; /* out->w: the forward's */
-    void *g2 = mp_arena_alloc(m->tmp, qz->operand_bytes(gi.rows, gi.cols));
-    void *w2 = mp_arena_alloc(m->tmp, kernel_operand_bytes(m, l, qz));
-    if (!g2 || !w2) return mp_layer_nomem(l, "its quantized operands");
-    gi.k_axis = 1;
-    qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_INFER, NULL, g2, &out->dz_x);
-    mp_quant_input wi = kernel_input(w, 1);
-    qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, MP_QUANT_AGAIN, NULL, w2, &out->w);
-    return MP_OK;
 }

@@ -44,14 +44,15 @@ struct mp_layer_ops {
     const char *class_name; /* Keras class: "Dense" */
     const char *base_name;  /* default names: "dense", "dense_1", ... */
     int min_inputs;
-    int max_inputs;            /* -1: any number */
-    bool int_inputs;           /* reads int32 inputs (token ids); others refuse them */
-    bool float8;               /* its GEMMs can take float8 or MX inputs (nn/quant.h): one set
-                                * of MP_FLOAT8_ROLES quantized tensors, the kernel being its
-                                * first MP_ROLE_KERNEL parameter */
-    size_t config_size;        /* the kind's settings, copied at creation */
-    size_t state_size;         /* its per-step records (zeroed at creation) */
-    const char *const *fields; /* its JSON settings, NULL-terminated */
+    int max_inputs;                  /* -1: any number */
+    bool int_inputs;                 /* reads int32 inputs (token ids); others refuse them */
+    bool float8;                     /* its GEMMs can take float8 or MX inputs (nn/quant.h): one set
+                                      * of MP_FLOAT8_ROLES quantized tensors per GEMM, GEMM g's
+                                      * kernel being its g-th MP_ROLE_KERNEL parameter */
+    const char *const *float8_gemms; /* their names, NULL-terminated (NULL: one GEMM) */
+    size_t config_size;              /* the kind's settings, copied at creation */
+    size_t state_size;               /* its per-step records (zeroed at creation) */
+    const char *const *fields;       /* its JSON settings, NULL-terminated */
 
     mp_status (*build)(mp_model *m, mp_layer *l);
     mp_status (*forward)(mp_model *m, mp_layer *l, bool training);

@@ -237,7 +237,8 @@ mp_status mp_mx_model_setup(mp_model *m)
 {
     static const char *const roles[] = {"input", "kernel", "grad_output"};
     int n = 0;
-    for (int i = 0; i < m->nlayers; i++) n += m->layers[i].mx_active;
+    for (int i = 0; i < m->nlayers; i++)
+        n += m->layers[i].mx_active * mp_quant_gemms(&m->layers[i]);
     if (!n) return MP_OK;
     m->mx = calloc((size_t)n * MP_FLOAT8_ROLES, sizeof *m->mx);
     if (!m->mx) return mp_set_error(MP_ERR_NOMEM, "mx: out of memory");
@@ -247,13 +248,14 @@ mp_status mp_mx_model_setup(mp_model *m)
         if (!l->mx_active) continue;
         mp_mx_params p = layer_formats(l);
         l->mx_first = m->nmx;
-        for (int r = 0; r < MP_FLOAT8_ROLES; r++) {
+        for (int r = 0; r < MP_FLOAT8_ROLES * mp_quant_gemms(l); r++) {
             mp_float8_meta *q = &m->mx[m->nmx++];
-            snprintf(q->name, sizeof q->name, "%s/%s", l->name, roles[r]);
+            snprintf(q->name, sizeof q->name, "%s/%s", l->name, roles[r % MP_FLOAT8_ROLES]);
+            mp_quant_meta_name(q, l, r / MP_FLOAT8_ROLES);
             q->ops = &mp_quantizer_mx;
             q->layer = l->name;
-            q->role = (mp_float8_role)r;
-            q->mx_format = r == MP_FLOAT8_GRAD_OUTPUT ? p.grad_format : p.format;
+            q->role = (mp_float8_role)(r % MP_FLOAT8_ROLES);
+            q->mx_format = q->role == MP_FLOAT8_GRAD_OUTPUT ? p.grad_format : p.format;
             q->dtype = MP_F32;
             q->scale = 1.0f;
         }

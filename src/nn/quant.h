@@ -135,33 +135,63 @@ void mp_float8_model_restore(mp_model *m, int i, const void *history, mp_dtype h
                              const void *scale, mp_dtype st);
 
 /* A quantized layer's steps (float8 or MX: mp_layer_quantized; the names
- * say float8 for history), for kinds with one GEMM input, one kernel and
- * the reduction over the input's last axis (Dense; Conv2D through its
- * patches). Tensors are seen as matrices over their last axis. */
-/* Whether it can keep input j's compact form (ops->compact_input: a
- * float8 layer's input 0, one operand serving every pass), known at plan.
+ * say float8 for history; nn/quant_steps.c). A kind quantizes one GEMM
+ * (ops->float8_gemms NULL) or several, each with its own MP_FLOAT8_ROLES
+ * metas (in that order from mp_quant_layer_metas) and its own kernel: the
+ * g-th MP_ROLE_KERNEL parameter. */
+int mp_quant_gemms(const mp_layer *l);
+mp_model_param *mp_quant_kernel(mp_model *m, const mp_layer *l, int g);
+/* Bytes of the operand of kernel w (seen as [n / last, last]). */
+size_t mp_quant_kernel_bytes(const mp_model_param *w, const mp_quantizer *q);
+/* A meta's name for GEMM g: "<layer>/<role>" for a kind of one GEMM, else
+ * "<layer>/<gemm>/<role>" (q->name holds "<layer>/<role>" on entry). */
+void mp_quant_meta_name(mp_float8_meta *q, const mp_layer *l, int g);
+
+/* One GEMM y = x W, x [x_rows, x_cols], y [z_rows, z_cols]: the
+ * temporaries its steps take (backward's bound the forward's). */
+size_t mp_quant_gemm_workspace(const mp_model *m, const mp_layer *l, int g, int64_t x_rows,
+                               int64_t x_cols, int64_t z_rows, int64_t z_cols);
+/* Forward: the kernel's operand (from the float32 master when there is
+ * one; persistent when one operand serves every pass, else a temporary)
+ * and x's (k_axis 1; a temporary), x's compact form into `stored` unless
+ * NULL. */
+mp_status mp_quant_forward(mp_model *m, mp_layer *l, int g, bool training, const mp_quant_input *x,
+                           void *stored, mp_quant_operand *xo, mp_quant_operand *wo);
+/* Backward: the operands of the filter gradient (x, dz_w) and of the data
+ * gradient (dz_x, w: left as is, the forward's, when one operand serves
+ * every pass), from dz [z_rows, z_cols] and x as the forward saw it (its
+ * data unused when `stored` holds its compact form); k_axis is set here. */
+typedef struct {
+    mp_quant_operand x, dz_w, dz_x, w;
+} mp_float8_grad_operands;
+mp_status mp_quant_backward(mp_model *m, mp_layer *l, int g, const mp_quant_input *dz,
+                            const mp_quant_input *x, const void *stored,
+                            mp_float8_grad_operands *out);
+/* C = op(A) op(B) + beta C (+ bias) on quantized operands: alpha is the
+ * product of their 1/scale. */
+mp_status mp_quant_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                        const mp_quant_operand *a, int64_t lda, const mp_quant_operand *b,
+                        int64_t ldb, float beta, void *c, mp_dtype ct, int64_t ldc,
+                        const float *bias);
+
+/* Kinds with one GEMM, over input 0's last axis (Dense; Conv2D through its
+ * patches). Whether it can keep input j's compact form (ops->compact_input:
+ * a float8 layer's input 0, one operand serving every pass), known at plan.
  * Whether its forward keeps it (the input would be copied otherwise, or
- * its producer drops it; layer.h); the activation
- * bytes of its input; its temporaries beyond the kind's own. */
+ * its producer drops it; layer.h); the activation bytes of its input; its
+ * temporaries beyond the kind's own. */
 bool mp_float8_compact_input(const mp_model *m, const mp_layer *l, int j);
 bool mp_float8_keeps_input(const mp_model *m, const mp_layer *l, int64_t batch);
 size_t mp_float8_input_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
 size_t mp_float8_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
-/* Forward: the kernel's operand (from the float32 master when there is
- * one; persistent), the input in the compute dtype into *in (kept by the
- * producer, or a temporary when its compact form goes to *stored in the
- * activation arena) and its operand (temporaries). */
-mp_status mp_float8_forward(mp_model *m, mp_layer *l, const mp_model_param *w, bool training,
-                            mp_tensor *in, const void **stored, mp_quant_operand *xo,
-                            mp_quant_operand *wo);
-/* Backward: the operands of the filter gradient (x, dz_w) and of the data
- * gradient (dz_x, w: left as is, the forward's, when one operand serves
- * every pass). */
-typedef struct {
-    mp_quant_operand x, dz_w, dz_x, w;
-} mp_float8_grad_operands;
-mp_status mp_float8_backward(mp_model *m, mp_layer *l, const mp_model_param *w, const mp_tensor *dz,
-                             const mp_tensor *in, const void *stored, mp_float8_grad_operands *out);
+/* Forward: the input in the compute dtype into *in (kept by the producer,
+ * or a temporary when its compact form goes to *stored in the activation
+ * arena) and the operands (mp_quant_forward). */
+mp_status mp_float8_forward(mp_model *m, mp_layer *l, bool training, mp_tensor *in,
+                            const void **stored, mp_quant_operand *xo, mp_quant_operand *wo);
+/* Backward (mp_quant_backward) from dz and the forward's input. */
+mp_status mp_float8_backward(mp_model *m, mp_layer *l, const mp_tensor *dz, const mp_tensor *in,
+                             const void *stored, mp_float8_grad_operands *out);
 
 /* A layer's settings as a JSON object of names, and back (defaults for
  * what is absent; an unknown key or bad value fails naming it). */

@@ -51,8 +51,8 @@ mp_status mp_model_layer_info(const mp_model *m, int layer, int64_t batch, mp_la
     out->param_bytes = param_bytes(m, l, &out->params, &out->state);
     out->float8 = l->fp8_active;
     out->mx = l->mx_active;
-    if (l->fp8_active) /* the kernel's float8 codes */
-        out->param_bytes += m->fp8[l->fp8_first + MP_FLOAT8_WEIGHT].codes_n;
+    for (int g = 0; l->fp8_active && g < mp_quant_gemms(l); g++) /* the kernels' float8 codes */
+        out->param_bytes += m->fp8[l->fp8_first + g * MP_FLOAT8_ROLES + MP_FLOAT8_WEIGHT].codes_n;
     out->saved_bytes = l->reachable ? mp_layer_saved_bytes(m, l, batch) : 0;
     out->workspace_bytes =
         l->reachable ? mp_layer_grad_bytes(m, l, batch) + mp_layer_temp_bytes(m, l, batch) : 0;

@@ -105,8 +105,7 @@ static mp_status conv2d_forward(mp_model *m, mp_layer *l, bool training)
     const mp_model_param *w = mp_layer_param(m, l, 0);
     mp_quant_operand xo = {NULL, ct, 1.0f}, wo = {w->weight, w->weight_dtype, 1.0f};
     if (mp_layer_quantized(l)) {
-        if (mp_float8_forward(m, l, w, training, &st->in, &st->xs, &xo, &st->wq))
-            return MP_ERR_NOMEM;
+        if (mp_float8_forward(m, l, training, &st->in, &st->xs, &xo, &st->wq)) return MP_ERR_NOMEM;
         wo = st->wq;
     } else if (mp_layer_input_compute(m, l, 0, true, &st->in)) {
         return MP_ERR_NOMEM;
@@ -176,7 +175,7 @@ static mp_status conv2d_backward(mp_model *m, mp_layer *l, bool accumulate)
                                  {w->weight, w->weight_dtype, 1.0f}};
     if (mp_layer_quantized(l)) {
         q.w = st->wq;
-        if (mp_float8_backward(m, l, w, &dz, &st->in, st->xs, &q)) return MP_ERR_NOMEM;
+        if (mp_float8_backward(m, l, &dz, &st->in, st->xs, &q)) return MP_ERR_NOMEM;
     }
     mp_conv_geom gf = st->g, gd = st->g;
     gf.alpha = q.x.inv_scale * q.dz_w.inv_scale;
