@@ -1,4 +1,5 @@
 /* common.c - helpers shared by the cmocka test programs. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -38,4 +39,31 @@ int test_remove_tree(const char *dir)
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     return system(cmd) == 0 ? 0 : -1;
+}
+
+double test_gamma(int64_t k) { return (double)k * U32 / (1 - (double)k * U32); }
+
+double test_gemm_worst(const test_gemm_ref *g, const void *got, mp_dtype got_type)
+{
+    double worst = 0;
+    for (int64_t i = 0; i < g->m; i++)
+        for (int64_t j = 0; j < g->n; j++) {
+            double acc = 0, mag = 0;
+            for (int64_t kk = 0; kk < g->k; kk++) {
+                double t = g->alpha * g->a[i * g->k + kk] * g->b[kk * g->bs_k + j * g->bs_n];
+                acc += t;
+                mag += fabs(t);
+            }
+            if (g->bias) {
+                acc += g->bias[j];
+                mag += fabs(g->bias[j]);
+            }
+            double e = test_gamma(g->k + 1 + g->extra) * mag;
+            if (g->bf16_out) e += UBF * (fabs(acc) + e);
+            float v = got_type == MP_BF16 ? mp_bf16_to_f32(((const uint16_t *)got)[i * g->n + j])
+                                          : ((const float *)got)[i * g->n + j];
+            double r = fabs(v - acc) / (e > 0 ? e : 1e-300);
+            worst = r > worst ? r : worst;
+        }
+    return worst;
 }

@@ -43,6 +43,33 @@ int test_scratch_dir(char *buf, size_t len, const char *prefix);
 /* Remove a scratch directory and all it holds; 0 on success. */
 int test_remove_tree(const char *dir);
 
+/* Float32 and bfloat16 unit roundoffs. */
+#define U32 0x1p-24
+#define UBF 0x1p-8
+/* gamma_k = k u / (1 - k u): the float32 summation bound over k terms. */
+double test_gamma(int64_t k);
+
+/* A GEMM result against float64: ref = alpha sum_k a[i,k] b[k,j] (+ bias[j])
+ * over exactly representable products (fp8 and MX values have at most 8
+ * significant bits: their products are exact in float32), the library
+ * summing in float32 in any order: |err| <= gamma_{k+1+extra} (sum_k |a b|
+ * + |bias|) (k - 1 additions, the bias, a possible FMA's rounding counted
+ * once more, and `extra` roundings of the factor alpha: per-tensor fp8
+ * scales the float32 sum by 1/s_a * 1/s_b, three roundings; the bound
+ * takes |alpha| sum_k |a b|), then, for a bfloat16
+ * output, one more rounding: E + UBF (|ref| + E). a is [m, k] row-major, b
+ * is [k, n] read at b[kk * bs_k + j * bs_n]. */
+typedef struct {
+    const float *a, *b, *bias;
+    int64_t m, n, k, bs_k, bs_n;
+    bool bf16_out;
+    int extra;
+    double alpha;
+} test_gemm_ref;
+/* The largest |got - ref| / bound over the result (<= 1 passes); got is
+ * [m, n] float32 or bfloat16. */
+double test_gemm_worst(const test_gemm_ref *g, const void *got, mp_dtype got_type);
+
 /* The ISA paths this CPU can run, for looping tests over every path. */
 int test_isas(mp_isa out[MP_ISA_COUNT]);
 

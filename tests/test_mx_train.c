@@ -15,9 +15,6 @@
 #include "nn/model_internal.h"
 #include "nn/quant.h"
 
-#define U32 0x1p-24 /* float32 unit roundoff */
-#define UBF 0x1p-8  /* bfloat16 unit roundoff (7 fraction bits) */
-
 static float bf16(float x) { return mp_bf16_to_f32(mp_f32_to_bf16(x)); }
 
 static void fill(float *x, size_t n, uint64_t seed, double lo, double hi)
@@ -25,9 +22,6 @@ static void fill(float *x, size_t n, uint64_t seed, double lo, double hi)
     test_rng r = {seed};
     for (size_t i = 0; i < n; i++) x[i] = (float)test_rng_uniform(&r, lo, hi);
 }
-
-/* gamma_k = k u / (1 - k u): the float32 summation bound over k terms */
-static double gamma_k(int64_t k) { return (double)k * U32 / (1 - (double)k * U32); }
 
 /* MX fake quantization of a rows x cols float32 matrix along axis, into
  * float32 (exact): the reference operand. */
@@ -124,45 +118,6 @@ static dense_model make_dense(const mp_mx_params *p)
     return d;
 }
 
-/* The largest |got - ref| / bound over a GEMM result: <= 1 passes. ref =
- * sum_k a[i,k] b[k,j] in float64 over exactly representable products (MX
- * values have at most 8 significant bits: their products are exact in
- * float32), the library summing in float32 in any order: |err| <=
- * gamma_{k+1} (sum_k |a b| + |bias|) (k - 1 additions, the bias, and a
- * possible FMA's rounding counted once more), then, for a bfloat16 output,
- * one more rounding: E + UBF (|ref| + E). a is [m, k] (lda), b is [k, n]
- * read at b[kk * bs_k + j * bs_n]. */
-typedef struct {
-    const float *a, *b, *bias;
-    int64_t m, n, k, bs_k, bs_n;
-    bool bf16_out;
-} gemm_ref;
-
-static double worst_ratio(const gemm_ref *g, const void *got, mp_dtype got_type)
-{
-    double worst = 0;
-    for (int64_t i = 0; i < g->m; i++)
-        for (int64_t j = 0; j < g->n; j++) {
-            double acc = 0, mag = 0;
-            for (int64_t kk = 0; kk < g->k; kk++) {
-                double t = (double)g->a[i * g->k + kk] * g->b[kk * g->bs_k + j * g->bs_n];
-                acc += t;
-                mag += fabs(t);
-            }
-            if (g->bias) {
-                acc += g->bias[j];
-                mag += fabs(g->bias[j]);
-            }
-            double e = gamma_k(g->k + 1) * mag;
-            if (g->bf16_out) e += UBF * (fabs(acc) + e);
-            float v = got_type == MP_BF16 ? mp_bf16_to_f32(((const uint16_t *)got)[i * g->n + j])
-                                          : ((const float *)got)[i * g->n + j];
-            double r = fabs(v - acc) / (e > 0 ? e : 1e-300);
-            worst = r > worst ? r : worst;
-        }
-    return worst;
-}
-
 static float *transpose(const float *x, int64_t rows, int64_t cols)
 {
     float *t = malloc((size_t)(rows * cols) * sizeof *t);
@@ -212,21 +167,21 @@ static void test_dense_emulation(void **state)
         float *qx1 = mxq(f, xb, ROWS, K, 1), *qw0 = mxq(f, w->master, K, UNITS, 0);
         float *qx0 = mxq(f, xb, ROWS, K, 0), *qw1 = mxq(f, w->master, K, UNITS, 1);
         float *qg0 = mxq(gf, dz, ROWS, UNITS, 0), *qg1 = mxq(gf, dz, ROWS, UNITS, 1);
-        gemm_ref fwd = {qx1, qw0, b->master, ROWS, UNITS, K, UNITS, 1, true};
-        assert_true(worst_ratio(&fwd, y->data, MP_BF16) <= 1);
-        gemm_ref fwd_bad = fwd;
+        test_gemm_ref fwd = {qx1, qw0, b->master, ROWS, UNITS, K, UNITS, 1, true, 0, 1.0};
+        assert_true(test_gemm_worst(&fwd, y->data, MP_BF16) <= 1);
+        test_gemm_ref fwd_bad = fwd;
         fwd_bad.b = qw1; /* W quantized along its columns */
-        assert_true(worst_ratio(&fwd_bad, y->data, MP_BF16) > 10);
+        assert_true(test_gemm_worst(&fwd_bad, y->data, MP_BF16) > 10);
         /* dW[k, j] = sum_r x[r, k] dz[r, j]: x^T as the [K, ROWS] left operand */
         float *qx0t = transpose(qx0, ROWS, K), *qx1t = transpose(qx1, ROWS, K);
-        gemm_ref gw = {qx0t, qg0, NULL, K, UNITS, ROWS, UNITS, 1, false};
-        assert_true(worst_ratio(&gw, w->grad, MP_F32) <= 1);
-        gemm_ref gw_bad = gw;
+        test_gemm_ref gw = {qx0t, qg0, NULL, K, UNITS, ROWS, UNITS, 1, false, 0, 1.0};
+        assert_true(test_gemm_worst(&gw, w->grad, MP_F32) <= 1);
+        test_gemm_ref gw_bad = gw;
         gw_bad.a = qx1t; /* the forward's x operand reused */
-        assert_true(worst_ratio(&gw_bad, w->grad, MP_F32) > 10);
+        assert_true(test_gemm_worst(&gw_bad, w->grad, MP_F32) > 10);
         gw_bad = gw;
         gw_bad.b = qg1; /* dz quantized for the dx pass */
-        assert_true(worst_ratio(&gw_bad, w->grad, MP_F32) > 10);
+        assert_true(test_gemm_worst(&gw_bad, w->grad, MP_F32) > 10);
         /* db: the float32 column sums of dz (not quantized) */
         for (int j = 0; j < UNITS; j++) {
             double s = 0, mag = 0;
@@ -234,17 +189,17 @@ static void test_dense_emulation(void **state)
                 s += dz[r * UNITS + j];
                 mag += fabs(dz[r * UNITS + j]);
             }
-            assert_true(fabs(b->grad[j] - s) <= gamma_k(ROWS) * mag);
+            assert_true(fabs(b->grad[j] - s) <= test_gamma(ROWS) * mag);
         }
         /* dx[r, k] = sum_j dz[r, j] W[k, j]: W read transposed */
-        gemm_ref gx = {qg1, qw1, NULL, ROWS, K, UNITS, 1, UNITS, true};
-        assert_true(worst_ratio(&gx, dx->data, dx->dtype) <= 1);
-        gemm_ref gx_bad = gx;
+        test_gemm_ref gx = {qg1, qw1, NULL, ROWS, K, UNITS, 1, UNITS, true, 0, 1.0};
+        assert_true(test_gemm_worst(&gx, dx->data, dx->dtype) <= 1);
+        test_gemm_ref gx_bad = gx;
         gx_bad.b = qw0; /* the forward's W operand reused */
-        assert_true(worst_ratio(&gx_bad, dx->data, dx->dtype) > 10);
+        assert_true(test_gemm_worst(&gx_bad, dx->data, dx->dtype) > 10);
         gx_bad = gx;
         gx_bad.a = qg0; /* dz quantized for the dW pass */
-        assert_true(worst_ratio(&gx_bad, dx->data, dx->dtype) > 10);
+        assert_true(test_gemm_worst(&gx_bad, dx->data, dx->dtype) > 10);
         free(qx1), free(qw0), free(qx0), free(qw1), free(qg0), free(qg1), free(qx0t), free(qx1t);
         mp_model_free(d.m);
     }
