@@ -487,9 +487,9 @@ static void test_delayed_scaling(void **state)
     free(cfg);
 }
 
-/* Any kind with a kernel is tuned: Conv2D (an fp8/MX GEMM path) and
- * MultiHeadAttention (none yet: 16 bits or float32 only); both files load
- * and train. */
+/* Any kind with a kernel is tuned: Conv2D and MultiHeadAttention (its four
+ * projections), both with fp8/MX GEMM paths; both files load and train in
+ * the format chosen. */
 static void test_kinds(void **state)
 {
     (void)state;
@@ -545,14 +545,14 @@ static void test_kinds(void **state)
     assert_int_equal(mp_tune_precision(mha, ds, &o, &r), MP_OK);
     const mp_tune_layer *a = row(&r, "att");
     assert_int_equal(a->weights, 4 * 16 * 2 * 8); /* query, key, value, output kernels */
-    assert_int_equal(a->eligible, 7u);            /* float32, bfloat16, float16 */
-    assert_false(isnan(a->error[MP_TUNE_MXFP4])); /* measured all the same */
-    assert_int_equal(a->chosen, MP_TUNE_BFLOAT16);
+    assert_int_equal(a->eligible, 0x7fu);         /* its projections take float8 and MX too */
+    assert_true(a->chosen >= MP_TUNE_FP8);
     char line[1024];
     layer_line(r.config, "att", line, sizeof line);
-    assert_non_null(strstr(line, "\"policy\": \"mixed_bfloat16\"}"));
+    assert_non_null(strstr(line, a->chosen == MP_TUNE_FP8 ? "\"float8\": true" : "\"mx\": \"mx"));
     if (mp_model_from_config(r.config, 16, INT64_MAX, &m)) fail_msg("%s", mp_last_error());
     assert_int_equal(mp_model_compile(m, &co), MP_OK);
+    assert_true(mp_model_layer_float8(m, 1) || mp_model_layer_mx(m, 1, NULL));
     mp_tensor_wrap(&t, MP_F32, 3, (int64_t[]){16, 4, 16}, x);
     assert_int_equal(mp_model_train_step(m, &t, y, NULL, &sr), MP_OK);
     assert_true(isfinite(sr.loss));

@@ -152,9 +152,10 @@ mp_status mp_mx_quantize_2d(mp_mx_format f, int block_size, int64_t rows, int64_
 
 /* ------------------------------------------------------- training (nn) */
 
-/* MX training (nn/mx_quant.c): a Dense or Conv2D layer whose GEMMs read MX
- * fake-quantized operands. In every GEMM pass each operand is quantized in
- * blocks of 32 along that pass's reduction dimension and decoded exactly:
+/* MX training (nn/mx_quant.c): a Dense, Conv2D or MultiHeadAttention (its
+ * four projections) whose GEMMs read MX fake-quantized operands. In every
+ * GEMM pass each operand is quantized in blocks of 32 along that pass's
+ * reduction dimension and decoded exactly:
  *   forward  y  = x W:    x in blocks along its features, W down its rows
  *                         (both in `format`);
  *   backward dW = x^T dz: x and dz in blocks of 32 rows (samples), x in
@@ -176,9 +177,10 @@ mp_status mp_mx_quantize_2d(mp_mx_format f, int block_size, int64_t rows, int64_
  *
  * Which layers: policies mixed_mxfp8, mixed_mxfp6 and mixed_mxfp4
  * (mixed_bfloat16 plus MX GEMM inputs in MXFP8 E4M3, MXFP6 E2M3, MXFP4
- * E2M1) quantize every Dense and Conv2D except the first and the last such
- * layer of the model, as mixed_float8 does; a layer's options (.mx, or
- * "mx" in the model file) turn it on or off under any policy. */
+ * E2M1) quantize every Dense, Conv2D and MultiHeadAttention except the
+ * first and the last such layer of the model, as mixed_float8 does; a
+ * layer's options (.mx, or "mx" in the model file) turn it on or off under
+ * any policy. */
 typedef struct mp_mx_params {
     mp_mx_format format;      /* forward GEMM inputs (x, W): MP_MXFP8_E4M3 */
     mp_mx_format grad_format; /* the output gradient dz: MP_MXFP8_E5M2 */

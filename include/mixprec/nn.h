@@ -17,7 +17,8 @@ extern "C" {
 /* A Keras dtype policy: layers compute in `compute` and keep variables in
  * `variable`. Names: float32, mixed_float16, mixed_bfloat16, float16,
  * bfloat16, and mixed_float8: mixed_bfloat16 whose float8-capable layers
- * (Dense, Conv2D) quantize their GEMM inputs per tensor to fp8 (mixprec/fp8.h:
+ * (Dense, Conv2D, MultiHeadAttention's projections) quantize their GEMM
+ * inputs per tensor to fp8 (mixprec/fp8.h:
  * HYBRID, delayed scaling by default; the first and the last such layer,
  * softmax, normalisations and losses stay higher); mixed_mxfp8, mixed_mxfp6
  * and mixed_mxfp4: the same layers with MX block-scaled GEMM inputs
@@ -88,7 +89,8 @@ typedef struct {
     uint64_t seed;      /* initialisers / dropout; 0: derived from the model seed */
     /* per role: MP_INIT_DEFAULT keeps the role's default */
     mp_initializer initializers[MP_ROLE_COUNT];
-    /* float8-capable layers (Dense, Conv2D; mixprec/fp8.h): the recipe's settings
+    /* float8-capable layers (Dense, Conv2D, MultiHeadAttention; mixprec/fp8.h):
+     * the recipe's settings
      * (NULL: the global ones when the layer is added), and whether the
      * layer computes in float8: 0 as its policy says (the first and last
      * such layer excepted unless keep_first_last is false), 1 always, -1

@@ -141,7 +141,7 @@ void mp_float8_model_restore(mp_model *m, int i, const void *history, mp_dtype h
  * g-th MP_ROLE_KERNEL parameter. */
 int mp_quant_gemms(const mp_layer *l);
 mp_model_param *mp_quant_kernel(mp_model *m, const mp_layer *l, int g);
-/* Bytes of the operand of kernel w (seen as [n / last, last]). */
+/* Bytes of the operand of kernel w. */
 size_t mp_quant_kernel_bytes(const mp_model_param *w, const mp_quantizer *q);
 /* A meta's name for GEMM g: "<layer>/<role>" for a kind of one GEMM, else
  * "<layer>/<gemm>/<role>" (q->name holds "<layer>/<role>" on entry). */

@@ -41,7 +41,7 @@ mp_model_param *mp_quant_kernel(mp_model *m, const mp_layer *l, int g)
     return NULL;
 }
 
-/* the kernel seen as [n / last, last] */
+/* (the operand's size depends on the element count only) */
 size_t mp_quant_kernel_bytes(const mp_model_param *w, const mp_quantizer *q)
 {
     int64_t last = w->shape[w->ndim - 1];
@@ -54,10 +54,13 @@ static mp_quant_input as_matrix(const void *x, mp_dtype t, int64_t numel, int64_
     return (mp_quant_input){x, t, numel / last, last, k_axis};
 }
 
-static mp_quant_input kernel_input(const mp_model_param *w, int k_axis)
+/* The kernel as the GEMM reads it: [k, n / k], k the forward's reduction
+ * (Dense [in, units]; Conv2D [kh kw cin, filters]; an attention
+ * projection [model_dim, heads key_dim] or [heads key_dim, model_dim]). */
+static mp_quant_input kernel_input(const mp_model_param *w, int64_t k, int k_axis)
 {
     return as_matrix(w->master ? (const void *)w->master : w->weight,
-                     w->master ? MP_F32 : w->weight_dtype, w->n, w->shape[w->ndim - 1], k_axis);
+                     w->master ? MP_F32 : w->weight_dtype, w->n, w->n / k, k_axis);
 }
 
 /* -------------------------------------------------- one GEMM's steps */
@@ -81,7 +84,7 @@ mp_status mp_quant_forward(mp_model *m, mp_layer *l, int g, bool training, const
     const mp_quantizer *qz = q->ops;
     const mp_model_param *w = mp_quant_kernel(m, l, g);
     mp_quant_mode mode = training ? MP_QUANT_TRAIN : MP_QUANT_INFER;
-    mp_quant_input wi = kernel_input(w, 0);
+    mp_quant_input wi = kernel_input(w, x->cols, 0);
     /* one operand serving every pass persists; a per-pass one is temporary */
     void *wop = qz->pass_invariant ? q[MP_FLOAT8_WEIGHT].codes
                                    : mp_arena_alloc(m->tmp, mp_quant_kernel_bytes(w, qz));
@@ -116,7 +119,7 @@ mp_status mp_quant_backward(mp_model *m, mp_layer *l, int g, const mp_quant_inpu
     if (!g2 || !w2) return mp_layer_nomem(l, "its quantized operands");
     gi.k_axis = 1;
     qz->quantize(&q[MP_FLOAT8_GRAD_OUTPUT], &gi, MP_QUANT_INFER, NULL, g2, &out->dz_x);
-    mp_quant_input wi = kernel_input(w, 1);
+    mp_quant_input wi = kernel_input(w, xi.cols, 1);
     qz->quantize(&q[MP_FLOAT8_WEIGHT], &wi, MP_QUANT_AGAIN, NULL, w2, &out->w);
     return MP_OK;
 }

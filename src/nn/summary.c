@@ -165,6 +165,12 @@ mp_status mp_model_summary(const mp_model *m, int64_t batch, FILE *out)
         fprintf(out, "%-34s %-16s %10lld  %-15s %-12s %-9s %12zu %12zu\n", label, shape,
                 (long long)(in.params + in.state), l->policy.name, cname,
                 mp_dtype_name(l->out_dtype), in.param_bytes, in.saved_bytes);
+        if (mp_layer_quantized(l) && l->ops->float8_gemms) { /* which of its GEMMs */
+            fprintf(out, "    %s GEMMs:", cname);
+            for (int g = 0; g < mp_quant_gemms(l); g++)
+                fprintf(out, "%s %s", g ? "," : "", l->ops->float8_gemms[g]);
+            fprintf(out, "; the rest in %s\n", mp_dtype_name(l->policy.compute));
+        }
         total += in.params;
         total_state += in.state;
     }

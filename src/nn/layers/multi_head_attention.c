@@ -11,6 +11,12 @@
  * key_dim, model_dim] and bias [model_dim] ("<layer>.query.kernel", ...).
  * Forward keeps Q, K, V, the attention output and the float32
  * log-sum-exp; backward recomputes the softmax tiles (no [T, T] matrix).
+ * In float8 or MX (nn/quant.h) the four projection GEMMs, forward and
+ * backward, read quantized operands as Dense's do, each projection with
+ * its own tensors ("<layer>/query/input", ...: nn/quant_steps.c); the
+ * attention kernel, its float32 softmax and the biases stay as they are.
+ * Nothing more is kept: backward quantizes the kept inputs and attention
+ * output again with the forward's scales (the same codes).
  * Decoding (decode.c) appends each new position's K and V rows to a cache
  * and attends the new queries over it: a token costs one position. */
 #include <stdlib.h>
@@ -19,6 +25,7 @@
 #include "kernels/attention.h"
 #include "kernels/ops.h"
 #include "nn/layer.h"
+#include "nn/quant.h"
 
 enum { PQ, PK, PV, PO }; /* projections, in Keras's order */
 
@@ -32,6 +39,8 @@ typedef struct {
     void *proj[3];   /* Q, K, V: [batch, T, heads, key_dim], compute dtype */
     void *att;       /* the attention output, same layout */
     float *lse;      /* [batch, heads, T] float32 */
+    /* the kernels as the forward's GEMMs read them (quantized or not) */
+    mp_quant_operand wq[4];
     /* decoding: K and V rows of the positions so far, [max_batch, cap,
      * heads, key_dim] each in the compute dtype, and a softmax row */
     void *kcache, *vcache;
@@ -124,14 +133,22 @@ static size_t mha_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batc
 
 static size_t mha_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
-    (void)m;
     const mha_config *c = l->config;
     /* forward: float32 bias copies; backward: dA, dQ, dK, dV and a float32
      * input gradient */
     size_t biases = 3 * arena_bytes((size_t)heads_dim(c) * sizeof(float)) +
                     arena_bytes((size_t)l->shape[1] * sizeof(float));
-    return biases + 4 * proj_bytes(l, batch) +
-           arena_bytes((size_t)layer_numel(l, batch) * sizeof(float));
+    size_t bytes = biases + 4 * proj_bytes(l, batch) +
+                   arena_bytes((size_t)layer_numel(l, batch) * sizeof(float));
+    /* quantized: one projection's operands at a time */
+    const int64_t rows = batch * l->shape[0], e = l->shape[1], hd = heads_dim(c);
+    size_t q = 0;
+    for (int p = 0; mp_layer_quantized(l) && p < 4; p++) {
+        size_t b = p == PO ? mp_quant_gemm_workspace(m, l, p, rows, hd, rows, e)
+                           : mp_quant_gemm_workspace(m, l, p, rows, e, rows, hd);
+        q = b > q ? b : q;
+    }
+    return bytes + q;
 }
 
 /* ------------------------------------------------------------ forward */
@@ -219,6 +236,31 @@ static mp_status decode_attention(mp_model *m, mp_layer *l, int64_t batch)
     return MP_OK;
 }
 
+/* y = x W_p + b_p, x [rows, in] and y [rows, out] in the compute dtype;
+ * quantized, x and W_p through the quantizer (operands in temporaries
+ * freed after the GEMM, the kernel's kept in st->wq for backward). */
+static mp_status project(mp_model *m, mp_layer *l, int p, bool training, const void *x,
+                         int64_t rows, int64_t in, int64_t out, void *y)
+{
+    mha_state *st = l->state;
+    const mp_dtype ct = l->policy.compute;
+    const mp_model_param *w = kernel_of(m, l, p);
+    const float *bias;
+    mp_status s = bias_f32(m, l, p, &bias);
+    if (s) return s;
+    size_t mark = mp_arena_mark(m->tmp);
+    mp_quant_operand xo = {x, ct, 1.0f};
+    st->wq[p] = (mp_quant_operand){w->weight, w->weight_dtype, 1.0f};
+    if (mp_layer_quantized(l)) {
+        mp_quant_input xi = {x, ct, rows, in, 1};
+        if ((s = mp_quant_forward(m, l, p, training, &xi, NULL, &xo, &st->wq[p]))) return s;
+    }
+    s = mp_quant_gemm(false, false, rows, out, in, &xo, in, &st->wq[p], out, 0.0f, y, ct, out,
+                      bias);
+    mp_arena_release(m->tmp, mark);
+    return s;
+}
+
 static mp_status mha_forward(mp_model *m, mp_layer *l, bool training)
 {
     (void)training;
@@ -238,14 +280,9 @@ static mp_status mha_forward(mp_model *m, mp_layer *l, bool training)
     if (!st->att || !st->lse) return mp_layer_nomem(l, "its attention output");
     if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
     mp_status s;
-    for (int p = 0; p < 3; p++) {
-        const mp_model_param *w = kernel_of(m, l, p);
-        const float *bias;
-        if ((s = bias_f32(m, l, p, &bias)) ||
-            (s = mp_layer_gemm(false, false, rows, hd, e, st->in[source(l, p)].data, ct, e,
-                               w->weight, w->weight_dtype, hd, 0.0f, st->proj[p], ct, hd, bias)))
+    for (int p = 0; p < 3; p++)
+        if ((s = project(m, l, p, training, st->in[source(l, p)].data, rows, e, hd, st->proj[p])))
             return s;
-    }
     const mp_attn_geom g = {batch, t, c->num_heads, c->key_dim};
     if (m->decode_capacity)
         s = decode_attention(m, l, batch);
@@ -253,14 +290,39 @@ static mp_status mha_forward(mp_model *m, mp_layer *l, bool training)
         s = mp_attention_forward(&g, st->proj[PQ], ct, st->proj[PK], ct, st->proj[PV], ct, st->att,
                                  ct, st->lse);
     if (s) return s;
-    const mp_model_param *wo = kernel_of(m, l, PO);
-    const float *bias;
-    if ((s = bias_f32(m, l, PO, &bias))) return s;
-    return mp_layer_gemm(false, false, rows, e, hd, st->att, ct, hd, wo->weight, wo->weight_dtype,
-                         e, 0.0f, l->out.data, ct, e, bias);
+    return project(m, l, PO, training, st->att, rows, hd, e, l->out.data);
 }
 
 /* ----------------------------------------------------------- backward */
+
+/* The gradients of y = x W_p + b_p from dy [rows, out]: dW_p = x^T dy and
+ * db_p = column sums of dy (float32, added when accumulating), and unless
+ * dx is NULL dx = dy W_p^T + dx_beta dx; quantized, through the quantizer
+ * (x as the forward quantized it). */
+static mp_status project_backward(mp_model *m, mp_layer *l, int p, const void *x, const void *dy,
+                                  mp_dtype dyt, int64_t rows, int64_t in, int64_t out,
+                                  bool accumulate, void *dx, mp_dtype dxt, float dx_beta)
+{
+    const mha_state *st = l->state;
+    const mp_dtype ct = l->policy.compute;
+    mp_model_param *w = kernel_of(m, l, p), *b = bias_of(m, l, p);
+    size_t mark = mp_arena_mark(m->tmp);
+    mp_float8_grad_operands q = {{x, ct, 1.0f}, {dy, dyt, 1.0f}, {dy, dyt, 1.0f}, st->wq[p]};
+    mp_status s = MP_OK;
+    if (mp_layer_quantized(l)) {
+        mp_quant_input gi = {dy, dyt, rows, out, 0}, xi = {x, ct, rows, in, 0};
+        s = mp_quant_backward(m, l, p, &gi, &xi, NULL, &q);
+    }
+    if (!s)
+        s = mp_quant_gemm(true, false, in, out, rows, &q.x, in, &q.dz_w, out,
+                          accumulate ? 1.0f : 0.0f, w->grad, MP_F32, out, NULL);
+    if (!s && b) mp_op_column_sum(dy, dyt, rows, out, b->grad, accumulate);
+    if (!s && dx)
+        s = mp_quant_gemm(false, true, rows, in, out, &q.dz_x, out, &q.w, out, dx_beta, dx, dxt, in,
+                          NULL);
+    mp_arena_release(m->tmp, mark);
+    return s;
+}
 
 static mp_status mha_backward(mp_model *m, mp_layer *l, bool accumulate)
 {
@@ -270,49 +332,33 @@ static mp_status mha_backward(mp_model *m, mp_layer *l, bool accumulate)
     const mp_tensor *g = &l->grad;
     const int64_t batch = st->in[0].shape[0], t = l->shape[0], e = l->shape[1];
     const int64_t hd = heads_dim(c), rows = batch * t;
-    const float beta = accumulate ? 1.0f : 0.0f;
-    mp_model_param *wo = kernel_of(m, l, PO);
-    /* output projection: dWo = A^T dY, dbo = column sums, dA = dY Wo^T */
-    mp_status s = mp_layer_gemm(true, false, hd, e, rows, st->att, ct, hd, g->data, g->dtype, e,
-                                beta, wo->grad, MP_F32, e, NULL);
-    if (s) return s;
-    if (c->use_bias)
-        mp_op_column_sum(g->data, g->dtype, rows, e, bias_of(m, l, PO)->grad, accumulate);
     const size_t pb = (size_t)(rows * hd) * mp_dtype_size(ct);
     void *da = mp_arena_alloc(m->tmp, pb), *dp[3];
     for (int p = 0; p < 3; p++) dp[p] = mp_arena_alloc(m->tmp, pb);
-    if (!da || !dp[0] || !dp[1] || !dp[2]) return mp_layer_nomem(l, "its attention gradients");
-    if ((s = mp_layer_gemm(false, true, rows, hd, e, g->data, g->dtype, e, wo->weight,
-                           wo->weight_dtype, e, 0.0f, da, ct, hd, NULL)))
-        return s;
+    /* each input's gradient: the sum of dP W^T over the projections it
+     * feeds, in float32, rounded once */
+    float *dx32 = mp_arena_alloc(m->tmp, (size_t)(rows * e) * sizeof(float));
+    if (!da || !dp[0] || !dp[1] || !dp[2] || !dx32)
+        return mp_layer_nomem(l, "its attention gradients");
+    /* output projection: dWo = A^T dY, dbo = column sums, dA = dY Wo^T */
+    mp_status s = project_backward(m, l, PO, st->att, g->data, g->dtype, rows, hd, e, accumulate,
+                                   da, ct, 0.0f);
+    if (s) return s;
     const mp_attn_geom geom = {batch, t, c->num_heads, c->key_dim};
     if ((s = mp_attention_backward(&geom, st->proj[PQ], ct, st->proj[PK], ct, st->proj[PV], ct,
                                    st->att, ct, st->lse, da, ct, dp[PQ], dp[PK], dp[PV], ct)))
         return s;
-    /* input projections: dW = x^T dP, db = column sums of dP */
-    for (int p = 0; p < 3; p++) {
-        mp_model_param *w = kernel_of(m, l, p);
-        if ((s = mp_layer_gemm(true, false, e, hd, rows, st->in[source(l, p)].data, ct, e, dp[p],
-                               ct, hd, beta, w->grad, MP_F32, hd, NULL)))
-            return s;
-        if (c->use_bias) mp_op_column_sum(dp[p], ct, rows, hd, bias_of(m, l, p)->grad, accumulate);
-    }
-    /* each input's gradient: the sum of dP W^T over the projections it
-     * feeds, in float32, rounded once */
-    float *dx32 = mp_arena_alloc(m->tmp, (size_t)(rows * e) * sizeof(float));
-    if (!dx32) return mp_layer_nomem(l, "an input gradient");
+    /* input projections: dW = x^T dP, db = column sums of dP, dx += dP W^T */
     for (int j = 0; j < l->ninputs; j++) {
-        if (mp_layer_input_is_data(m, l, j)) continue;
-        bool first = true;
+        bool data = mp_layer_input_is_data(m, l, j), first = true;
         for (int p = 0; p < 3; p++) {
             if (source(l, p) != j) continue;
-            const mp_model_param *w = kernel_of(m, l, p);
-            if ((s = mp_layer_gemm(false, true, rows, e, hd, dp[p], ct, hd, w->weight,
-                                   w->weight_dtype, hd, first ? 0.0f : 1.0f, dx32, MP_F32, e,
-                                   NULL)))
+            if ((s = project_backward(m, l, p, st->in[j].data, dp[p], ct, rows, e, hd, accumulate,
+                                      data ? NULL : dx32, MP_F32, first ? 0.0f : 1.0f)))
                 return s;
             first = false;
         }
+        if (data) continue;
         mp_tensor dx;
         bool direct;
         if (mp_layer_input_grad(m, l, j, &dx, &direct)) return MP_ERR_NOMEM;
@@ -373,6 +419,8 @@ const mp_layer_ops mp_multi_head_attention_ops = {
     .base_name = "multi_head_attention",
     .min_inputs = 1,
     .max_inputs = 3,
+    .float8 = true,
+    .float8_gemms = (const char *const[]){"query", "key", "value", "attention_output", NULL},
     .config_size = sizeof(mha_config),
     .state_size = sizeof(mha_state),
     .fields = (const char *const[]){"num_heads", "key_dim", "value_dim", "dropout", "use_bias",
