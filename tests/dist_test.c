@@ -10,7 +10,10 @@
  *     same loss scale and the same bits as every other rank;
  *   - --deterministic (rank-order sums) gives the same bits run after run;
  *   - only rank 0 writes checkpoints, and resuming from one with the same
- *     number of ranks continues bit for bit.
+ *     number of ranks continues bit for bit;
+ *   - float8 (mixed_float8, delayed scaling): ranks fed different rows, one
+ *     sample on one rank 40 times the others, end with the same amax
+ *     histories and scales, the large sample's amax in every rank's.
  * Usage: dist_test SCRATCH_DIR (the same directory on every rank). */
 #include <float.h>
 #include <math.h>
@@ -54,8 +57,8 @@ static double uniform(void)
 }
 
 /* Three classes in six features; outlier >= 0: that sample's features are
- * 1e6, past float16's largest finite value. */
-static mp_dataset *make_data(int outlier)
+ * `value` (1e6: past float16's largest finite value). */
+static mp_dataset *make_data_with(int outlier, float value)
 {
     static float x[N_SAMPLES * DIM];
     static int32_t y[N_SAMPLES];
@@ -66,11 +69,13 @@ static mp_dataset *make_data(int outlier)
             x[i * DIM + j] = (float)((y[i] - 1) * 0.8 + (j == y[i] ? 0.5 : 0) + 2 * uniform() - 1);
     }
     if (outlier >= 0)
-        for (int j = 0; j < DIM; j++) x[outlier * DIM + j] = 1e6f;
+        for (int j = 0; j < DIM; j++) x[outlier * DIM + j] = value;
     mp_dataset *ds;
     if (mp_dataset_from_arrays(x, y, N_SAMPLES, DIM, CLASSES, &ds)) die("data");
     return ds;
 }
+
+static mp_dataset *make_data(int outlier) { return make_data_with(outlier, 1e6f); }
 
 static mp_model *build(const char *policy)
 {
@@ -354,6 +359,47 @@ static void test_checkpoint_resume(const char *policy)
     mp_dataset_free(ds);
 }
 
+/* Every Dense in float8 with 16-step histories; 4 steps without
+ * shuffling: sample 50 (features 40, the rest within 3) is in the second
+ * batch's rows 48..63, rank 1's shard on 2 ranks. */
+static void test_float8_amax(void)
+{
+    mp_dataset *ds = make_data_with(50, 40.0f);
+    mp_float8_params p = mp_float8_params_default();
+    p.keep_first_last = false;
+    p.amax_history_len = 16;
+    if (mp_set_global_float8_params(&p)) die("float8 params");
+    mp_model *m = build("mixed_float8");
+    p = mp_float8_params_default();
+    mp_set_global_float8_params(&p);
+    fit(m, ds, (run_opts){.dp = true, .max_steps = 4});
+    int n = mp_model_float8_num_tensors(m);
+    CHECK(n == 9, "float8: %d quantized tensors, expected 9 (3 Dense)", n);
+    uint64_t h = 1469598103934665603ull;
+    float input_amax = 0;
+    for (int i = 0; i < n; i++) {
+        mp_float8_tensor_info t;
+        if (mp_model_float8_tensor(m, i, &t)) die("float8 tensor");
+        const unsigned char *c = (const unsigned char *)t.history;
+        for (size_t k = 0; k < 16 * sizeof(float); k++) h = (h ^ c[k]) * 1099511628211ull;
+        c = (const unsigned char *)&t.scale;
+        for (size_t k = 0; k < sizeof(float); k++) h = (h ^ c[k]) * 1099511628211ull;
+        if (!strcmp(t.name, "dense/input"))
+            for (int k = 0; k < 16; k++) input_amax = fmaxf(input_amax, t.history[k]);
+    }
+    CHECK(mp_dist_check_same(h, "the float8 histories and scales") == MP_OK, "%s", mp_last_error());
+    CHECK(input_amax == 40.0f,
+          "float8: dense/input's history peaks at %g, not 40 (the sample "
+          "on rank 1)",
+          (double)input_amax);
+    if (rank == 0)
+        printf("dist_test: float8 amaxes maxed over %d ranks: the same histories and scales on "
+               "every rank\n",
+               nranks);
+    mp_model_free(m);
+    mp_dataset_free(ds);
+}
+
 int main(int argc, char **argv)
 {
     if (mp_dist_init(&argc, &argv)) die("init");
@@ -372,6 +418,7 @@ int main(int argc, char **argv)
         test_epochs(policies[i]);
         test_checkpoint_resume(policies[i]);
     }
+    test_float8_amax();
     int64_t bad = failures;
     mp_dist_allreduce_i64(&bad, 1);
     if (rank == 0) printf("dist_test: %s on %d ranks\n", bad ? "FAILED" : "passed", nranks);

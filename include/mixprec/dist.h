@@ -41,6 +41,10 @@ bool mp_dist_launched(void);
 mp_status mp_dist_allreduce_f32(float *values, size_t n, bool deterministic);
 mp_status mp_dist_allreduce_f64(double *values, size_t n);
 mp_status mp_dist_allreduce_i64(int64_t *values, size_t n);
+/* The largest of each element over every rank, on every rank (order-free:
+ * the same bits on every rank and run). Non-negative floats compare as
+ * their bits, a NaN above inf: the float8 recipe reduces its amaxes so. */
+mp_status mp_dist_allreduce_max_u32(uint32_t *values, size_t n);
 /* Every rank must pass the same value (e.g. a data fingerprint or a batch
  * size); MP_ERR_INVALID naming `what` and both values when one differs. */
 mp_status mp_dist_check_same(uint64_t value, const char *what);

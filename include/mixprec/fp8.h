@@ -31,7 +31,10 @@
  * scales as they were. A non-finite value in a forward input quantizes to
  * NaN (E4M3) and so makes the output and the loss non-finite; that step is
  * skipped by the finite check and its amaxes discarded: a non-finite amax
- * never reaches a history. Inference passes record nothing. */
+ * never reaches a history. Inference passes record nothing. Data
+ * parallel (mp_model_train_step_shard, fit under mpirun), the pending
+ * amaxes are first maxed over the ranks, so every rank commits the same
+ * histories and delayed scales. */
 /* The whole API, in order: this part compiles when included alone. */
 #include "../mixprec.h"
 

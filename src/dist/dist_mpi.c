@@ -136,6 +136,11 @@ mp_status mp_dist_allreduce_i64(int64_t *values, size_t n)
     return allreduce(values, n, sizeof(int64_t), MPI_INT64_T, MPI_SUM);
 }
 
+mp_status mp_dist_allreduce_max_u32(uint32_t *values, size_t n)
+{
+    return allreduce(values, n, sizeof(uint32_t), MPI_UINT32_T, MPI_MAX);
+}
+
 mp_status mp_dist_check_same(uint64_t value, const char *what)
 {
     if (!running() || mp_dist_size() == 1) return MP_OK;

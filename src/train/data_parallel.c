@@ -4,11 +4,13 @@
  * the gradient of the global mean), with the loss and the correct count.
  * Every rank then holds the same gradients and takes the same step or skip.
  * One buffer after the whole backward: bucketed, overlapped reduction is
- * the next step. */
+ * the next step. Then the float8 recipe's amaxes, maxed over the ranks. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "nn/model_internal.h"
+#include "nn/quant.h"
 #include "train/train_internal.h"
 
 mp_status mp_train_reduce_shard(mp_optimizer *opt, float **buf, size_t *cap, bool deterministic,
@@ -47,6 +49,30 @@ mp_status mp_train_reduce_shard(mp_optimizer *opt, float **buf, size_t *cap, boo
     if ((s = mp_dist_allreduce_f64(figures, 2))) return s;
     *loss = (float)figures[0];
     *correct = (int64_t)figures[1];
+    return MP_OK;
+}
+
+mp_status mp_train_reduce_amax(mp_model *m, uint32_t **buf, size_t *cap)
+{
+    size_t n = (size_t)m->nfp8;
+    if (!n) return MP_OK;
+    if (2 * n > *cap) {
+        uint32_t *b = realloc(*buf, 2 * n * sizeof *b);
+        if (!b) return mp_set_error(MP_ERR_NOMEM, "data parallel: out of memory for amaxes");
+        *buf = b;
+        *cap = 2 * n;
+    }
+    uint32_t *v = *buf; /* the amaxes' bits (never negative), then whether pending */
+    for (size_t i = 0; i < n; i++) {
+        v[i] = m->fp8[i].has_pending ? mp_f32_bits(m->fp8[i].pending) : 0;
+        v[n + i] = m->fp8[i].has_pending;
+    }
+    mp_status s = mp_dist_allreduce_max_u32(v, 2 * n);
+    if (s) return s;
+    for (size_t i = 0; i < n; i++) {
+        m->fp8[i].has_pending = v[n + i] != 0;
+        m->fp8[i].pending = m->fp8[i].has_pending ? mp_bits_f32(v[i]) : 0.0f;
+    }
     return MP_OK;
 }
 

@@ -17,6 +17,8 @@ typedef struct {
     int64_t row_cap;
     float *reduce; /* data parallel: every gradient in one buffer */
     size_t reduce_cap;
+    uint32_t *amax; /* and the float8 amaxes */
+    size_t amax_cap;
 } training;
 
 static void training_free(void *p)
@@ -27,6 +29,7 @@ static void training_free(void *p)
     mp_loss_scaler_free(t->scaler);
     free(t->row);
     free(t->reduce);
+    free(t->amax);
     free(t);
 }
 
@@ -178,8 +181,9 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
         if ((s = mp_model_loss_backward(m, &spec, scale, false, &res.loss))) return s;
     }
     if (global_batch > 0 &&
-        (s = mp_train_reduce_shard(t->opt, &t->reduce, &t->reduce_cap, deterministic, empty,
-                                   &res.loss, &res.correct)))
+        ((s = mp_train_reduce_shard(t->opt, &t->reduce, &t->reduce_cap, deterministic, empty,
+                                    &res.loss, &res.correct)) ||
+         (s = mp_train_reduce_amax(m, &t->amax, &t->amax_cap))))
         return s;
     if (t->scaler) {
         bool found_inf = false;

@@ -17,6 +17,13 @@ void mp_model_set_step_counts(mp_model *m, int64_t applied, int64_t skipped);
 mp_status mp_train_reduce_shard(mp_optimizer *opt, float **buf, size_t *cap, bool deterministic,
                                 bool empty, float *loss, int64_t *correct);
 
+/* Data parallel, before the float8 recipe's commit: each quantized
+ * tensor's pending amax becomes its maximum over the ranks (pending where
+ * any rank has one), as Transformer Engine reduces amaxes over the
+ * data-parallel group, so that every rank commits the same histories and
+ * delayed scales. *buf of *cap words is the exchange buffer (grown). */
+mp_status mp_train_reduce_amax(mp_model *m, uint32_t **buf, size_t *cap);
+
 /* fit, data parallel: this rank and the number of ranks, which the batch
  * size must divide by; then every rank must fit the same data in the same
  * order (fingerprint, count, batch size, seed). */
