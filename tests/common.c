@@ -67,3 +67,12 @@ double test_gemm_worst(const test_gemm_ref *g, const void *got, mp_dtype got_typ
         }
     return worst;
 }
+
+float *test_transpose(const float *x, int64_t rows, int64_t cols)
+{
+    float *t = malloc((size_t)(rows * cols) * sizeof *t);
+    if (!t) abort();
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) t[c * rows + r] = x[r * cols + c];
+    return t;
+}

@@ -85,15 +85,6 @@ static ref_operand ref_q(const qcase *c, bool grad, const float *x, int64_t rows
     return o;
 }
 
-static float *transpose(const float *x, int64_t rows, int64_t cols)
-{
-    float *t = malloc((size_t)(rows * cols) * sizeof *t);
-    assert_non_null(t);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) t[c * rows + r] = x[r * cols + c];
-    return t;
-}
-
 /* got against a * b (a [m, k], b read at b[kk * bs_k + j * bs_n]) times
  * the operands' factors, plus bias */
 static void check_gemm(const char *what, const ref_operand *a, const ref_operand *b,
@@ -103,6 +94,24 @@ static void check_gemm(const char *what, const ref_operand *a, const ref_operand
     test_gemm_ref g = {a->v, b->v, bias, m, n, k, bs_k, bs_n, gt == MP_BF16, 3, a->inv * b->inv};
     double worst = test_gemm_worst(&g, got, gt);
     if (!(worst <= 1)) fail_msg("%s: error %.3g times the bound", what, worst);
+}
+
+/* A projection's parameter gradients from its input x [B, in] and output
+ * gradient dz [B, out]: dW = q(x)^T q(dz), both down the samples; db = the
+ * column sums of dz (float32, unquantized; gamma_B). */
+static void check_param_grads(const qcase *c, const char *what, const float *x, int64_t in,
+                              const float *dz, int64_t out, const mp_model_param *w,
+                              const mp_model_param *b)
+{
+    ref_operand qx = ref_q(c, false, x, B, in, 0), qz = ref_q(c, true, dz, B, out, 0);
+    ref_operand qxt = {test_transpose(qx.v, B, in), qx.inv};
+    check_gemm(what, &qxt, &qz, NULL, in, out, B, out, 1, w->grad, MP_F32);
+    for (int64_t j = 0; j < out; j++) {
+        double s = 0, mag = 0;
+        for (int r = 0; r < B; r++) s += dz[r * out + j], mag += fabs(dz[r * out + j]);
+        if (!(fabs(b->grad[j] - s) <= test_gamma(B) * mag)) fail_msg("%s: bias gradient", what);
+    }
+    free(qx.v), free(qz.v), free(qxt.v);
 }
 
 /* ------------------------------------------ one position, against float64 */
@@ -202,17 +211,8 @@ static void run_case(const qcase *c)
     char what[96];
     snprintf(what, sizeof what, "%s: output", c->label);
     check_gemm(what, &qa, &qwo, bo->master, B, E, HD, E, 1, y->data, MP_BF16);
-    /* dWo = q(V)^T q(dY) (down the samples); dbo = column sums of dY */
-    ref_operand qa0 = ref_q(c, false, v, B, HD, 0), qg0 = ref_q(c, true, dy, B, E, 0);
-    float *qa0t = transpose(qa0.v, B, HD);
-    ref_operand qa0t_op = {qa0t, qa0.inv};
-    snprintf(what, sizeof what, "%s: output kernel gradient", c->label);
-    check_gemm(what, &qa0t_op, &qg0, NULL, HD, E, B, E, 1, wo->grad, MP_F32);
-    for (int j = 0; j < E; j++) {
-        double s = 0, mag = 0;
-        for (int r = 0; r < B; r++) s += dy[r * E + j], mag += fabs(dy[r * E + j]);
-        assert_true(fabs(bo->grad[j] - s) <= test_gamma(B) * mag);
-    }
+    snprintf(what, sizeof what, "%s: output projection", c->label);
+    check_param_grads(c, what, v, HD, dy, E, wo, bo);
     /* dA = q(dY) q(Wo)^T (along the units), exact before its rounding;
      * dV = dA */
     ref_operand qg1 = ref_q(c, true, dy, B, E, 1), qwo1 = ref_q(c, false, wo->master, HD, E, 1);
@@ -222,17 +222,8 @@ static void run_case(const qcase *c)
             for (int j = 0; j < E; j++) s += (double)qg1.v[r * E + j] * qwo1.v[k * E + j];
             da[r * HD + k] = bf16r(s * qg1.inv * qwo1.inv);
         }
-    /* dWv = q(x)^T q(dV) (down the samples); dbv = column sums of dV */
-    ref_operand qx0 = ref_q(c, false, x, B, E, 0), qd0 = ref_q(c, true, da, B, HD, 0);
-    float *qx0t = transpose(qx0.v, B, E);
-    ref_operand qx0t_op = {qx0t, qx0.inv};
-    snprintf(what, sizeof what, "%s: value kernel gradient", c->label);
-    check_gemm(what, &qx0t_op, &qd0, NULL, E, HD, B, HD, 1, wv->grad, MP_F32);
-    for (int j = 0; j < HD; j++) {
-        double s = 0, mag = 0;
-        for (int r = 0; r < B; r++) s += da[r * HD + j], mag += fabs(da[r * HD + j]);
-        assert_true(fabs(bv->grad[j] - s) <= test_gamma(B) * mag);
-    }
+    snprintf(what, sizeof what, "%s: value projection", c->label);
+    check_param_grads(c, what, x, E, da, HD, wv, bv);
     /* dx = q(dV) q(Wv)^T (along the projection's columns), in bfloat16 */
     ref_operand qd1 = ref_q(c, true, da, B, HD, 1), qwv1 = ref_q(c, false, wv->master, E, HD, 1);
     const mp_tensor *dx = mp_model_node_grad(m, pre);
@@ -260,8 +251,8 @@ static void run_case(const qcase *c)
         }
         assert_int_equal(mp_model_float8_num_tensors(m), 12);
     }
-    free(qa.v), free(qwo.v), free(qa0.v), free(qg0.v), free(qa0t), free(qx0.v), free(qd0.v);
-    free(qx0t), free(qd1.v), free(qwv1.v), free(qx1.v), free(qwv0.v), free(qg1.v), free(qwo1.v);
+    free(qa.v), free(qwo.v), free(qd1.v), free(qwv1.v), free(qx1.v), free(qwv0.v), free(qg1.v);
+    free(qwo1.v);
     mp_model_free(m);
 }
 

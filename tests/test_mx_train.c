@@ -118,15 +118,6 @@ static dense_model make_dense(const mp_mx_params *p)
     return d;
 }
 
-static float *transpose(const float *x, int64_t rows, int64_t cols)
-{
-    float *t = malloc((size_t)(rows * cols) * sizeof *t);
-    assert_non_null(t);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) t[c * rows + r] = x[r * cols + c];
-    return t;
-}
-
 /* Forward y = x W + b, backward dW = x^T dz, db = colsum(dz), dx = dz W^T,
  * for each forward format (gradients E5M2, and once E2M1), against the
  * emulation: x (bf16) along its features and W down its rows (forward); x
@@ -173,7 +164,7 @@ static void test_dense_emulation(void **state)
         fwd_bad.b = qw1; /* W quantized along its columns */
         assert_true(test_gemm_worst(&fwd_bad, y->data, MP_BF16) > 10);
         /* dW[k, j] = sum_r x[r, k] dz[r, j]: x^T as the [K, ROWS] left operand */
-        float *qx0t = transpose(qx0, ROWS, K), *qx1t = transpose(qx1, ROWS, K);
+        float *qx0t = test_transpose(qx0, ROWS, K), *qx1t = test_transpose(qx1, ROWS, K);
         test_gemm_ref gw = {qx0t, qg0, NULL, K, UNITS, ROWS, UNITS, 1, false, 0, 1.0};
         assert_true(test_gemm_worst(&gw, w->grad, MP_F32) <= 1);
         test_gemm_ref gw_bad = gw;
