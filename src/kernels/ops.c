@@ -127,9 +127,9 @@ void mp_op_positive_mask(const void *y, mp_dtype yt, uint8_t *mask, size_t n)
     const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (chunks > 8)
     for (long long c = 0; c < chunks; c++) {
-        float s[CHUNK];
+        float buf[CHUNK];
         size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
-        load(s, y, yt, off, len);
+        const float *s = view(buf, y, yt, off, len);
         for (size_t i = 0; i < len; i += 8) {
             unsigned bits = 0;
             for (size_t b = 0; b < 8 && i + b < len; b++) bits |= (unsigned)(s[i + b] > 0.0f) << b;
@@ -144,12 +144,13 @@ void mp_op_mask_grad(const uint8_t *mask, const void *dy, mp_dtype dyt, void *dx
     const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (chunks > 8)
     for (long long c = 0; c < chunks; c++) {
-        float g[CHUNK];
+        float gb[CHUNK], ob[CHUNK];
         size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
-        load(g, dy, dyt, off, len);
+        const float *g = view(gb, dy, dyt, off, len);
+        float *o = out_at(ob, dx, dxt, off);
         for (size_t i = 0; i < len; i++) /* as act_d: a product, so -0 and NaN as there */
-            g[i] *= (mask[(off + i) / 8] >> ((off + i) % 8)) & 1u ? 1.0f : 0.0f;
-        store(dx, dxt, off, g, len);
+            o[i] = g[i] * ((mask[(off + i) / 8] >> ((off + i) % 8)) & 1u ? 1.0f : 0.0f);
+        if (dxt != MP_F32) store(dx, dxt, off, o, len);
     }
 }
 
