@@ -68,7 +68,7 @@ double test_gemm_worst(const test_gemm_ref *g, const void *got, mp_dtype got_typ
     return worst;
 }
 
-float *test_transpose(const float *x, int64_t rows, int64_t cols)
+float *test_transpose_copy(const float *x, int64_t rows, int64_t cols)
 {
     float *t = malloc((size_t)(rows * cols) * sizeof *t);
     if (!t) abort();

@@ -71,7 +71,7 @@ typedef struct {
 double test_gemm_worst(const test_gemm_ref *g, const void *got, mp_dtype got_type);
 
 /* x [rows, cols] transposed into a new array (the caller frees it). */
-float *test_transpose(const float *x, int64_t rows, int64_t cols);
+float *test_transpose_copy(const float *x, int64_t rows, int64_t cols);
 
 /* The ISA paths this CPU can run, for looping tests over every path. */
 int test_isas(mp_isa out[MP_ISA_COUNT]);

@@ -104,7 +104,7 @@ static void check_param_grads(const qcase *c, const char *what, const float *x, 
                               const mp_model_param *b)
 {
     ref_operand qx = ref_q(c, false, x, B, in, 0), qz = ref_q(c, true, dz, B, out, 0);
-    ref_operand qxt = {test_transpose(qx.v, B, in), qx.inv};
+    ref_operand qxt = {test_transpose_copy(qx.v, B, in), qx.inv};
     check_gemm(what, &qxt, &qz, NULL, in, out, B, out, 1, w->grad, MP_F32);
     for (int64_t j = 0; j < out; j++) {
         double s = 0, mag = 0;

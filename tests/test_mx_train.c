@@ -164,7 +164,7 @@ static void test_dense_emulation(void **state)
         fwd_bad.b = qw1; /* W quantized along its columns */
         assert_true(test_gemm_worst(&fwd_bad, y->data, MP_BF16) > 10);
         /* dW[k, j] = sum_r x[r, k] dz[r, j]: x^T as the [K, ROWS] left operand */
-        float *qx0t = test_transpose(qx0, ROWS, K), *qx1t = test_transpose(qx1, ROWS, K);
+        float *qx0t = test_transpose_copy(qx0, ROWS, K), *qx1t = test_transpose_copy(qx1, ROWS, K);
         test_gemm_ref gw = {qx0t, qg0, NULL, K, UNITS, ROWS, UNITS, 1, false, 0, 1.0};
         assert_true(test_gemm_worst(&gw, w->grad, MP_F32) <= 1);
         test_gemm_ref gw_bad = gw;
