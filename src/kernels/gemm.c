@@ -110,11 +110,16 @@ static void micro(const gemm_impl *im, gemm_kernel_fn kern, int kw, int64_t kc, 
 }
 
 /* Whether A can be read in place: float32 on a kernel that takes it so,
- * with a unit stride along width or depth. */
+ * along rows (unit depth stride: 8 sequential streams), or along columns
+ * when the depth stride is short. A panel column is then 8 floats of a
+ * row; with rows 4 KiB or more apart, the kc rows a kernel call walks land
+ * in a few L1 sets and evict each other (measured slower than packing for
+ * 1024- and 4096-wide rows, faster for 256). */
 static bool a_in_place(const gemm_impl *im, const gemm_operand *a)
 {
+    enum { MAX_COLUMN_STRIDE = 256 };
     return im->kernel_a && im->fmt == GEMM_FMT_F32 && a->type == MP_F32 && !a->gather &&
-           (a->sw == 1 || a->sd == 1);
+           (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
 }
 
 /* Computes rows [m0, m1) x cols [n0, n1) of C; false if out of memory. */
