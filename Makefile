@@ -2,6 +2,7 @@
 #   make                 library (static + shared) and the CLI
 #   make test            the test suite (installs missing Debian packages first)
 #   make test SANITIZE=1 the same under AddressSanitizer + UBSan
+#   make test-browser    the HTML report in headless Chromium (part of make test)
 #   make test-exhaustive conversions checked on all 2^32 float32 inputs
 #   make fuzz            libFuzzer on the checkpoint loader (FUZZ_SECONDS=60)
 #   make bench           every benchmark (convert, gemm, step, checkpoint, conv, gpt)
@@ -68,7 +69,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: lm test-mpi deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: lm test-mpi test-browser deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -117,6 +118,7 @@ test: deps-test
 	@sh tests/headers_test.sh
 	@sh tests/run.sh $(BUILD) $(TEST_BIN)
 	@$(MAKE) --no-print-directory test-mpi
+	@$(MAKE) --no-print-directory test-browser
 
 # Data parallel through mpirun (2 ranks on this machine); skipped, saying so,
 # in a build without MPI.
@@ -131,6 +133,16 @@ else
 test-mpi:
 	@echo "test-mpi: skipped (this build has no MPI: sh scripts/deps.sh mpi, then make MPI=1 test)"
 endif
+
+# The report in headless Chromium (tests/browser_test.sh, ~10 s): installs
+# chromium and the Fashion-MNIST files first; where they cannot be installed
+# it says that the browser test did not run, and make test still passes.
+test-browser: $(CLI)
+	@if sh scripts/deps.sh browser && sh scripts/deps.sh data; then \
+	  sh tests/browser_test.sh $(BUILD); \
+	else \
+	  echo "test-browser: the browser test did NOT run (chromium or dataset-fashion-mnist could not be installed: as root, sh scripts/deps.sh browser; sh scripts/deps.sh data)"; \
+	fi
 
 $(BUILD)/exhaustive: $(BUILD)/obj/tests/exhaustive.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)

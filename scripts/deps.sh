@@ -12,6 +12,7 @@ case "$1" in
     text) pkgs="fortunes" ;;
     pkgconfig) pkgs="pkg-config" ;;
     mpi) pkgs="gcc make libc6-dev libopenmpi-dev openmpi-bin" ;;
+    browser) pkgs="chromium" ;;
     *) echo "deps.sh: unknown group '$1'" >&2; exit 2 ;;
 esac
 missing=""

@@ -72,9 +72,9 @@ typedef struct {
 
 void report_line_chart(FILE *f, const report_axes *a, const report_series *s, int ns);
 /* rows x cols cells (NAN: no value), log10 colour scale from lo to hi. */
-void report_heatmap(FILE *f, const char *title, const char *xlabel, const char *const *rows,
-                    int nrows, const double *cols, int ncols, const double *v, double lo, double hi,
-                    const char *unit);
+void report_heatmap(FILE *f, const char *title, const char *xlabel, const char *ylabel,
+                    const char *const *rows, int nrows, const double *cols, int ncols,
+                    const double *v, double lo, double hi, const char *unit);
 /* Groups of bars (one group per category, one bar per run), values in MiB. */
 void report_bar_chart(FILE *f, const char *title, const char *ylabel, const char *const *cats,
                       int ncats, const char *const *names, int nruns, const double *v);

@@ -186,8 +186,8 @@ static void heatmaps(FILE *f, const report_run *r)
     char title[300];
     snprintf(title, sizeof title, "%s: fraction of values that underflow in the compute dtype",
              r->label);
-    report_heatmap(f, title, "training step", rows, nrows, cols, nd, uf, 1e-6, 1,
-                   "fraction flushed to zero or subnormal");
+    report_heatmap(f, title, "training step", "layer and tensor", rows, nrows, cols, nd, uf, 1e-6,
+                   1, "fraction flushed to zero or subnormal");
     snprintf(title, sizeof title, "%s: amax relative to the format's largest finite value",
              r->label);
     double hi = amaxv > 0 ? pow(10, ceil(log10(amaxv))) : 1;
@@ -195,7 +195,7 @@ static void heatmaps(FILE *f, const report_run *r)
      * otherwise squash the scale (below it: the darkest colour) */
     double lo = isfinite(amin) ? fmax(pow(10, floor(log10(amin))), hi * 1e-12) : hi * 1e-6;
     if (hi <= lo) hi = lo * 10;
-    report_heatmap(f, title, "training step", rows, nrows, cols, nd, am, lo, hi,
+    report_heatmap(f, title, "training step", "layer and tensor", rows, nrows, cols, nd, am, lo, hi,
                    "amax / max finite of the tensor's compute dtype");
 out:
     free(keys);

@@ -35,13 +35,16 @@ void report_escape(FILE *f, const char *s)
     }
 }
 
-static void open_svg(FILE *f, int w, int h, const char *title)
+/* kind (data-chart): line, heatmap or bars; with the classes of the data
+ * marks (series, point, skip, cell, bar, scale), what tests/browser_check.js
+ * checks in a browser. */
+static void open_svg(FILE *f, int w, int h, const char *kind, const char *title)
 {
     fprintf(f,
-            "<svg width=\"%d\" height=\"%d\" "
+            "<svg data-chart=\"%s\" width=\"%d\" height=\"%d\" "
             "viewBox=\"0 0 %d %d\" role=\"img\" font-family=\"sans-serif\" font-size=\"12\">"
             "<title>",
-            w, h, w, h);
+            kind, w, h, w, h);
     report_escape(f, title);
     fprintf(f, "</title><text x=\"%d\" y=\"20\" font-size=\"14\" font-weight=\"bold\">", ML);
     report_escape(f, title);
@@ -165,7 +168,7 @@ void report_line_chart(FILE *f, const report_axes *a, const report_series *s, in
             fr.y0 = fmin(fr.y0, s[i].y[k]), fr.y1 = fmax(fr.y1, s[i].y[k]);
             if (s[i].y[k] > 0) ypos = fmin(ypos, s[i].y[k]);
         }
-    open_svg(f, W, H, a->title);
+    open_svg(f, W, H, "line", a->title);
     if (!isfinite(fr.x0)) {
         fprintf(f, "<text x=\"%d\" y=\"%d\">no data</text></svg>\n", ML, H / 2);
         return;
@@ -186,11 +189,13 @@ void report_line_chart(FILE *f, const report_axes *a, const report_series *s, in
         if (s[i].markers_only) {
             for (int k = 0; k < s[i].n; k++)
                 if (isfinite(s[i].y[k]) && (!fr.logy || s[i].y[k] > 0))
-                    fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>",
+                    fprintf(f,
+                            "<circle class=\"point\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>",
                             px(&fr, s[i].x[k]), py(&fr, s[i].y[k]), c);
         } else {
-            fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s d=\"", c,
-                    s[i].dashed ? " stroke-dasharray=\"6 3\"" : "");
+            fprintf(f,
+                    "<path class=\"series\" fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s d=\"",
+                    c, s[i].dashed ? " stroke-dasharray=\"6 3\"" : "");
             bool pen = false;
             double lasty = 0;
             for (int k = 0; k < s[i].n; k++) {
@@ -232,13 +237,13 @@ static void viridis(double t, char *buf)
              (int)(v[i][2] + u * (v[i + 1][2] - v[i][2])));
 }
 
-void report_heatmap(FILE *f, const char *title, const char *xlabel, const char *const *rows,
-                    int nrows, const double *cols, int ncols, const double *v, double lo, double hi,
-                    const char *unit)
+void report_heatmap(FILE *f, const char *title, const char *xlabel, const char *ylabel,
+                    const char *const *rows, int nrows, const double *cols, int ncols,
+                    const double *v, double lo, double hi, const char *unit)
 {
     const int lw = 200, cell_h = 14, top = 34, w = W, bar = 16;
     int plot_w = w - lw - 120, h = top + nrows * cell_h + 70;
-    open_svg(f, w, h, title);
+    open_svg(f, w, h, "heatmap", title);
     double cw = ncols ? (double)plot_w / ncols : plot_w;
     char col[8];
     for (int r = 0; r < nrows; r++) {
@@ -253,10 +258,11 @@ void report_heatmap(FILE *f, const char *title, const char *xlabel, const char *
                 snprintf(col, sizeof col, "#ffffff");
             else
                 viridis((log10(x) - log10(lo)) / (log10(hi) - log10(lo)), col);
-            fprintf(f,
-                    "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\" "
-                    "stroke=\"#eee\" stroke-width=\"0.5\"><title>%s step %g: %.3g</title></rect>",
-                    lw + c * cw, top + r * cell_h, cw + 0.2, cell_h, col, rows[r], cols[c], x);
+            fprintf(
+                f,
+                "<rect class=\"cell\" x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\" "
+                "stroke=\"#eee\" stroke-width=\"0.5\"><title>%s step %g: %.3g</title></rect>",
+                lw + c * cw, top + r * cell_h, cw + 0.2, cell_h, col, rows[r], cols[c], x);
         }
         fputc('\n', f);
     }
@@ -269,13 +275,20 @@ void report_heatmap(FILE *f, const char *title, const char *xlabel, const char *
     fprintf(f, "<text class=\"xlabel\" x=\"%d\" y=\"%d\" text-anchor=\"middle\">", lw + plot_w / 2,
             y0 + 32);
     report_escape(f, xlabel);
+    fprintf(f,
+            "</text><text class=\"ylabel\" transform=\"translate(14 %d) rotate(-90)\" "
+            "text-anchor=\"middle\">",
+            top + nrows * cell_h / 2);
+    report_escape(f, ylabel);
     fputs("</text>\n", f);
     /* the colour scale, by decade */
     int bx = lw + plot_w + 30, nd = (int)lround(log10(hi) - log10(lo));
     for (int i = 0; i < 32; i++) {
         viridis(1 - i / 31.0, col);
-        fprintf(f, "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"%s\"/>", bx,
-                top + i * (nrows * cell_h) / 32.0, bar, (nrows * cell_h) / 32.0 + 0.5, col);
+        fprintf(
+            f,
+            "<rect class=\"scale\" x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"%s\"/>",
+            bx, top + i * (nrows * cell_h) / 32.0, bar, (nrows * cell_h) / 32.0 + 0.5, col);
     }
     for (int d = 0; d <= nd; d += nd > 6 ? 2 : 1)
         fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-size=\"10\">1e%d</text>", bx + bar + 4,
@@ -303,7 +316,7 @@ void report_bar_chart(FILE *f, const char *title, const char *ylabel, const char
     } else {
         fr.y1 *= 1.08;
     }
-    open_svg(f, W, H, title);
+    open_svg(f, W, H, "bars", title);
     int x0 = ML, x1 = W - MR, y0 = H - MB;
     fprintf(f,
             "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#444\"/>\n",
@@ -316,7 +329,8 @@ void report_bar_chart(FILE *f, const char *title, const char *ylabel, const char
             if (!isfinite(val) || (fr.logy && val <= 0)) continue;
             double bx = x0 + c * gw + gw * 0.1 + r * bw;
             fprintf(f,
-                    "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\">"
+                    "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                    "fill=\"%s\">"
                     "<title>%s: %.1f</title></rect>",
                     bx, py(&fr, val), bw, y0 - py(&fr, val), report_colour(r), cats[c], val);
         }
