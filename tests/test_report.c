@@ -2,7 +2,8 @@
  * report` end to end on small generated CSV data: the run directory's files,
  * a page with an <svg> per chart, axis labels and legends and nothing
  * fetched, and damaged runs (a malformed middle line, a truncated last line,
- * no history, an empty log) giving a page with notes and exit status 1.
+ * no history, an empty log; together and each alone) giving a page with
+ * notes and exit status 1.
  * The CLI under test is $MP_CLI (tests/run.sh sets it). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,12 +194,105 @@ static void test_damaged_runs(void **state)
     assert_int_equal(run("report %s/dmg"), 2);
 }
 
+/* The page's count of a run's step and event records ("N records") */
+static int page_records(const char *html, const char *run)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s/%s (compute dtype", dir, run);
+    const char *p = strstr(html, key);
+    if (!p) return -1;
+    p = strstr(p, "epochs, ");
+    int n = -1;
+    return p && sscanf(p, "epochs, %d records", &n) == 1 ? n : -1;
+}
+
+/* Each damage alone, on copies of one whole run: the note names it (the
+ * line number where there is one), the page keeps what is readable, and
+ * the exit status is 1 for a partial report, 0 for the whole one. */
+static void test_each_damage_alone(void **state)
+{
+    (void)state;
+    train("whole", "mixed_float16");
+    assert_int_equal(run("report %s/whole -o %s/whole.html"), 0);
+    char *html = slurp("whole.html");
+    char *log = slurp("whole/diagnostics.jsonl");
+    assert_non_null(html);
+    assert_non_null(log);
+    /* every step and event line is a record of the page */
+    int records = count(log, "{\"type\":\"step\"") + count(log, "{\"type\":\"event\"");
+    int lines = count(log, "\n");
+    assert_int_equal(page_records(html, "whole"), records);
+    free(html);
+    const char *names[] = {"nohist", "emptylog", "cut", "bad"};
+    for (int i = 0; i < 4; i++) {
+        char a[160];
+        snprintf(a, sizeof a, "cp -r %%s/whole %%s/%s", names[i]);
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, a, dir, dir);
+        assert_int_equal(system(cmd), 0);
+    }
+    char p[256];
+    snprintf(p, sizeof p, "%s/nohist/history.csv", dir);
+    assert_int_equal(unlink(p), 0);
+    write_file("emptylog/diagnostics.jsonl", "");
+    /* the last line (an epoch record) cut short, without its newline */
+    char *cut = strdup(log);
+    size_t len = strlen(cut);
+    char *last = cut + len - 2;
+    while (*last != '\n') last--;
+    last[20] = 0;
+    write_file("cut/diagnostics.jsonl", cut);
+    free(cut);
+    /* the second step record (line 3) broken in the middle */
+    char *bad = strdup(log);
+    char *l3 = strchr(strchr(bad, '\n') + 1, '\n') + 1;
+    assert_true(!strncmp(l3, "{\"type\":\"step\"", strlen("{\"type\":\"step\"")));
+    l3[40] = ']';
+    write_file("bad/diagnostics.jsonl", bad);
+    free(bad);
+    free(log);
+    char expect[64];
+    struct {
+        const char *name, *note;
+        int records; /* -1: not checked */
+    } cases[] = {
+        {"nohist", "no history.csv", records},
+        {"emptylog", "diagnostics.jsonl is empty", 0},
+        {"cut", expect, records},
+        {"bad", "diagnostics.jsonl line 3: malformed", records - 1},
+    };
+    for (int i = 0; i < 4; i++) {
+        if (i == 2)
+            snprintf(expect, sizeof expect, "diagnostics.jsonl line %d: truncated last line",
+                     lines);
+        char a[160];
+        snprintf(a, sizeof a, "report %%s/%s -o %%s/%s.html", cases[i].name, cases[i].name);
+        assert_int_equal(run(a), 1);
+        char *out = slurp("out.txt");
+        assert_non_null(out);
+        assert_non_null(strstr(out, cases[i].note));
+        free(out);
+        char page_name[64];
+        snprintf(page_name, sizeof page_name, "%s.html", cases[i].name);
+        html = slurp(page_name);
+        assert_non_null(html);
+        assert_non_null(strstr(html, cases[i].note));
+        assert_int_equal(page_records(html, cases[i].name), cases[i].records);
+        /* the loss curves still come out: from the history or the epoch records */
+        char series[96];
+        snprintf(series, sizeof series, "%s (mixed_float16) validation", cases[i].name);
+        assert_non_null(strstr(html, series));
+        free(html);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_dir_files),
         cmocka_unit_test(test_report_page),
         cmocka_unit_test(test_damaged_runs),
+        cmocka_unit_test(test_each_damage_alone),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
