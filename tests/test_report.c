@@ -78,15 +78,17 @@ static int count(const char *hay, const char *needle)
     return k;
 }
 
-static void train(const char *name, const char *policy)
+static void train_mlp(const char *name, const char *policy, const char *hidden)
 {
     char args[512];
     snprintf(args, sizeof args,
-             "train --data %%s/train.csv --hidden 16 --policy %s --epochs 2 --batch-size 32 "
+             "train --data %%s/train.csv --hidden %s --policy %s --epochs 2 --batch-size 32 "
              "--validation-split 0.2 --quiet --run-dir %%s/%s --diagnostics 2",
-             policy, name);
+             hidden, policy, name);
     assert_int_equal(run(args), 0);
 }
+
+static void train(const char *name, const char *policy) { train_mlp(name, policy, "16"); }
 
 static void test_run_dir_files(void **state)
 {
@@ -118,11 +120,20 @@ static void test_report_page(void **state)
     assert_int_equal(run("report %s/p16 %s/pbf16 -o %s/report.html"), 0);
     char *html = slurp("report.html");
     assert_non_null(html);
-    /* loss, accuracy, loss scale, 2 heatmaps per run, memory, time */
-    assert_int_equal(count(html, "<svg"), 9);
-    assert_int_equal(count(html, "</svg>"), 9);
-    assert_true(count(html, "class=\"xlabel\"") >= 9);
-    assert_true(count(html, "class=\"ylabel\"") >= 5);
+    /* loss, accuracy, loss scale, per run 2 heatmaps and 2 weight charts, memory, time */
+    assert_int_equal(count(html, "<svg"), 13);
+    assert_int_equal(count(html, "</svg>"), 13);
+    assert_int_equal(count(html, "data-chart=\"line\""), 8);
+    assert_int_equal(count(html, "data-chart=\"heatmap\""), 4);
+    assert_int_equal(count(html, "class=\"xlabel\""), 13);
+    assert_int_equal(count(html, "class=\"ylabel\""), 13);
+    /* a line per weight (2 Dense layers: 4), in each run's two weight charts */
+    assert_int_equal(count(html, ">dense.kernel</text>"), 4);
+    assert_int_equal(count(html, ">dense_1.bias</text>"), 4);
+    assert_int_equal(count(html, "p16 (mixed_float16): compute copy against float32 master"), 2);
+    assert_int_equal(count(html, "pbf16 (mixed_bfloat16): update-to-weight ratio"), 2);
+    assert_true(strstr(html, "relative error ‖w_copy − w‖ / ‖w‖") != NULL);
+    assert_true(strstr(html, "‖Δw‖ / ‖w‖ per step (ratio)") != NULL);
     assert_true(strstr(html, "training step") != NULL);
     assert_true(strstr(html, "loss (cross-entropy, nats)") != NULL);
     assert_true(strstr(html, "memory (MiB)") != NULL);
@@ -184,7 +195,8 @@ static void test_damaged_runs(void **state)
     free(out);
     char *html = slurp("bad.html");
     assert_non_null(html);
-    assert_int_equal(count(html, "<svg"), 7); /* heatmaps of the damaged run only */
+    /* per-layer charts of the damaged run only */
+    assert_int_equal(count(html, "<svg"), 9);
     assert_true(strstr(html, "line 3: malformed") != NULL);
     assert_true(strstr(html, "diagnostics.jsonl is empty") != NULL);
     /* the readable lines still gave curves: the epoch records stand in for the history */
@@ -192,6 +204,23 @@ static void test_damaged_runs(void **state)
     free(html);
     assert_int_equal(run("report -o %s/x.html"), 2);
     assert_int_equal(run("report %s/dmg"), 2);
+}
+
+/* More weights than a line chart's legend holds (5 Dense layers: 10): the
+ * copy error and update ratio become heatmaps, a row per weight. */
+static void test_many_weights(void **state)
+{
+    (void)state;
+    train_mlp("deep", "mixed_bfloat16", "8,8,8,8");
+    assert_int_equal(run("report %s/deep -o %s/deep.html"), 0);
+    char *html = slurp("deep.html");
+    assert_non_null(html);
+    assert_int_equal(count(html, "data-chart=\"heatmap\""), 4);
+    assert_int_equal(count(html, "data-chart=\"line\""), 4); /* loss, accuracy, scale, time */
+    /* each weight a row (right-aligned text before its cells) of both charts */
+    assert_int_equal(count(html, ">dense_4.kernel</text>"), 2);
+    assert_int_equal(count(html, ">dense.bias</text>"), 2);
+    free(html);
 }
 
 /* The page's count of a run's step and event records ("N records") */
@@ -289,9 +318,8 @@ static void test_each_damage_alone(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_run_dir_files),
-        cmocka_unit_test(test_report_page),
-        cmocka_unit_test(test_damaged_runs),
+        cmocka_unit_test(test_run_dir_files),     cmocka_unit_test(test_report_page),
+        cmocka_unit_test(test_many_weights),      cmocka_unit_test(test_damaged_runs),
         cmocka_unit_test(test_each_damage_alone),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,6 +1,6 @@
 /* report.h - `mixprec report`: what one run directory holds once read
- * (report_read.c), the SVG charts (report_svg.c) and the page
- * (report_cmd.c). */
+ * (report_read.c), the SVG charts (report_svg.c), the per-layer charts
+ * (report_layers.c) and the page (report_cmd.c). */
 #ifndef MP_CLI_REPORT_H
 #define MP_CLI_REPORT_H
 
@@ -75,6 +75,11 @@ void report_line_chart(FILE *f, const report_axes *a, const report_series *s, in
 void report_heatmap(FILE *f, const char *title, const char *xlabel, const char *ylabel,
                     const char *const *rows, int nrows, const double *cols, int ncols,
                     const double *v, double lo, double hi, const char *unit);
+/* Per run (report_layers.c): the heatmaps of its tensors' underflow and
+ * amax (or a note when it has no diagnostics records), and its weights'
+ * copy error and update-to-weight ratio over time. */
+void report_layer_heatmaps(FILE *f, const report_run *r);
+void report_weight_charts(FILE *f, const report_run *r);
 /* Groups of bars (one group per category, one bar per run), values in MiB. */
 void report_bar_chart(FILE *f, const char *title, const char *ylabel, const char *const *cats,
                       int ncats, const char *const *names, int nruns, const double *v);

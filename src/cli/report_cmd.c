@@ -1,7 +1,7 @@
 /* report_cmd.c - `mixprec report DIR [DIR...] -o report.html`: one
  * self-contained HTML page (inline SVG, no scripts, nothing fetched)
  * comparing training runs from their run directories: loss and accuracy,
- * the loss scale with skipped steps, per-layer underflow and amax heatmaps,
+ * the loss scale with skipped steps, the per-layer charts (report_layers.c),
  * memory by category, time per step and each model's precision plan. */
 #include <math.h>
 #include <stdlib.h>
@@ -114,95 +114,6 @@ static void loss_scale_chart(FILE *f, report_run *runs, int nr)
     pts_free(p, nr * 2);
     free(p);
     free(s);
-}
-
-static void tensor_key(json_t *layer, json_t *t, char *buf, size_t len)
-{
-    const char *kind = json_string_value(json_object_get(t, "kind"));
-    const char *name = json_string_value(json_object_get(t, "name"));
-    const char *ln = json_string_value(json_object_get(layer, "name"));
-    const char *dot = name ? strrchr(name, '.') : NULL;
-    snprintf(buf, len, "%s %s%s%s", ln ? ln : "?", kind ? kind : "?", dot ? " " : "",
-             dot ? dot + 1 : "");
-}
-
-/* The per-layer heatmaps of one run: rows are the tensors of its first
- * diagnostics record (updates aside), columns its diagnostic steps. */
-static void heatmaps(FILE *f, const report_run *r)
-{
-    int nd = 0, first = -1;
-    for (int i = 0; i < r->nsteps; i++)
-        if (r->steps[i].diag) nd++, first = first < 0 ? i : first;
-    if (!nd) {
-        fputs("<p class=\"note\">No diagnostics records (train with --diagnostics N): no "
-              "heatmaps.</p>\n",
-              f);
-        return;
-    }
-    char(*keys)[96] = NULL;
-    int nrows = 0;
-    json_t *layers = r->steps[first].layers, *l, *t;
-    size_t i, j;
-    json_array_foreach(layers, i, l) json_array_foreach(json_object_get(l, "tensors"), j, t)
-    {
-        const char *kind = json_string_value(json_object_get(t, "kind"));
-        if (kind && !strcmp(kind, "update")) continue;
-        void *k = realloc(keys, (size_t)(nrows + 1) * sizeof *keys);
-        if (!k) break;
-        keys = k;
-        tensor_key(l, t, keys[nrows++], sizeof keys[0]);
-    }
-    const char **rows = malloc(RUNS(nrows) * sizeof *rows);
-    double *cols = malloc(RUNS(nd) * sizeof *cols);
-    double *uf = malloc(RUNS(nrows) * RUNS(nd) * sizeof *uf);
-    double *am = malloc(RUNS(nrows) * RUNS(nd) * sizeof *am);
-    if (!rows || !cols || !uf || !am) goto out;
-    for (int k = 0; k < nrows; k++) rows[k] = keys[k];
-    for (int k = 0; k < nrows * nd; k++) uf[k] = am[k] = NAN;
-    double amin = INFINITY, amaxv = 0;
-    for (int s = 0, c = 0; s < r->nsteps; s++) {
-        if (!r->steps[s].diag) continue;
-        cols[c] = r->steps[s].step;
-        json_array_foreach(r->steps[s].layers, i, l)
-            json_array_foreach(json_object_get(l, "tensors"), j, t)
-        {
-            char key[96];
-            tensor_key(l, t, key, sizeof key);
-            for (int k = 0; k < nrows; k++)
-                if (!strcmp(keys[k], key)) {
-                    json_t *u = json_object_get(t, "underflow_frac"),
-                           *a = json_object_get(t, "amax_rel");
-                    if (json_is_number(u)) uf[k * nd + c] = json_number_value(u);
-                    if (json_is_number(a)) {
-                        double v = json_number_value(a);
-                        am[k * nd + c] = v;
-                        if (v > 0) amin = fmin(amin, v), amaxv = fmax(amaxv, v);
-                    }
-                    break;
-                }
-        }
-        c++;
-    }
-    char title[300];
-    snprintf(title, sizeof title, "%s: fraction of values that underflow in the compute dtype",
-             r->label);
-    report_heatmap(f, title, "training step", "layer and tensor", rows, nrows, cols, nd, uf, 1e-6,
-                   1, "fraction flushed to zero or subnormal");
-    snprintf(title, sizeof title, "%s: amax relative to the format's largest finite value",
-             r->label);
-    double hi = amaxv > 0 ? pow(10, ceil(log10(amaxv))) : 1;
-    /* twelve decades at most: a float32 layer in a float16 model would
-     * otherwise squash the scale (below it: the darkest colour) */
-    double lo = isfinite(amin) ? fmax(pow(10, floor(log10(amin))), hi * 1e-12) : hi * 1e-6;
-    if (hi <= lo) hi = lo * 10;
-    report_heatmap(f, title, "training step", "layer and tensor", rows, nrows, cols, nd, am, lo, hi,
-                   "amax / max finite of the tensor's compute dtype");
-out:
-    free(keys);
-    free(rows);
-    free(cols);
-    free(uf);
-    free(am);
 }
 
 /* Peak bytes per category (MiB) of the last diagnostics record, else the plan. */
@@ -345,7 +256,14 @@ static void page(FILE *f, report_run *runs, int nr)
           "gradient reaching the output (in its dtype, multiplied by the loss scale). Values "
           "count as underflow when nonzero and rounded to zero or to a subnormal.</p>\n",
           f);
-    for (int r = 0; r < nr; r++) heatmaps(f, &runs[r]);
+    for (int r = 0; r < nr; r++) report_layer_heatmaps(f, &runs[r]);
+    fputs("<h2>Weights: rounding and updates</h2>\n<p>Per weight, the relative error of the "
+          "compute copy the layer multiplies with against its float32 master (0 where the "
+          "layer computes in float32: the copy is the master), and the size of each step's "
+          "update against the weight (Adam's updates are about the learning rate; a ratio "
+          "far below the copy's relative error is an update the copy cannot show).</p>\n",
+          f);
+    for (int r = 0; r < nr; r++) report_weight_charts(f, &runs[r]);
     fputs("<h2>Memory</h2>\n", f);
     memory_chart(f, runs, nr);
     fputs("<h2>Time per step</h2>\n", f);

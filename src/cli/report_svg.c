@@ -182,7 +182,9 @@ void report_line_chart(FILE *f, const report_axes *a, const report_series *s, in
         fr.y0 -= pad, fr.y1 += pad;
     }
     if (fr.x1 == fr.x0) fr.x0 -= 1, fr.x1 += 1;
-    axes(f, &fr, a->xlabel, a->logy || fr.logy ? a->ylabel : a->ylabel);
+    char ylabel[300]; /* a log axis chosen here says so */
+    snprintf(ylabel, sizeof ylabel, "%s%s", a->ylabel, fr.logy && !a->logy ? " (log scale)" : "");
+    axes(f, &fr, a->xlabel, ylabel);
     int nleg = 0;
     for (int i = 0; i < ns; i++) {
         const char *c = report_colour(s[i].colour);
