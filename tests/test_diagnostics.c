@@ -168,6 +168,81 @@ static void test_copy_error_update_and_fp8(void **state)
     free(c);
 }
 
+/* Every figure against a plain float64 loop over the same values, at
+ * lengths around the pass's blocks (one value, a partial lane group, a
+ * partial chunk, several chunks): master, copy and earlier values with
+ * inf and NaN sprinkled in each (a pair with a non-finite side counts no
+ * error and no update), amax and the largest update exact, sums to 1e-12. */
+static void test_all_figures_against_a_plain_loop(void **state)
+{
+    (void)state;
+    const int64_t lengths[] = {1, 7, 13, 2047, 2049, 3 * 2048 + 5, 20011};
+    test_rng r = {17};
+    for (int li = 0; li < 7; li++) {
+        const int64_t n = lengths[li];
+        float *w = malloc((size_t)n * sizeof *w), *b = malloc((size_t)n * sizeof *b);
+        float *cf = malloc((size_t)n * sizeof *cf);
+        uint16_t *c = malloc((size_t)n * sizeof *c);
+        for (int64_t i = 0; i < n; i++) {
+            w[i] = (float)(test_rng_uniform(&r, -2, 2) * pow(10, test_rng_uniform(&r, -9, 6)));
+            b[i] = w[i] * (float)test_rng_uniform(&r, 0.9, 1.1);
+            uint32_t k = test_rng_u32(&r) % 97;
+            if (k == 0) w[i] = INFINITY;
+            if (k == 1) w[i] = NAN;
+            if (k == 2) b[i] = -INFINITY;
+        }
+        mp_convert(c, MP_F16, w, MP_F32, (size_t)n);
+        for (int64_t i = 0; i < n; i++) {
+            if (test_rng_u32(&r) % 89 == 0) c[i] = 0x7E00; /* a NaN in the copy alone */
+            cf[i] = mp_f16_to_f32(c[i]);
+        }
+        double amax = 0, uamax = 0, sumsq = 0, err = 0, usumsq = 0;
+        int64_t nonfinite = 0, zeros = 0, flush = 0, sub = 0, ovf = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int k = classify(w[i], MP_F16);
+            nonfinite += k == 4, flush += k == 1, sub += k == 2, ovf += k == 3;
+            zeros += w[i] == 0;
+            if (!isfinite(w[i])) continue;
+            double a = fabs((double)w[i]);
+            amax = a > amax ? a : amax;
+            sumsq += a * a;
+            if (isfinite(cf[i])) {
+                double d = (double)cf[i] - w[i];
+                err += d * d;
+            }
+            if (isfinite(b[i])) {
+                double u = fabs((double)(w[i] - b[i])); /* the float32 difference */
+                uamax = u > uamax ? u : uamax;
+                usumsq += u * u;
+            }
+        }
+        mp_numerics st;
+        mp_numerics_compute(w, MP_F32, n, MP_F16, c, MP_F16, b, &st);
+        assert_int_equal(st.n, n);
+        assert_int_equal(st.nonfinite, nonfinite);
+        assert_int_equal(st.zeros, zeros);
+        assert_int_equal(st.flush, flush);
+        assert_int_equal(st.subnormal, sub);
+        assert_int_equal(st.overflow, ovf);
+        assert_true(st.amax == amax);
+        assert_true(st.upd_amax == uamax);
+        assert_true(fabs(st.sumsq - sumsq) <= 1e-12 * sumsq);
+        assert_true(fabs(st.err_sumsq - err) <= 1e-12 * err);
+        assert_true(fabs(st.upd_sumsq - usumsq) <= 1e-12 * usumsq);
+        /* without a copy or a before: the same counts, no error, no update */
+        mp_numerics plain;
+        mp_numerics_compute(w, MP_F32, n, MP_F16, NULL, MP_F32, NULL, &plain);
+        assert_int_equal(plain.flush, flush);
+        assert_int_equal(plain.overflow, ovf);
+        assert_true(plain.sumsq == st.sumsq && plain.amax == st.amax);
+        assert_true(plain.err_sumsq == 0 && plain.upd_sumsq == 0 && plain.upd_amax == 0);
+        free(w);
+        free(b);
+        free(cf);
+        free(c);
+    }
+}
+
 static json_t *read_lines(const char *path, int *count)
 {
     FILE *f = fopen(path, "r");
@@ -268,6 +343,7 @@ int main(void)
         cmocka_unit_test(test_scripted_counts),
         cmocka_unit_test(test_random_against_conversion),
         cmocka_unit_test(test_copy_error_update_and_fp8),
+        cmocka_unit_test(test_all_figures_against_a_plain_loop),
         cmocka_unit_test(test_fit_writes_run_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

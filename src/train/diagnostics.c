@@ -2,10 +2,9 @@
  * compute dtype does to activations, weights, gradients and updates), logged
  * as JSON Lines into a run directory with the model's config and precision
  * plan, for `mixprec report`. Work happens on diagnostic steps only: one
- * parallel pass per tensor, plus a copy of the masters before the step so
- * that the update can be measured exactly. */
+ * pass per tensor (numerics.c), plus a copy of the masters before the step
+ * so that the update can be measured exactly. */
 #include <errno.h>
-#include <float.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,96 +17,6 @@
 #include <jansson.h>
 
 #include "train/train_internal.h"
-
-/* ------------------------------------------------------------ statistics */
-
-/* Values are decoded to float32 in chunks of this many (stack buffers). */
-#define CHUNK 2048
-
-/* Round-to-nearest-even thresholds of a target format, as float32 values
- * (each exact: the comparisons below decide exactly). */
-typedef struct {
-    float half_sub; /* at or below: rounds to zero (the tie goes to even 0) */
-    float sub_hi;   /* below (and above half_sub): rounds to a subnormal */
-    float ovf;      /* above (at, when tie_ovf): rounds past the largest finite */
-    int tie_ovf;
-} thresholds;
-
-static thresholds thresholds_of(mp_dtype t)
-{
-    mp_dtype_info in;
-    mp_dtype_get_info(t, &in);
-    thresholds th;
-    if (t == MP_F32) { /* nothing rounds to zero or past max; subnormals stay */
-        th = (thresholds){0.0f, in.min_normal, INFINITY, 0};
-        return th;
-    }
-    th.half_sub = in.min_subnormal / 2;
-    /* the largest subnormal has an odd significand: the tie with min_normal
-     * rounds up to the normal */
-    th.sub_hi = (float)((double)in.min_normal - (double)in.min_subnormal / 2);
-    int e;
-    frexp((double)in.max, &e); /* max = f * 2^e, f in [0.5, 1) */
-    th.ovf = (float)((double)in.max + ldexp(1.0, e - 2 - in.mantissa_bits));
-    /* E4M3's max has an even significand (1.110b): the tie stays at max;
-     * elsewhere max's significand is all ones and the tie rounds past it */
-    th.tie_ovf = t != MP_F8E4M3;
-    return th;
-}
-
-static const float *as_f32(const void *src, mp_dtype t, int64_t off, int64_t len, float *buf)
-{
-    if (t == MP_F32) return (const float *)src + off;
-    mp_convert(buf, MP_F32, (const char *)src + (size_t)off * mp_dtype_size(t), t, (size_t)len);
-    return buf;
-}
-
-static const float zero_chunk[CHUNK]; /* stands in for an absent copy or before */
-
-void mp_numerics_compute(const void *x, mp_dtype x_type, int64_t n, mp_dtype target,
-                         const void *copy, mp_dtype copy_type, const float *before,
-                         mp_numerics *out)
-{
-    const thresholds th = thresholds_of(target);
-    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
-    int64_t zeros = 0, flush = 0, sub = 0, ovf = 0, nonfin = 0;
-    double sumsq = 0, err = 0, usumsq = 0;
-    float amax = 0, uamax = 0;
-    const int use_copy = copy != NULL, use_before = before != NULL;
-#pragma omp parallel for schedule(static) if (chunks > 4) num_threads(mp_num_threads())          \
-    reduction(+ : zeros, flush, sub, ovf, nonfin, sumsq, err, usumsq) reduction(max : amax, uamax)
-    for (int64_t c = 0; c < chunks; c++) {
-        float bx[CHUNK], bc[CHUNK];
-        const int64_t off = c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
-        const float *v = as_f32(x, x_type, off, len, bx);
-        const float *w = use_copy ? as_f32(copy, copy_type, off, len, bc) : zero_chunk;
-        const float *b = use_before ? before + off : zero_chunk;
-        /* branch-free: one pass, every figure */
-        for (int64_t i = 0; i < len; i++) {
-            float a = fabsf(v[i]);
-            int fin = a <= FLT_MAX; /* false for inf and NaN */
-            nonfin += !fin;
-            zeros += a == 0;
-            flush += (a > 0) & (a <= th.half_sub);
-            sub += (a > th.half_sub) & (a < th.sub_hi);
-            ovf += fin & ((a > th.ovf) | (th.tie_ovf & (a == th.ovf)));
-            float af = fin ? a : 0;
-            amax = af > amax ? af : amax; /* fmaxf is a call without -ffast-math */
-            sumsq += (double)af * af;
-            /* close values: their difference is exact in float32 */
-            float d = w[i] - v[i];
-            d = use_copy & fin & (fabsf(w[i]) <= FLT_MAX) ? d : 0;
-            err += (double)d * d;
-            float u = v[i] - b[i];
-            u = use_before & fin & (fabsf(b[i]) <= FLT_MAX) ? u : 0;
-            usumsq += (double)u * u;
-            float au = fabsf(u);
-            uamax = au > uamax ? au : uamax;
-        }
-    }
-    *out = (mp_numerics){n,     zeros, flush, sub, ovf, nonfin, amax, sumsq, use_copy ? err : 0,
-                         uamax, usumsq};
-}
 
 /* ------------------------------------------------------------- the log */
 

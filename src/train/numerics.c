@@ -1,0 +1,180 @@
+/* numerics.c - what rounding into a dtype does to a set of values
+ * (mp_numerics_compute): how many flush to zero, become subnormal or
+ * overflow, the largest magnitude, and against a rounded copy and an
+ * earlier state the copy's error and the update, in one parallel,
+ * vectorized pass. The diagnostics log (diagnostics.c) calls it per tensor. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "train/train_internal.h"
+
+/* Values are decoded to float32 in chunks of this many (stack buffers). */
+#define CHUNK 2048
+
+/* Round-to-nearest-even thresholds of a target format, as float32 values
+ * (each exact: the comparisons below decide exactly). */
+typedef struct {
+    float half_sub; /* at or below: rounds to zero (the tie goes to even 0) */
+    float sub_hi;   /* below (and above half_sub): rounds to a subnormal */
+    float ovf;      /* above (at, when tie_ovf): rounds past the largest finite */
+    int tie_ovf;
+} thresholds;
+
+static thresholds thresholds_of(mp_dtype t)
+{
+    mp_dtype_info in;
+    mp_dtype_get_info(t, &in);
+    thresholds th;
+    if (t == MP_F32) { /* nothing rounds to zero or past max; subnormals stay */
+        th = (thresholds){0.0f, in.min_normal, INFINITY, 0};
+        return th;
+    }
+    th.half_sub = in.min_subnormal / 2;
+    /* the largest subnormal has an odd significand: the tie with min_normal
+     * rounds up to the normal */
+    th.sub_hi = (float)((double)in.min_normal - (double)in.min_subnormal / 2);
+    int e;
+    frexp((double)in.max, &e); /* max = f * 2^e, f in [0.5, 1) */
+    th.ovf = (float)((double)in.max + ldexp(1.0, e - 2 - in.mantissa_bits));
+    /* E4M3's max has an even significand (1.110b): the tie stays at max;
+     * elsewhere max's significand is all ones and the tie rounds past it */
+    th.tie_ovf = t != MP_F8E4M3;
+    return th;
+}
+
+static const float *as_f32(const void *src, mp_dtype t, int64_t off, int64_t len, float *buf)
+{
+    if (t == MP_F32) return (const float *)src + off;
+    mp_convert(buf, MP_F32, (const char *)src + (size_t)off * mp_dtype_size(t), t, (size_t)len);
+    return buf;
+}
+
+/* The comparisons run on the bits of |x|: for non-negative floats their
+ * order as integers is their order as numbers, inf is 0x7f800000 and every
+ * NaN lies above it. Integer compares and masks keep the loop free of
+ * branches and float selects, so that it vectorizes. */
+typedef struct {
+    uint32_t half_sub, sub_hi, ovf, tie_ovf; /* tie_ovf: 0 or 1 */
+} thresholds_bits;
+
+static uint32_t bits_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static float float_of(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+#define FINITE_END 0x7f800000u /* |x|'s bits below this: finite */
+
+/* Partial figures in LANES independent lanes: each lane's float64 sums are
+ * plain sequential sums, so the compiler vectorizes across lanes without
+ * reordering any addition, and the lanes add up in a fixed order. */
+#define LANES 8
+typedef struct {
+    int32_t zeros[LANES], flush[LANES], sub[LANES], ovf[LANES], nonfin[LANES];
+    uint32_t amax[LANES], uamax[LANES]; /* bits of the largest |value| */
+    double sumsq[LANES], err[LANES], usumsq[LANES];
+} lanes;
+
+/* One value into lane j; the flags are constants where it is inlined, so
+ * each combination is its own loop without the other's work. */
+static inline __attribute__((always_inline)) void
+one(lanes *l, int j, float v, float w, float b, thresholds_bits th, bool use_copy, bool use_before)
+{
+    uint32_t a = bits_of(v) & 0x7fffffffu, fin = a < FINITE_END;
+    l->nonfin[j] += (int32_t)!fin;
+    l->zeros[j] += a == 0;
+    l->flush[j] += (a > 0) & (a <= th.half_sub);
+    l->sub[j] += (a > th.half_sub) & (a < th.sub_hi);
+    l->ovf[j] += (int32_t)(fin & ((a > th.ovf) | (th.tie_ovf & (a == th.ovf))));
+    uint32_t af = a & -fin; /* non-finite: 0 */
+    l->amax[j] = af > l->amax[j] ? af : l->amax[j];
+    float f = float_of(af);
+    l->sumsq[j] += (double)f * f;
+    if (use_copy) { /* close values: their difference is exact in float32 */
+        uint32_t ok = fin & ((bits_of(w) & 0x7fffffffu) < FINITE_END);
+        float d = float_of(bits_of(w - v) & -ok);
+        l->err[j] += (double)d * d;
+    }
+    if (use_before) {
+        uint32_t ok = fin & ((bits_of(b) & 0x7fffffffu) < FINITE_END);
+        uint32_t au = bits_of(v - b) & 0x7fffffffu & -ok;
+        float u = float_of(au);
+        l->usumsq[j] += (double)u * u;
+        l->uamax[j] = au > l->uamax[j] ? au : l->uamax[j];
+    }
+}
+
+static inline __attribute__((always_inline)) void
+scan(lanes *l, const float *restrict v, const float *restrict w, const float *restrict b,
+     int64_t len, thresholds_bits th, bool use_copy, bool use_before)
+{
+    int64_t i = 0;
+    for (; i + LANES <= len; i += LANES)
+        for (int j = 0; j < LANES; j++)
+            one(l, j, v[i + j], use_copy ? w[i + j] : 0, use_before ? b[i + j] : 0, th, use_copy,
+                use_before);
+    for (; i < len; i++)
+        one(l, 0, v[i], use_copy ? w[i] : 0, use_before ? b[i] : 0, th, use_copy, use_before);
+}
+
+void mp_numerics_compute(const void *x, mp_dtype x_type, int64_t n, mp_dtype target,
+                         const void *copy, mp_dtype copy_type, const float *before,
+                         mp_numerics *out)
+{
+    const thresholds tf = thresholds_of(target);
+    const thresholds_bits th = {bits_of(tf.half_sub), bits_of(tf.sub_hi), bits_of(tf.ovf),
+                                (uint32_t)tf.tie_ovf};
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+    int64_t zeros = 0, flush = 0, sub = 0, ovf = 0, nonfin = 0;
+    double sumsq = 0, err = 0, usumsq = 0;
+    uint32_t amax = 0, uamax = 0;
+    const bool use_copy = copy != NULL, use_before = before != NULL;
+#pragma omp parallel for schedule(static) if (chunks > 4) num_threads(mp_num_threads())          \
+    reduction(+ : zeros, flush, sub, ovf, nonfin, sumsq, err, usumsq) reduction(max : amax, uamax)
+    for (int64_t c = 0; c < chunks; c++) {
+        float bx[CHUNK], bc[CHUNK];
+        const int64_t off = c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
+        const float *v = as_f32(x, x_type, off, len, bx);
+        const float *w = use_copy ? as_f32(copy, copy_type, off, len, bc) : NULL;
+        const float *b = use_before ? before + off : NULL;
+        lanes l;
+        memset(&l, 0, sizeof l);
+        if (use_copy && use_before)
+            scan(&l, v, w, b, len, th, true, true);
+        else if (use_copy)
+            scan(&l, v, w, b, len, th, true, false);
+        else if (use_before)
+            scan(&l, v, w, b, len, th, false, true);
+        else
+            scan(&l, v, w, b, len, th, false, false);
+        for (int j = 0; j < LANES; j++) {
+            zeros += l.zeros[j], flush += l.flush[j], sub += l.sub[j];
+            ovf += l.ovf[j], nonfin += l.nonfin[j];
+            sumsq += l.sumsq[j], err += l.err[j], usumsq += l.usumsq[j];
+            amax = l.amax[j] > amax ? l.amax[j] : amax;
+            uamax = l.uamax[j] > uamax ? l.uamax[j] : uamax;
+        }
+    }
+    *out = (mp_numerics){n,
+                         zeros,
+                         flush,
+                         sub,
+                         ovf,
+                         nonfin,
+                         float_of(amax),
+                         sumsq,
+                         use_copy ? err : 0,
+                         float_of(uamax),
+                         usumsq};
+}
+
