@@ -5,7 +5,8 @@
 #   make test-browser    the HTML report in headless Chromium (part of make test)
 #   make test-exhaustive conversions checked on all 2^32 float32 inputs
 #   make fuzz            libFuzzer on the checkpoint loader (FUZZ_SECONDS=60)
-#   make bench           every benchmark (convert, gemm, step, checkpoint, conv, gpt)
+#   make bench           every benchmark (convert, gemm, step, diag, checkpoint, conv, gpt)
+#   make bench-diag      what --diagnostics 1 and 100 cost a training step
 #   make bench-gpt       gpt_mini: tokens/s against Keras, attention kernel, generation
 #   make demo            the main job
 #   make lm              a GPT-style model on English text (fortunes), float32 vs mixed_bfloat16
@@ -69,7 +70,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: lm test-mpi test-browser deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: lm test-mpi test-browser bench-diag deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -151,7 +152,7 @@ test-exhaustive: $(BUILD)/exhaustive
 	$(BUILD)/exhaustive
 
 # -------------------------------------------------------------- benchmarks
-bench: bench-convert bench-gemm bench-step bench-checkpoint bench-conv bench-gpt
+bench: bench-convert bench-gemm bench-step bench-diag bench-checkpoint bench-conv bench-gpt
 
 $(BUILD)/bench_convert: $(BUILD)/obj/bench/bench_convert.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
@@ -186,6 +187,14 @@ $(BUILD)/bench_step: $(BUILD)/obj/bench/bench_step.o $(STATIC)
 # PyTorch's step is measured in the same run when python3-torch is installed.
 bench-step: $(BUILD)/bench_step
 	$(BUILD)/bench_step
+
+$(BUILD)/bench_diag: $(BUILD)/obj/bench/bench_diag.o $(STATIC)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+# What --diagnostics 1 and 100 cost a step of the seed MLP (batch 256,
+# mixed_bfloat16; BENCH_DIAG_ARGS="--policy P --batch N --steps N"), ~1 min.
+bench-diag: $(BUILD)/bench_diag
+	$(BUILD)/bench_diag $(BENCH_DIAG_ARGS)
 
 $(BUILD)/bench_checkpoint: $(BUILD)/obj/bench/bench_checkpoint.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
