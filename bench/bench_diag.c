@@ -103,12 +103,7 @@ int main(int argc, char **argv)
     }
     mp_model *m = seed_model(policy, batch);
     mp_tensor x;
-    mp_tensor_init(&x, MP_F32, 2, (int64_t[]){batch, 784}, MP_MEM_OTHER);
-    int32_t *y = malloc((size_t)batch * sizeof *y);
-    srand(3);
-    for (int64_t i = 0; i < batch * 784; i++)
-        ((float *)x.data)[i] = (float)rand() / (float)RAND_MAX;
-    for (int64_t i = 0; i < batch; i++) y[i] = rand() % 10;
+    int32_t *y = seed_batch(batch, &x);
     printf("diagnostics overhead: seed MLP 784-4096-4096-10 (Adam), %s, batch %lld, %d threads, "
            "%s\n",
            policy, (long long)batch, mp_num_threads(), cpu);

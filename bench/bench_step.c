@@ -33,12 +33,7 @@ static result run(const char *policy, int64_t batch, int reps, int warmup)
     mp_mem_get_stats(&before);
     mp_model *m = seed_model(policy, batch);
     mp_tensor x;
-    mp_tensor_init(&x, MP_F32, 2, (int64_t[]){batch, 784}, MP_MEM_OTHER);
-    int32_t *y = malloc((size_t)batch * sizeof *y);
-    srand(3);
-    for (int64_t i = 0; i < batch * 784; i++)
-        ((float *)x.data)[i] = (float)rand() / (float)RAND_MAX;
-    for (int64_t i = 0; i < batch; i++) y[i] = rand() % 10;
+    int32_t *y = seed_batch(batch, &x);
     double t[64];
     for (int i = 0; i < warmup + reps; i++) {
         double t0 = now();

@@ -1,6 +1,6 @@
 /* bench_util.h - the clock, the median, the CPU's name, a watch on what
- * other processes ran while we timed, and the seed model, shared by the
- * benchmark programs. */
+ * other processes ran while we timed, and the seed model and a batch for
+ * it, shared by the benchmark programs. */
 #ifndef MP_BENCH_UTIL_H
 #define MP_BENCH_UTIL_H
 
@@ -117,6 +117,24 @@ static inline mp_model *seed_model(const char *policy, int64_t batch)
         exit(1);
     }
     return m;
+}
+
+/* A batch for the seed MLP: x [batch, 784] uniform in [0, 1] (charged to
+ * "other"), labels 0..9; the same values every call (srand(3)). Returns the
+ * labels (free them; release x). */
+static inline int32_t *seed_batch(int64_t batch, mp_tensor *x)
+{
+    mp_tensor_init(x, MP_F32, 2, (int64_t[]){batch, 784}, MP_MEM_OTHER);
+    int32_t *y = malloc((size_t)batch * sizeof *y);
+    if (!x->data || !y) {
+        fprintf(stderr, "benchmark: out of memory for a batch of %lld\n", (long long)batch);
+        exit(1);
+    }
+    srand(3);
+    for (int64_t i = 0; i < batch * 784; i++)
+        ((float *)x->data)[i] = (float)rand() / (float)RAND_MAX;
+    for (int64_t i = 0; i < batch; i++) y[i] = rand() % 10;
+    return y;
 }
 
 #endif
