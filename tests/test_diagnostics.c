@@ -172,7 +172,8 @@ static void test_copy_error_update_and_fp8(void **state)
  * lengths around the pass's blocks (one value, a partial lane group, a
  * partial chunk, several chunks): master, copy and earlier values with
  * inf and NaN sprinkled in each (a pair with a non-finite side counts no
- * error and no update), amax and the largest update exact, sums to 1e-12. */
+ * error and no update), amax and the largest update exact, sums to 1e-12;
+ * the same bits on every ISA path. */
 static void test_all_figures_against_a_plain_loop(void **state)
 {
     (void)state;
@@ -229,6 +230,22 @@ static void test_all_figures_against_a_plain_loop(void **state)
         assert_true(fabs(st.sumsq - sumsq) <= 1e-12 * sumsq);
         assert_true(fabs(st.err_sumsq - err) <= 1e-12 * err);
         assert_true(fabs(st.upd_sumsq - usumsq) <= 1e-12 * usumsq);
+        /* every ISA path gives the same figures to the last bit (one
+         * thread: the threads' partial sums add up in no fixed order) */
+        mp_isa isas[MP_ISA_COUNT], saved = mp_isa_active();
+        int nisa = test_isas(isas), threads = mp_num_threads();
+        mp_set_num_threads(1);
+        mp_numerics ref, other;
+        mp_isa_set(MP_ISA_SCALAR);
+        mp_numerics_compute(w, MP_F32, n, MP_F16, c, MP_F16, b, &ref);
+        for (int a = 0; a < nisa; a++) {
+            mp_isa_set(isas[a]);
+            mp_numerics_compute(w, MP_F32, n, MP_F16, c, MP_F16, b, &other);
+            assert_memory_equal(&ref, &other, sizeof ref);
+        }
+        mp_isa_set(saved);
+        mp_set_num_threads(threads);
+        assert_int_equal(ref.flush, flush);
         /* without a copy or a before: the same counts, no error, no update */
         mp_numerics plain;
         mp_numerics_compute(w, MP_F32, n, MP_F16, NULL, MP_F32, NULL, &plain);

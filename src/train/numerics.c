@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/internal.h"
 #include "train/train_internal.h"
 
 /* Values are decoded to float32 in chunks of this many (stack buffers). */
@@ -127,6 +128,42 @@ scan(lanes *l, const float *restrict v, const float *restrict w, const float *re
         one(l, 0, v[i], use_copy ? w[i] : 0, use_before ? b[i] : 0, th, use_copy, use_before);
 }
 
+/* A chunk with the flags as constants: four loops, each without the work
+ * of the figures it does not compute. */
+static inline __attribute__((always_inline)) void scan_chunk(lanes *l, const float *restrict v,
+                                                             const float *restrict w,
+                                                             const float *restrict b, int64_t len,
+                                                             thresholds_bits th)
+{
+    if (w && b)
+        scan(l, v, w, b, len, th, true, true);
+    else if (w)
+        scan(l, v, w, b, len, th, true, false);
+    else if (b)
+        scan(l, v, w, b, len, th, false, true);
+    else
+        scan(l, v, w, b, len, th, false, false);
+}
+
+typedef void (*scan_fn)(lanes *l, const float *v, const float *w, const float *b, int64_t len,
+                        thresholds_bits th);
+
+static void scan_default(lanes *l, const float *v, const float *w, const float *b, int64_t len,
+                         thresholds_bits th)
+{
+    scan_chunk(l, v, w, b, len, th);
+}
+
+#if MP_X86
+/* The same loops compiled for AVX-512 (wider vectors, the same lanes: the
+ * same sums to the last bit). */
+MP_TARGET_AVX512 static void scan_avx512(lanes *l, const float *v, const float *w, const float *b,
+                                         int64_t len, thresholds_bits th)
+{
+    scan_chunk(l, v, w, b, len, th);
+}
+#endif
+
 void mp_numerics_compute(const void *x, mp_dtype x_type, int64_t n, mp_dtype target,
                          const void *copy, mp_dtype copy_type, const float *before,
                          mp_numerics *out)
@@ -139,6 +176,10 @@ void mp_numerics_compute(const void *x, mp_dtype x_type, int64_t n, mp_dtype tar
     double sumsq = 0, err = 0, usumsq = 0;
     uint32_t amax = 0, uamax = 0;
     const bool use_copy = copy != NULL, use_before = before != NULL;
+    scan_fn fn = scan_default;
+#if MP_X86
+    if (mp_isa_active() != MP_ISA_SCALAR) fn = scan_avx512;
+#endif
 #pragma omp parallel for schedule(static) if (chunks > 4) num_threads(mp_num_threads())          \
     reduction(+ : zeros, flush, sub, ovf, nonfin, sumsq, err, usumsq) reduction(max : amax, uamax)
     for (int64_t c = 0; c < chunks; c++) {
@@ -149,14 +190,7 @@ void mp_numerics_compute(const void *x, mp_dtype x_type, int64_t n, mp_dtype tar
         const float *b = use_before ? before + off : NULL;
         lanes l;
         memset(&l, 0, sizeof l);
-        if (use_copy && use_before)
-            scan(&l, v, w, b, len, th, true, true);
-        else if (use_copy)
-            scan(&l, v, w, b, len, th, true, false);
-        else if (use_before)
-            scan(&l, v, w, b, len, th, false, true);
-        else
-            scan(&l, v, w, b, len, th, false, false);
+        fn(&l, v, w, b, len, th);
         for (int j = 0; j < LANES; j++) {
             zeros += l.zeros[j], flush += l.flush[j], sub += l.sub[j];
             ovf += l.ovf[j], nonfin += l.nonfin[j];
@@ -177,4 +211,3 @@ void mp_numerics_compute(const void *x, mp_dtype x_type, int64_t n, mp_dtype tar
                          float_of(uamax),
                          usumsq};
 }
-
