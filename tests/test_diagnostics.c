@@ -1,7 +1,8 @@
 /* test_diagnostics.c - the per-layer numerics statistics (underflow, overflow,
  * copy error, update) against counts built into scripted tensors and against
- * an independent classification through the scalar conversions, and a short
- * fit with a run directory writing its files. */
+ * an independent classification through the scalar conversions, the same
+ * figures gathered by the optimizer's update pass, and a short fit with a
+ * run directory writing its files. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "optim/optim_internal.h"
 
 /* What round-to-nearest-even into t does to x, read off the scalar
  * conversion's bits: 0 zero/normal, 1 flushed, 2 subnormal, 3 overflow,
@@ -260,6 +262,98 @@ static void test_all_figures_against_a_plain_loop(void **state)
     }
 }
 
+static mp_model *small_model(const char *policy)
+{
+    mp_set_global_policy(policy);
+    mp_model *m = mp_model_new(9);
+    mp_node h = mp_dense(m, mp_input(m, 1, (int64_t[]){300}, NULL), 300, MP_ACT_RELU, NULL);
+    h = mp_dense(m, h, 3, MP_ACT_NONE, NULL);
+    h = mp_activation_layer(m, h, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+    mp_set_global_policy("float32");
+    assert_int_equal(mp_model_build(m, h, 16), MP_OK);
+    assert_int_equal(mp_model_compile(m, NULL), MP_OK);
+    return m;
+}
+
+/* The optimizer's update pass gathers, when asked, every tensor's figures
+ * as mp_numerics_compute finds them on the master after the step, its copy,
+ * the master before it and the gradient (the 300x300 kernel spans several
+ * threads' chunks); the step itself is the same to the last bit as one not
+ * asked; the request holds for one step only. */
+static void test_update_pass_gathers_the_figures(void **state)
+{
+    (void)state;
+    const char *policies[] = {"mixed_bfloat16", "mixed_float16", "float32"};
+    for (int pi = 0; pi < 3; pi++) {
+        mp_model *a = small_model(policies[pi]), *b = small_model(policies[pi]);
+        mp_tensor x;
+        mp_tensor_init(&x, MP_F32, 2, (int64_t[]){16, 300}, MP_MEM_OTHER);
+        int32_t y[16];
+        test_rng r = {21};
+        for (int64_t i = 0; i < 16 * 300; i++)
+            ((float *)x.data)[i] = (float)test_rng_uniform(&r, -1, 1);
+        for (int i = 0; i < 16; i++) y[i] = i % 3;
+        mp_step_result res;
+        /* a first step so that the moments are not zero */
+        assert_int_equal(mp_model_train_step(a, &x, y, NULL, &res), MP_OK);
+        assert_int_equal(mp_model_train_step(b, &x, y, NULL, &res), MP_OK);
+        mp_optimizer *opt = mp_model_optimizer(a);
+        int np = mp_optimizer_num_params(opt);
+        mp_numerics *wn = calloc((size_t)np * 2, sizeof *wn), *gn = wn + np;
+        float **before = calloc((size_t)np, sizeof *before);
+        for (int i = 0; i < np; i++) {
+            const mp_param *p = mp_optimizer_param(opt, i);
+            before[i] = malloc((size_t)p->n * sizeof(float));
+            memcpy(before[i], p->master, (size_t)p->n * sizeof(float));
+        }
+        mp_optimizer_collect_numerics(opt, wn, gn);
+        assert_int_equal(mp_model_train_step(a, &x, y, NULL, &res), MP_OK);
+        assert_true(res.applied);
+        assert_int_equal(mp_model_train_step(b, &x, y, NULL, &res), MP_OK);
+        for (int i = 0; i < np; i++) {
+            const mp_param *p = mp_optimizer_param(opt, i);
+            const mp_param *q = mp_optimizer_param(mp_model_optimizer(b), i);
+            assert_memory_equal(p->master, q->master, (size_t)p->n * sizeof(float));
+            if (p->weight && q->weight)
+                assert_memory_equal(p->weight, q->weight,
+                                    (size_t)p->n * mp_dtype_size(p->weight_dtype));
+            mp_numerics want, wantg;
+            const void *copy = p->weight ? p->weight : (const void *)p->master;
+            mp_numerics_compute(p->master, MP_F32, p->n, p->weight_dtype, copy,
+                                p->weight ? p->weight_dtype : MP_F32, before[i], &want);
+            mp_numerics_compute(p->grad, MP_F32, p->n, p->weight_dtype, NULL, MP_F32, NULL, &wantg);
+            const mp_numerics *got[2] = {&wn[i], &gn[i]}, *ref[2] = {&want, &wantg};
+            for (int k = 0; k < 2; k++) {
+                assert_int_equal(got[k]->n, p->n);
+                assert_int_equal(got[k]->zeros, ref[k]->zeros);
+                assert_int_equal(got[k]->flush, ref[k]->flush);
+                assert_int_equal(got[k]->subnormal, ref[k]->subnormal);
+                assert_int_equal(got[k]->overflow, ref[k]->overflow);
+                assert_int_equal(got[k]->nonfinite, ref[k]->nonfinite);
+                assert_true(got[k]->amax == ref[k]->amax);
+                assert_true(got[k]->upd_amax == ref[k]->upd_amax);
+                assert_true(fabs(got[k]->sumsq - ref[k]->sumsq) <= 1e-12 * ref[k]->sumsq);
+                assert_true(fabs(got[k]->err_sumsq - ref[k]->err_sumsq) <=
+                            1e-12 * ref[k]->err_sumsq);
+                assert_true(fabs(got[k]->upd_sumsq - ref[k]->upd_sumsq) <=
+                            1e-12 * ref[k]->upd_sumsq);
+            }
+            assert_true(wn[i].upd_sumsq > 0 && gn[i].sumsq > 0);
+            if (pi < 2) assert_true(wn[i].err_sumsq > 0); /* a rounded copy */
+            free(before[i]);
+        }
+        /* one step only */
+        wn[0].n = -1;
+        assert_int_equal(mp_model_train_step(a, &x, y, NULL, &res), MP_OK);
+        assert_int_equal(wn[0].n, -1);
+        free(wn);
+        free(before);
+        mp_tensor_release(&x);
+        mp_model_free(a);
+        mp_model_free(b);
+    }
+}
+
 static json_t *read_lines(const char *path, int *count)
 {
     FILE *f = fopen(path, "r");
@@ -361,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_random_against_conversion),
         cmocka_unit_test(test_copy_error_update_and_fp8),
         cmocka_unit_test(test_all_figures_against_a_plain_loop),
+        cmocka_unit_test(test_update_pass_gathers_the_figures),
         cmocka_unit_test(test_fit_writes_run_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -238,8 +238,10 @@ void mp_numerics_compute(const void *x, mp_dtype x_type, int64_t n, mp_dtype tar
 typedef struct mp_diagnostics mp_diagnostics;
 mp_status mp_diagnostics_open(mp_diagnostics **out, mp_model *m, const char *run_dir, int64_t every,
                               int64_t batch_size);
-/* Around each training step (step: 1-based count of the fit's steps); only
- * diagnostic steps do work before the step (a copy of the masters). */
+/* Around each training step (step: 1-based count of the fit's steps). On a
+ * diagnostic step the optimizer's update pass gathers the weights' and
+ * gradients' figures as it goes (a step it skips leaves them to a pass
+ * after it); the rest is measured after the step. */
 mp_status mp_diagnostics_before_step(mp_diagnostics *d, mp_model *m, int64_t step);
 mp_status mp_diagnostics_after_step(mp_diagnostics *d, mp_model *m, const mp_step_result *r,
                                     int64_t batch, int epoch);

@@ -147,4 +147,29 @@ void *mp_scratch(int slot, size_t bytes);
  * (SIZE_MAX, the default: none do). */
 extern size_t mp_scratch_fail_above;
 
+/* numerics.c: the figures of mp_numerics (mixprec/train.h) gathered chunk
+ * by chunk, for a pass that already holds the values. A target's rounding
+ * thresholds as bits of |x|: */
+typedef struct {
+    uint32_t half_sub, sub_hi, ovf, tie_ovf; /* tie_ovf: 0 or 1 */
+} mp_numerics_target;
+mp_numerics_target mp_numerics_target_of(mp_dtype t);
+/* Partial figures in MP_NUMERICS_LANES independent lanes: each lane's
+ * float64 sums are plain sequential sums, so the compiler vectorizes across
+ * lanes without reordering any addition, and the lanes add up in a fixed
+ * order: the same bits on every ISA. */
+#define MP_NUMERICS_LANES 8
+typedef struct {
+    int32_t zeros[MP_NUMERICS_LANES], flush[MP_NUMERICS_LANES], sub[MP_NUMERICS_LANES];
+    int32_t ovf[MP_NUMERICS_LANES], nonfin[MP_NUMERICS_LANES];
+    uint32_t amax[MP_NUMERICS_LANES], uamax[MP_NUMERICS_LANES]; /* bits of the largest |value| */
+    double sumsq[MP_NUMERICS_LANES], err[MP_NUMERICS_LANES], usumsq[MP_NUMERICS_LANES];
+} mp_numerics_lanes;
+/* Adds len float32 values v (with their rounded copy and earlier values,
+ * each optional: NULL) to *out; len at most 2^28. */
+void mp_numerics_scan(mp_numerics *out, const float *v, const float *copy, const float *before,
+                      int64_t len, const mp_numerics_target *t);
+/* *out += *part: counts and sums added, maxima kept. */
+void mp_numerics_merge(mp_numerics *out, const mp_numerics *part);
+
 #endif

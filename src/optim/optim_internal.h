@@ -33,4 +33,12 @@ void mp_update_adam_avx512(const mp_step_coefs *c, bool decoupled, float *w, con
 /* Checks shared by the optimizer and the accumulator; sets the error. */
 mp_status mp_params_validate(const char *who, const mp_param *params, int n_params);
 
+/* Ask the next mp_optimizer_step to gather, in its one pass, per parameter
+ * i with a master: weights[i], the master after the step against its copy
+ * and the master before it (mp_numerics_compute's figures with copy and
+ * before, target the weight dtype), and grads[i], the gradient the step
+ * used. Parameters without a master (or frozen) are left as they were. The
+ * request holds for one step; NULL arrays withdraw it. */
+void mp_optimizer_collect_numerics(mp_optimizer *o, mp_numerics *weights, mp_numerics *grads);
+
 #endif

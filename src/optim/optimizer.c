@@ -4,10 +4,14 @@
  * chunk's gradient is read once, moments and master are updated in float32,
  * and the low-precision copy of the same chunk is written while it is still
  * in cache. In pure low-precision mode (no master) the chunk is widened to
- * float32 first and rounded back afterwards, to nearest or stochastically. */
+ * float32 first and rounded back afterwards, to nearest or stochastically.
+ * On a diagnostic step the same pass also gathers each tensor's numerics
+ * (mp_optimizer_collect_numerics): chunks still in cache, no update changed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <omp.h>
 
 #include "optim_internal.h"
 
@@ -23,6 +27,8 @@ struct mp_optimizer {
     int n_slots;
     float **slots; /* [param * n_slots + slot] */
     int64_t step;
+    /* the next step's figures, when asked (mp_optimizer_collect_numerics) */
+    mp_numerics *num_weights, *num_grads;
 };
 
 mp_optimizer_config mp_optimizer_config_default(mp_optimizer_kind kind)
@@ -260,7 +266,8 @@ static kernels kernels_for(mp_isa isa)
  * region costs more than the work. */
 #define PARALLEL_MIN (1 << 16)
 
-static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *coefs, kernels k)
+static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *coefs, kernels k,
+                         mp_numerics *wpart, mp_numerics *gpart)
 {
     const mp_param *p = &o->params[index];
     if (!p->grad || p->n == 0) return;
@@ -280,12 +287,17 @@ static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *
     const uint64_t rseed = rounding_seed(o->cfg.seed, o->step, index);
     const int64_t nchunks = (p->n + CHUNK - 1) / CHUNK;
     const int nt = p->n >= PARALLEL_MIN ? mp_num_threads() : 1;
+    /* numerics of a tensor with a master: the master before and after, its
+     * copy, the gradient (one part per thread) */
+    const bool numerics = wpart && p->master;
+    const mp_numerics_target target =
+        numerics ? mp_numerics_target_of(p->weight_dtype) : (mp_numerics_target){0, 0, 0, 0};
 
     /* Chunks are independent element ranges, and stochastic rounding is
      * keyed by element index: the result does not depend on the threads. */
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t ci = 0; ci < nchunks; ci++) {
-        float tmp[CHUNK];
+        float tmp[CHUNK], before[CHUNK];
         int64_t off = ci * CHUNK;
         int64_t len = p->n - off < CHUNK ? p->n - off : CHUNK;
         char *wcopy = p->weight ? (char *)p->weight + (size_t)off * ws : NULL;
@@ -298,6 +310,7 @@ static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *
             mp_convert(tmp, MP_F32, wcopy, p->weight_dtype, (size_t)len);
             w = tmp;
         }
+        if (numerics) memcpy(before, w, (size_t)len * sizeof *w);
         if (sgd)
             k.sgd(c, w, p->grad + off, s0 ? s0 + off : NULL, len);
         else
@@ -310,6 +323,16 @@ static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *
                                          (uint64_t)off);
             else
                 mp_convert(wcopy, p->weight_dtype, w, MP_F32, (size_t)len);
+        }
+        if (numerics) {
+            const float *copy = w; /* no copy apart: the master is what the layer reads */
+            if (write_copy) {
+                mp_convert(tmp, MP_F32, wcopy, p->weight_dtype, (size_t)len);
+                copy = tmp;
+            }
+            int t = omp_get_thread_num();
+            mp_numerics_scan(&wpart[t], w, copy, before, len, &target);
+            mp_numerics_scan(&gpart[t], p->grad + off, NULL, NULL, len, &target);
         }
     }
 }
@@ -341,9 +364,35 @@ mp_status mp_optimizer_step(mp_optimizer *o)
         c.decoupled_decay = 1.0f - c.lr * cfg->weight_decay;
     }
     const kernels k = kernels_for(mp_isa_active());
-    for (int i = 0; i < o->n_params; i++) update_param(o, i, &c, k);
+    mp_numerics *wpart = NULL, *gpart = NULL;
+    int nt = mp_num_threads();
+    if (o->num_weights) {
+        wpart = calloc((size_t)nt * 2, sizeof *wpart);
+        gpart = wpart ? wpart + nt : NULL;
+    }
+    for (int i = 0; i < o->n_params; i++) {
+        update_param(o, i, &c, k, wpart, gpart);
+        if (!wpart || !o->params[i].master || !o->params[i].grad) continue;
+        /* the threads' parts in thread order */
+        memset(&o->num_weights[i], 0, sizeof o->num_weights[i]);
+        memset(&o->num_grads[i], 0, sizeof o->num_grads[i]);
+        for (int t = 0; t < nt; t++) {
+            mp_numerics_merge(&o->num_weights[i], &wpart[t]);
+            mp_numerics_merge(&o->num_grads[i], &gpart[t]);
+        }
+        memset(wpart, 0, (size_t)nt * 2 * sizeof *wpart);
+    }
+    free(wpart);
+    o->num_weights = o->num_grads = NULL;
     o->step++;
     return MP_OK;
+}
+
+void mp_optimizer_collect_numerics(mp_optimizer *o, mp_numerics *weights, mp_numerics *grads)
+{
+    if (!o) return;
+    o->num_weights = weights && grads ? weights : NULL;
+    o->num_grads = weights && grads ? grads : NULL;
 }
 
 void mp_optimizer_refresh_weights(mp_optimizer *o)

@@ -1,9 +1,10 @@
 /* diagnostics.c - per-layer numerics while training (what rounding into the
  * compute dtype does to activations, weights, gradients and updates), logged
  * as JSON Lines into a run directory with the model's config and precision
- * plan, for `mixprec report`. Work happens on diagnostic steps only: one
- * pass per tensor (numerics.c), plus a copy of the masters before the step
- * so that the update can be measured exactly. */
+ * plan, for `mixprec report`. Work happens on diagnostic steps only: the
+ * optimizer's update pass gathers the weights' and gradients' figures as it
+ * goes (master before and after, its copy, the gradient: chunks still in
+ * cache), the rest takes one pass per tensor (core/numerics.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -16,6 +17,7 @@
 
 #include <jansson.h>
 
+#include "optim/optim_internal.h"
 #include "train/train_internal.h"
 
 /* ------------------------------------------------------------- the log */
@@ -34,14 +36,17 @@ struct mp_diagnostics {
     char history[4096];
     int nlayers;
     dlayer *layers;
-    float *before; /* the trainable masters before a diagnostic step */
-    size_t before_n;
-    int64_t *before_off; /* per parameter, offset in before (-1: none) */
+    /* per model parameter its index among the optimizer's (-1: none); per
+     * optimizer parameter the figures its update pass gathers on a
+     * diagnostic step (n 0: not gathered, the step was skipped) */
+    int *opt_index;
+    int nopt;
+    mp_numerics *num_weights, *num_grads;
     /* the step in progress */
     int64_t step;
     bool diag;
     float lr;
-    double t0, copy_ms; /* the step's start; the masters' copy before it */
+    double t0; /* the step's start */
 };
 
 static double now(void)
@@ -159,15 +164,18 @@ static mp_status build_layers(mp_diagnostics *d, mp_model *m)
 {
     int nl = mp_model_num_layers(m), np = mp_model_num_params(m);
     d->layers = calloc((size_t)(nl ? nl : 1), sizeof *d->layers);
-    d->before_off = malloc((size_t)(np ? np : 1) * sizeof *d->before_off);
-    if (!d->layers || !d->before_off) return mp_set_error(MP_ERR_NOMEM, "diagnostics: no memory");
-    for (int p = 0; p < np; p++) {
+    mp_optimizer *opt = mp_model_optimizer(m);
+    d->nopt = mp_optimizer_num_params(opt);
+    d->opt_index = malloc((size_t)(np ? np : 1) * sizeof *d->opt_index);
+    d->num_weights = calloc((size_t)(d->nopt ? d->nopt : 1) * 2, sizeof *d->num_weights);
+    if (!d->layers || !d->opt_index || !d->num_weights)
+        return mp_set_error(MP_ERR_NOMEM, "diagnostics: no memory");
+    d->num_grads = d->num_weights + d->nopt;
+    for (int p = 0; p < np; p++) { /* the optimizer holds the trainable ones, by their master */
         mp_model_param *mpp = mp_model_get_param(m, p);
-        d->before_off[p] = -1;
-        if (mpp->trainable && mpp->master) {
-            d->before_off[p] = (int64_t)d->before_n;
-            d->before_n += (size_t)mpp->n;
-        }
+        d->opt_index[p] = -1;
+        for (int i = 0; i < d->nopt && mpp->trainable && mpp->master; i++)
+            if (mp_optimizer_param(opt, i)->master == mpp->master) d->opt_index[p] = i;
     }
     for (int i = 0; i < nl; i++) {
         mp_layer_info li;
@@ -251,20 +259,12 @@ mp_status mp_diagnostics_before_step(mp_diagnostics *d, mp_model *m, int64_t ste
     d->diag = d->every > 0 && (step == 1 || step % d->every == 0);
     mp_optimizer *opt = mp_model_optimizer(m);
     d->lr = opt ? mp_optimizer_learning_rate(opt) : NAN;
-    double t = now();
-    if (d->diag && d->before_n) {
-        if (!d->before) { /* charged to "other": the diagnostics' own memory */
-            d->before = mp_alloc(d->before_n * sizeof(float), MP_MEM_OTHER);
-            if (!d->before) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
-        }
-        for (int p = 0; p < mp_model_num_params(m); p++)
-            if (d->before_off[p] >= 0) {
-                const mp_model_param *mpp = mp_model_get_param(m, p);
-                memcpy(d->before + d->before_off[p], mpp->master, (size_t)mpp->n * sizeof(float));
-            }
+    if (d->diag && opt && d->nopt == mp_optimizer_num_params(opt)) {
+        /* the update pass gathers the weights' and gradients' figures */
+        memset(d->num_weights, 0, (size_t)d->nopt * 2 * sizeof *d->num_weights);
+        mp_optimizer_collect_numerics(opt, d->num_weights, d->num_grads);
     }
     d->t0 = now();
-    d->copy_ms = 1e3 * (d->t0 - t);
     return MP_OK;
 }
 
@@ -299,26 +299,33 @@ static json_t *layer_json(mp_diagnostics *d, mp_model *m, const dlayer *l, float
     for (int k = 0; k < l->nparams; k++) {
         const mp_model_param *p = mp_model_get_param(m, l->params[k]);
         if (!p->trainable) continue;
-        const float *before = d->before_off[l->params[k]] >= 0 && d->before
-                                  ? d->before + d->before_off[l->params[k]]
-                                  : NULL;
-        bool master = p->master != NULL;
-        /* a pure low-precision policy has no master: the copy is all there is */
-        mp_numerics_compute(master ? (const void *)p->master : p->weight,
-                            master ? MP_F32 : p->weight_dtype, p->n, p->weight_dtype,
-                            master ? p->weight : NULL, p->weight_dtype, before, &st);
+        int oi = d->opt_index[l->params[k]];
+        bool master = p->master != NULL, gathered = oi >= 0 && d->num_weights[oi].n == p->n;
+        /* gathered by the update; else the step was skipped (the masters
+         * did not move) or a pure low-precision policy has no master: the
+         * copy is all there is */
+        if (gathered)
+            st = d->num_weights[oi];
+        else
+            mp_numerics_compute(master ? (const void *)p->master : p->weight,
+                                master ? MP_F32 : p->weight_dtype, p->n, p->weight_dtype,
+                                master ? p->weight : NULL, p->weight_dtype, NULL, &st);
         json_t *w = numerics_json("weight", p->name, master ? MP_F32 : p->weight_dtype,
                                   p->weight_dtype, &st);
         json_object_set_new(w, "rel_error", jnum(st.sumsq > 0 ? sqrt(st.err_sumsq / st.sumsq) : 0));
         json_array_append_new(ts, w);
-        if (before)
+        if (master)
             json_array_append_new(
                 ts, json_pack("{s:s,s:s,s:I,s:o,s:o,s:o}", "kind", "update", "name", p->name, "n",
                               (json_int_t)p->n, "amax", jnum(st.upd_amax), "norm",
                               jnum(sqrt(st.upd_sumsq)), "ratio",
                               jnum(st.sumsq > 0 ? sqrt(st.upd_sumsq / st.sumsq) : 0)));
         if (p->grad) {
-            mp_numerics_compute(p->grad, MP_F32, p->n, p->weight_dtype, NULL, MP_F32, NULL, &st);
+            if (gathered)
+                st = d->num_grads[oi];
+            else
+                mp_numerics_compute(p->grad, MP_F32, p->n, p->weight_dtype, NULL, MP_F32, NULL,
+                                    &st);
             json_t *g = numerics_json("gradient", p->name, MP_F32, p->weight_dtype, &st);
             json_object_set_new(g, "scaled", json_boolean(scaled));
             json_object_set_new(g, "loss_scale", jnum((double)scale));
@@ -359,6 +366,7 @@ mp_status mp_diagnostics_after_step(mp_diagnostics *d, mp_model *m, const mp_ste
                                     int64_t batch, int epoch)
 {
     double ms = 1e3 * (now() - d->t0);
+    mp_optimizer_collect_numerics(mp_model_optimizer(m), NULL, NULL); /* a skipped step's */
     mp_loss_scaler *ls = mp_model_loss_scaler(m);
     float next = ls ? mp_loss_scaler_scale(ls) : 1.0f;
     if (!d->diag) { /* a skipped step or a new scale is an event the report marks */
@@ -384,8 +392,9 @@ mp_status mp_diagnostics_after_step(mp_diagnostics *d, mp_model *m, const mp_ste
                   !r->applied, "grad_norm", jnum(sqrt(gsq)), "lr", jnum((double)d->lr), "step_ms",
                   jnum(ms), "diagnostics_ms", jnum(0), "memory", memory_json(), "layers", layers);
     if (!rec) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
-    /* the diagnostics' own time: the copy before the step and the passes after it */
-    json_object_set_new(rec, "diagnostics_ms", jnum(d->copy_ms + 1e3 * (now() - d->t0) - ms));
+    /* the diagnostics' own time after the step (what the update pass
+     * gathered is in step_ms) */
+    json_object_set_new(rec, "diagnostics_ms", jnum(1e3 * (now() - d->t0) - ms));
     return write_record(d, rec);
 }
 
@@ -417,8 +426,8 @@ mp_status mp_diagnostics_close(mp_diagnostics *d)
     }
     for (int i = 0; i < d->nlayers; i++) free(d->layers[i].params);
     free(d->layers);
-    free(d->before_off);
-    mp_free(d->before);
+    free(d->opt_index);
+    free(d->num_weights);
     free(d);
     return s;
 }
