@@ -262,11 +262,13 @@ static void test_all_figures_against_a_plain_loop(void **state)
     }
 }
 
-static mp_model *small_model(const char *policy)
+/* in -> hidden (relu) -> 3 (float32 softmax) under policy, built for batch
+ * 16 and compiled with the defaults (Adam) */
+static mp_model *small_model(const char *policy, int64_t in, int64_t hidden, uint64_t seed)
 {
     mp_set_global_policy(policy);
-    mp_model *m = mp_model_new(9);
-    mp_node h = mp_dense(m, mp_input(m, 1, (int64_t[]){300}, NULL), 300, MP_ACT_RELU, NULL);
+    mp_model *m = mp_model_new(seed);
+    mp_node h = mp_dense(m, mp_input(m, 1, (int64_t[]){in}, NULL), hidden, MP_ACT_RELU, NULL);
     h = mp_dense(m, h, 3, MP_ACT_NONE, NULL);
     h = mp_activation_layer(m, h, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
     mp_set_global_policy("float32");
@@ -285,7 +287,8 @@ static void test_update_pass_gathers_the_figures(void **state)
     (void)state;
     const char *policies[] = {"mixed_bfloat16", "mixed_float16", "float32"};
     for (int pi = 0; pi < 3; pi++) {
-        mp_model *a = small_model(policies[pi]), *b = small_model(policies[pi]);
+        mp_model *a = small_model(policies[pi], 300, 300, 9);
+        mp_model *b = small_model(policies[pi], 300, 300, 9);
         mp_tensor x;
         mp_tensor_init(&x, MP_F32, 2, (int64_t[]){16, 300}, MP_MEM_OTHER);
         int32_t y[16];
@@ -390,15 +393,7 @@ static void test_fit_writes_run_dir(void **state)
     }
     mp_dataset *ds;
     assert_int_equal(mp_dataset_from_arrays(x, y, n, 8, 3, &ds), MP_OK);
-    mp_set_global_policy("mixed_bfloat16");
-    mp_model *m = mp_model_new(3);
-    mp_node h = mp_dense(m, mp_input(m, 1, (int64_t[]){8}, NULL), 16, MP_ACT_RELU, NULL);
-    h = mp_dense(m, h, 3, MP_ACT_NONE, NULL);
-    h = mp_activation_layer(m, h, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
-    mp_set_global_policy("float32");
-    assert_int_equal(mp_model_build(m, h, 16), MP_OK);
-    mp_compile_options co = mp_compile_options_default();
-    assert_int_equal(mp_model_compile(m, &co), MP_OK);
+    mp_model *m = small_model("mixed_bfloat16", 8, 16, 3);
     mp_fit_options fo = mp_fit_options_default();
     fo.batch_size = 16;
     fo.epochs = 2;
