@@ -206,6 +206,28 @@ static void test_damaged_runs(void **state)
     assert_int_equal(run("report %s/dmg"), 2);
 }
 
+/* Steps the loss scaler skips (a static scale of 1e30 overflows every
+ * float16 gradient): the optimizer never runs, so the weights' figures come
+ * from a pass after the step and every update is exactly 0. */
+static void test_skipped_steps(void **state)
+{
+    (void)state;
+    assert_int_equal(run("train --data %s/train.csv --hidden 16 --policy mixed_float16 "
+                         "--loss-scale static:1e30 --epochs 1 --batch-size 48 --quiet "
+                         "--run-dir %s/skip --diagnostics 1"),
+                     0);
+    char *log = slurp("skip/diagnostics.jsonl");
+    assert_non_null(log);
+    /* 240 rows, batch 48: 5 steps, all skipped; 4 weights each */
+    assert_int_equal(count(log, "\"type\":\"step\""), 5);
+    assert_int_equal(count(log, "\"skipped\":true"), 5);
+    assert_int_equal(count(log, "\"kind\":\"weight\""), 20);
+    assert_int_equal(count(log, "\"kind\":\"gradient\""), 20);
+    assert_int_equal(count(log, "\"kind\":\"update\""), 20);
+    assert_int_equal(count(log, "\"ratio\":0.0}"), 20);
+    free(log);
+}
+
 /* More weights than a line chart's legend holds (5 Dense layers: 10): the
  * copy error and update ratio become heatmaps, a row per weight. */
 static void test_many_weights(void **state)
@@ -318,9 +340,9 @@ static void test_each_damage_alone(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_run_dir_files),     cmocka_unit_test(test_report_page),
-        cmocka_unit_test(test_many_weights),      cmocka_unit_test(test_damaged_runs),
-        cmocka_unit_test(test_each_damage_alone),
+        cmocka_unit_test(test_run_dir_files), cmocka_unit_test(test_report_page),
+        cmocka_unit_test(test_many_weights),  cmocka_unit_test(test_skipped_steps),
+        cmocka_unit_test(test_damaged_runs),  cmocka_unit_test(test_each_damage_alone),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
