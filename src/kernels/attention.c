@@ -140,6 +140,34 @@ INLINE void gemv_t4(float *restrict y, int64_t ldy, const float *restrict x, int
     }
 }
 
+/* The larger of m and the n scores (NaN scores never win), in CH lanes:
+ * max is exact, so the lanes change nothing but the time. */
+INLINE float row_max(const float *x, int64_t n, float m)
+{
+    float lane[CH];
+    for (int i = 0; i < CH; i++) lane[i] = m;
+    int64_t c = 0;
+    for (; c + CH <= n; c += CH)
+        for (int i = 0; i < CH; i++) lane[i] = x[c + i] > lane[i] ? x[c + i] : lane[i];
+    for (int i = 0; c + i < n; i++) lane[i] = x[c + i] > lane[i] ? x[c + i] : lane[i];
+    for (int i = 0; i < CH; i++) m = lane[i] > m ? lane[i] : m;
+    return m;
+}
+
+/* The sum of n weights: element c into lane c % CH, the lanes added in
+ * order at the end (a fixed order: the same bits every time). */
+INLINE float row_total(const float *x, int64_t n)
+{
+    float lane[CH] = {0};
+    int64_t c = 0;
+    for (; c + CH <= n; c += CH)
+        for (int i = 0; i < CH; i++) lane[i] += x[c + i];
+    for (int i = 0; c + i < n; i++) lane[i] += x[c + i];
+    float t = 0.0f;
+    for (int i = 0; i < CH; i++) t += lane[i];
+    return t;
+}
+
 static inline void scal(float *y, float a, int64_t n)
 {
     for (int64_t i0 = 0; i0 < n; i0 += CH)
@@ -257,14 +285,11 @@ TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b
                 if (nc == 0) continue;
                 float *sj = s + j * sp, *a = acc + (r + j) * dp;
                 scal(sj, scale, n); /* as scores() does */
-                float m = mx[r + j];
-                for (int64_t c = 0; c < nc; c++) m = sj[c] > m ? sj[c] : m;
+                const float m = row_max(sj, nc, mx[r + j]);
                 const float corr = mp_expf(mx[r + j] - m); /* 0 on the first tile: acc, sum 0 */
 #pragma omp simd
                 for (int64_t c = 0; c < nc; c++) sj[c] = mp_expf(sj[c] - m);
-                float add = 0.0f;
-                for (int64_t c = 0; c < nc; c++) add += sj[c]; /* in order */
-                sum[r + j] = sum[r + j] * corr + add;
+                sum[r + j] = sum[r + j] * corr + row_total(sj, nc);
                 mx[r + j] = m;
                 scal(a, corr, dp);
                 if (!(r + 3 < nr && visible(q0 + r, k0, nk) == nmax)) /* not all four alike */
