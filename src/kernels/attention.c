@@ -67,14 +67,17 @@ MP_TARGET_AVX512 __attribute__((noinline)) static void
 gemv_t4_64_avx512(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
                   int64_t ldx, const float *restrict a, int64_t lda, int64_t m, bool add)
 {
-    __m512 c[4][4];
+    __m512 c[4][4]; /* every loop over it unrolled, so it stays in registers */
+#pragma GCC unroll 4
     for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
         for (int v = 0; v < 4; v++)
             c[j][v] = add ? _mm512_loadu_ps(y + j * ldy + 16 * v) : _mm512_setzero_ps();
     for (int64_t k = 0; k < m; k++) {
         const float *ar = a + k * lda, *xk = x + k * incx;
         const __m512 a0 = _mm512_loadu_ps(ar), a1 = _mm512_loadu_ps(ar + 16),
                      a2 = _mm512_loadu_ps(ar + 32), a3 = _mm512_loadu_ps(ar + 48);
+#pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             const __m512 xb = _mm512_set1_ps(xk[j * ldx]);
             c[j][0] = _mm512_fmadd_ps(xb, a0, c[j][0]);
@@ -83,7 +86,9 @@ gemv_t4_64_avx512(float *restrict y, int64_t ldy, const float *restrict x, int64
             c[j][3] = _mm512_fmadd_ps(xb, a3, c[j][3]);
         }
     }
+#pragma GCC unroll 4
     for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
         for (int v = 0; v < 4; v++) _mm512_storeu_ps(y + j * ldy + 16 * v, c[j][v]);
 }
 #endif
@@ -140,6 +145,24 @@ INLINE void gemv_t4(float *restrict y, int64_t ldy, const float *restrict x, int
     }
 }
 
+/* gemv_t4 on four sums of different lengths m[j] from the same start:
+ * the common part four rows at a time, then each row's rest on its own.
+ * Every sum still runs in gemv_t's order, so the bits are those of one row
+ * at a time, and no row reads a term past its own length (a masked key's
+ * value, however large, never meets a zero weight). */
+INLINE void gemv_t4_ragged(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
+                           int64_t ldx, const float *restrict a, int64_t lda, const int64_t m[4],
+                           int64_t n, bool add)
+{
+    int64_t lo = m[0];
+    for (int j = 1; j < 4; j++) lo = m[j] < lo ? m[j] : lo;
+    gemv_t4(y, ldy, x, incx, ldx, a, lda, lo, n, add);
+    for (int j = 0; j < 4; j++)
+        if (m[j] > lo)
+            gemv_t(y + j * ldy, x + j * ldx + lo * incx, incx, a + lo * lda, lda, m[j] - lo, n,
+                   true);
+}
+
 /* The larger of m and the n scores (NaN scores never win), in CH lanes:
  * max is exact, so the lanes change nothing but the time. */
 INLINE float row_max(const float *x, int64_t n, float m)
@@ -163,6 +186,20 @@ INLINE float row_total(const float *x, int64_t n)
     for (; c + CH <= n; c += CH)
         for (int i = 0; i < CH; i++) lane[i] += x[c + i];
     for (int i = 0; c + i < n; i++) lane[i] += x[c + i];
+    float t = 0.0f;
+    for (int i = 0; i < CH; i++) t += lane[i];
+    return t;
+}
+
+/* x . y over n terms, term c fused into lane c % CH, the lanes added in
+ * order at the end. */
+INLINE float row_dot(const float *x, const float *y, int64_t n)
+{
+    float lane[CH] = {0};
+    int64_t c = 0;
+    for (; c + CH <= n; c += CH)
+        for (int i = 0; i < CH; i++) lane[i] = fmaf(x[c + i], y[c + i], lane[i]);
+    for (int i = 0; c + i < n; i++) lane[i] = fmaf(x[c + i], y[c + i], lane[i]);
     float t = 0.0f;
     for (int i = 0; i < CH; i++) t += lane[i];
     return t;
@@ -280,8 +317,9 @@ TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b
             if (nmax == 0) continue;
             const int64_t n = (int64_t)pad16((size_t)nmax);
             gemv_t4(s, sp, Q + r * dp, 1, dp, KT, TILE, d, n, false);
+            int64_t ncs[4] = {0, 0, 0, 0};
             for (int64_t j = 0; j < 4 && r + j < nr; j++) {
-                const int64_t nc = visible(q0 + r + j, k0, nk);
+                const int64_t nc = ncs[j] = visible(q0 + r + j, k0, nk);
                 if (nc == 0) continue;
                 float *sj = s + j * sp, *a = acc + (r + j) * dp;
                 scal(sj, scale, n); /* as scores() does */
@@ -292,12 +330,10 @@ TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b
                 sum[r + j] = sum[r + j] * corr + row_total(sj, nc);
                 mx[r + j] = m;
                 scal(a, corr, dp);
-                if (!(r + 3 < nr && visible(q0 + r, k0, nk) == nmax)) /* not all four alike */
-                    gemv_t(a, sj, 1, V, dp, nc, dp, true);
+                if (r + 3 >= nr) gemv_t(a, sj, 1, V, dp, nc, dp, true); /* a last group */
             }
-            /* four rows that see the same keys share the loads of V */
-            if (r + 3 < nr && visible(q0 + r, k0, nk) == nmax)
-                gemv_t4(acc + r * dp, dp, s, 1, sp, V, dp, nmax, dp, true);
+            /* four rows share the loads of V over the keys they all see */
+            if (r + 3 < nr) gemv_t4_ragged(acc + r * dp, dp, s, 1, sp, V, dp, ncs, dp, true);
         }
     }
     for (int64_t r = 0; r < nr; r++) {
@@ -356,9 +392,7 @@ static void load_query_side(const mp_attn_geom *g, float *Q, float *dO, float *l
     memset(dO + nr * dp, 0, (size_t)((TILE - nr) * dp) * sizeof(float));
     for (int64_t r = 0; r < nr; r++) {
         load_row(tmp, o, ot, row_off(g, b, h, q0 + r), d);
-        float acc = 0.0f;
-        for (int64_t j = 0; j < d; j++) acc += dO[r * dp + j] * tmp[j];
-        D[r] = acc;
+        D[r] = row_dot(dO + r * dp, tmp, d);
         ls[r] = lse[(b * g->heads + h) * g->t + q0 + r];
     }
 }
@@ -428,27 +462,43 @@ TILE_CLONES static void backward_kv_tile(const mp_attn_geom *g, float *ws, float
                        nc, rows, scale, ls + r, D + r);
             /* dQ rows += dS K over the keys each sees (key tiles in order) */
             float *dq = dQ + (q0 + r) * dp;
-            if (rows == 4 && nc[0] == nc[3])
-                gemv_t4(dq, dp, dS + r * TILE, 1, TILE, K, dp, nc[0], dp, true);
+            if (rows == 4)
+                gemv_t4_ragged(dq, dp, dS + r * TILE, 1, TILE, K, dp, nc, dp, true);
             else
                 for (int j = 0; j < rows; j++)
                     if (nc[j] > 0)
                         gemv_t(dq + j * dp, dS + (r + j) * TILE, 1, K, dp, nc[j], dp, true);
         }
         /* key c is seen by the rows from k0 + c on: its sums over them in
-         * row order, as one row at a time would add them; four keys seen by
-         * the same rows share the loads */
+         * row order, as one key at a time would add them. Four keys share
+         * the loads over the rows all of them see; the first rows of the
+         * later keys' sums, which only the earlier keys see, go first on
+         * their own. */
         for (int64_t c = 0; c < nk;) {
-            const int64_t r0 = k0 + c > q0 ? k0 + c - q0 : 0;
-            if (r0 >= nr) break; /* later keys start later still */
-            if (r0 == 0 && c + 3 < nk && k0 + c + 3 <= q0) {
-                gemv_t4(dV + c * dp, dp, P + c, TILE, 1, dO, dp, nr, dp, true);
-                gemv_t4(dK + c * dp, dp, dS + c, TILE, 1, Q, dp, nr, dp, true);
+            int64_t r0[4];
+            for (int j = 0; j < 4; j++) r0[j] = k0 + c + j > q0 ? k0 + c + j - q0 : 0;
+            if (r0[0] >= nr) break; /* later keys start later still */
+            if (c + 3 < nk && r0[3] < nr) {
+                for (int j = 0; j < 3; j++)
+                    if (r0[j] < r0[3]) {
+                        const int64_t cj = c + j, m = r0[3] - r0[j];
+                        gemv_t(dV + cj * dp, P + r0[j] * TILE + cj, TILE, dO + r0[j] * dp, dp, m,
+                               dp, true);
+                        gemv_t(dK + cj * dp, dS + r0[j] * TILE + cj, TILE, Q + r0[j] * dp, dp, m,
+                               dp, true);
+                    }
+                const int64_t top = r0[3];
+                gemv_t4(dV + c * dp, dp, P + top * TILE + c, TILE, 1, dO + top * dp, dp, nr - top,
+                        dp, true);
+                gemv_t4(dK + c * dp, dp, dS + top * TILE + c, TILE, 1, Q + top * dp, dp, nr - top,
+                        dp, true);
                 c += 4;
                 continue;
             }
-            gemv_t(dV + c * dp, P + r0 * TILE + c, TILE, dO + r0 * dp, dp, nr - r0, dp, true);
-            gemv_t(dK + c * dp, dS + r0 * TILE + c, TILE, Q + r0 * dp, dp, nr - r0, dp, true);
+            gemv_t(dV + c * dp, P + r0[0] * TILE + c, TILE, dO + r0[0] * dp, dp, nr - r0[0], dp,
+                   true);
+            gemv_t(dK + c * dp, dS + r0[0] * TILE + c, TILE, Q + r0[0] * dp, dp, nr - r0[0], dp,
+                   true);
             c++;
         }
     }
