@@ -321,16 +321,19 @@ void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const floa
 {
 #pragma omp parallel if (rows * cols > 65536)
     {
-        float *buf = mp_scratch(3, (size_t)cols * sizeof *buf);
+        float *xb = mp_scratch(3, (size_t)cols * sizeof *xb),
+              *yb = mp_scratch(4, (size_t)cols * sizeof *yb);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
-            load(buf, x, xt, (size_t)(r * cols), (size_t)cols);
-            double mu = row_sum(buf, cols) / (double)cols, s2 = row_sq_dev(buf, mu, cols);
+            const size_t off = (size_t)(r * cols);
+            const float *xv = view(xb, x, xt, off, (size_t)cols);
+            double mu = row_sum(xv, cols) / (double)cols, s2 = row_sq_dev(xv, mu, cols);
             float m = (float)mu, rs = (float)(1.0 / sqrt(s2 / (double)cols + (double)eps));
             mean[r] = m;
             rstd[r] = rs;
-            for (int64_t c = 0; c < cols; c++) buf[c] = (buf[c] - m) * rs * gamma[c] + beta[c];
-            store(y, yt, (size_t)(r * cols), buf, (size_t)cols);
+            float *o = out_at(yb, y, yt, off);
+            for (int64_t c = 0; c < cols; c++) o[c] = (xv[c] - m) * rs * gamma[c] + beta[c];
+            if (yt != MP_F32) store(y, yt, off, o, (size_t)cols);
         }
     }
 }
@@ -344,20 +347,24 @@ void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const
     const bool par = rows * cols > 65536;
 #pragma omp parallel if (par)
     {
-        float *xh = mp_scratch(5, (size_t)cols * sizeof *xh),
+        float *xb = mp_scratch(3, (size_t)cols * sizeof *xb),
+              *gb = mp_scratch(4, (size_t)cols * sizeof *gb),
+              *xh = mp_scratch(5, (size_t)cols * sizeof *xh),
               *g = mp_scratch(6, (size_t)cols * sizeof *g);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
-            load(xh, x, xt, (size_t)(r * cols), (size_t)cols);
-            load(g, dy, dyt, (size_t)(r * cols), (size_t)cols);
+            const size_t off = (size_t)(r * cols);
+            const float *xv = view(xb, x, xt, off, (size_t)cols),
+                        *gv = view(gb, dy, dyt, off, (size_t)cols);
             for (int64_t c = 0; c < cols; c++) {
-                xh[c] = (xh[c] - mean[r]) * rstd[r];
-                g[c] *= gamma[c]; /* gradient w.r.t. the normalised value */
+                xh[c] = (xv[c] - mean[r]) * rstd[r];
+                g[c] = gv[c] * gamma[c]; /* gradient w.r.t. the normalised value */
             }
             const double sum_d = row_sum(g, cols), sum_dx = row_dot(g, xh, cols);
             float md = (float)(sum_d / (double)cols), mdx = (float)(sum_dx / (double)cols);
-            for (int64_t c = 0; c < cols; c++) g[c] = rstd[r] * (g[c] - md - xh[c] * mdx);
-            store(dx, dxt, (size_t)(r * cols), g, (size_t)cols);
+            float *o = out_at(g, dx, dxt, off);
+            for (int64_t c = 0; c < cols; c++) o[c] = rstd[r] * (g[c] - md - xh[c] * mdx);
+            if (dxt != MP_F32) store(dx, dxt, off, o, (size_t)cols);
         }
     }
 #pragma omp parallel if (par)
