@@ -196,6 +196,13 @@ void mp_op_softmax_grad(const void *y, mp_dtype yt, const void *dy, mp_dtype dyt
     }
 }
 
+/* o = u + v (o may be u or v). */
+ACT_CLONES static void add_chunk(const float *u, const float *v, float *o, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) o[i] = u[i] + v[i];
+}
+
 void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt,
                size_t n)
 {
@@ -206,7 +213,7 @@ void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, 
         size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
         const float *u = view(ub, a, at, off, len), *v = view(vb, b, bt, off, len);
         float *o = out_at(ob, y, yt, off);
-        for (size_t i = 0; i < len; i++) o[i] = u[i] + v[i];
+        add_chunk(u, v, o, len);
         if (yt != MP_F32) store(y, yt, off, o, len);
     }
 }
@@ -247,6 +254,27 @@ static void my_columns(int64_t cols, int64_t *c0, int64_t *c1)
     if (*c1 > cols) *c1 = cols;
 }
 
+/* One row into float64 column sums, in every vector width (the same
+ * arithmetic, column by column, so the same bits). */
+ACT_CLONES static void add_row(double *restrict acc, const float *restrict v, int64_t w)
+{
+#pragma omp simd
+    for (int64_t c = 0; c < w; c++) acc[c] += v[c];
+}
+
+/* One row into layer norm's parameter gradients: dg += dy * x_hat, db += dy. */
+ACT_CLONES static void add_norm_row(double *restrict dg, double *restrict db,
+                                    const float *restrict x, const float *restrict dy, float mean,
+                                    float rstd, int64_t w)
+{
+#pragma omp simd
+    for (int64_t c = 0; c < w; c++) {
+        float h = (x[c] - mean) * rstd;
+        dg[c] += (double)dy[c] * h;
+        db[c] += dy[c];
+    }
+}
+
 void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, float *out,
                       bool accumulate)
 {
@@ -259,10 +287,8 @@ void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, fl
         float *buf = mp_scratch(4, (size_t)cols * sizeof *buf);
         if (w > 0) {
             memset(acc, 0, (size_t)w * sizeof *acc);
-            for (int64_t r = 0; r < rows; r++) {
-                const float *v = view(buf, x, xt, (size_t)(r * cols + c0), (size_t)w);
-                for (int64_t c = 0; c < w; c++) acc[c] += v[c];
-            }
+            for (int64_t r = 0; r < rows; r++)
+                add_row(acc, view(buf, x, xt, (size_t)(r * cols + c0), (size_t)w), w);
             for (int64_t c = 0; c < w; c++)
                 out[c0 + c] = (float)((accumulate ? (double)out[c0 + c] : 0.0) + acc[c]);
         }
@@ -295,25 +321,54 @@ void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, fl
     for (int j = 0; c + j < (n); j++) *lane[j] += T(c + j);                                        \
     return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
 
-static double row_sum(const float *x, int64_t n)
+ACT_CLONES static double row_sum(const float *x, int64_t n)
 {
 #define T(i) (double)x[i]
     LANE_SUM(n, T);
 #undef T
 }
 
-static double row_dot(const float *x, const float *y, int64_t n)
+ACT_CLONES static double row_dot(const float *x, const float *y, int64_t n)
 {
 #define T(i) (double)x[i] * y[i]
     LANE_SUM(n, T);
 #undef T
 }
 
-static double row_sq_dev(const float *x, double mu, int64_t n)
+ACT_CLONES static double row_sq_dev(const float *x, double mu, int64_t n)
 {
 #define T(i) ((double)x[i] - mu) * ((double)x[i] - mu)
     LANE_SUM(n, T);
 #undef T
+}
+
+/* The elementwise parts of layer norm, in every vector width (the same
+ * arithmetic element by element, so the same bits). o may be x. */
+ACT_CLONES static void norm_row(const float *x, float m, float rs, const float *gamma,
+                                const float *beta, float *o, int64_t n)
+{
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++) o[c] = (x[c] - m) * rs * gamma[c] + beta[c];
+}
+
+/* x_hat and the gradient w.r.t. the normalised value, gamma * dy. */
+ACT_CLONES static void norm_grad_in(const float *restrict x, const float *restrict dy, float m,
+                                    float rs, const float *restrict gamma, float *restrict xh,
+                                    float *restrict g, int64_t n)
+{
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++) {
+        xh[c] = (x[c] - m) * rs;
+        g[c] = dy[c] * gamma[c];
+    }
+}
+
+/* dx = rstd (g - mean(g) - x_hat mean(g x_hat)); o may be g. */
+ACT_CLONES static void norm_grad_out(const float *g, const float *xh, float rs, float md, float mdx,
+                                     float *o, int64_t n)
+{
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++) o[c] = rs * (g[c] - md - xh[c] * mdx);
 }
 
 void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const float *beta, float eps,
@@ -332,7 +387,7 @@ void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const floa
             mean[r] = m;
             rstd[r] = rs;
             float *o = out_at(yb, y, yt, off);
-            for (int64_t c = 0; c < cols; c++) o[c] = (xv[c] - m) * rs * gamma[c] + beta[c];
+            norm_row(xv, m, rs, gamma, beta, o, cols);
             if (yt != MP_F32) store(y, yt, off, o, (size_t)cols);
         }
     }
@@ -356,14 +411,11 @@ void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const
             const size_t off = (size_t)(r * cols);
             const float *xv = view(xb, x, xt, off, (size_t)cols),
                         *gv = view(gb, dy, dyt, off, (size_t)cols);
-            for (int64_t c = 0; c < cols; c++) {
-                xh[c] = (xv[c] - mean[r]) * rstd[r];
-                g[c] = gv[c] * gamma[c]; /* gradient w.r.t. the normalised value */
-            }
+            norm_grad_in(xv, gv, mean[r], rstd[r], gamma, xh, g, cols);
             const double sum_d = row_sum(g, cols), sum_dx = row_dot(g, xh, cols);
             float md = (float)(sum_d / (double)cols), mdx = (float)(sum_dx / (double)cols);
             float *o = out_at(g, dx, dxt, off);
-            for (int64_t c = 0; c < cols; c++) o[c] = rstd[r] * (g[c] - md - xh[c] * mdx);
+            norm_grad_out(g, xh, rstd[r], md, mdx, o, cols);
             if (dxt != MP_F32) store(dx, dxt, off, o, (size_t)cols);
         }
     }
@@ -381,13 +433,8 @@ void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const
             memset(db, 0, (size_t)w * sizeof *db);
             for (int64_t r = 0; r < rows; r++) {
                 const size_t off = (size_t)(r * cols + c0);
-                const float *xv = view(xb, x, xt, off, (size_t)w),
-                            *gv = view(gb, dy, dyt, off, (size_t)w);
-                for (int64_t c = 0; c < w; c++) {
-                    float h = (xv[c] - mean[r]) * rstd[r];
-                    dg[c] += (double)gv[c] * h;
-                    db[c] += gv[c];
-                }
+                add_norm_row(dg, db, view(xb, x, xt, off, (size_t)w),
+                             view(gb, dy, dyt, off, (size_t)w), mean[r], rstd[r], w);
             }
             for (int64_t c = 0; c < w; c++) {
                 dgamma[c0 + c] = (float)((accumulate ? (double)dgamma[c0 + c] : 0.0) + dg[c]);
