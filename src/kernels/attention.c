@@ -379,7 +379,7 @@ mp_status mp_attention_forward(const mp_attn_geom *g, const void *q, mp_dtype qt
 /* --------------------------------------------------------------- backward */
 
 /* Query rows' float32 inputs of backward: Q, dO, lse and D = dO . O. */
-static void load_query_side(const mp_attn_geom *g, float *Q, float *dO, float *ls, float *D,
+INLINE void load_query_side(const mp_attn_geom *g, float *Q, float *dO, float *ls, float *D,
                             float *tmp, int64_t b, int64_t h, int64_t q0, int64_t nr, const void *q,
                             mp_dtype qt, const void *o, mp_dtype ot, const float *lse,
                             const void *dout, mp_dtype dot)
