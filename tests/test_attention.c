@@ -4,8 +4,8 @@
  * {8, 16, 64}, 1, 2 and 4 heads, batch 1 and 2, float32/bfloat16/float16
  * inputs and outputs; backward against the analytic float64 gradient and
  * against central differences of the float64 loss sum(R * O); bit-identical
- * results for 1 and 2 threads; a future key or value never changes an
- * earlier output; and the scratch it asks for does not grow with T.
+ * results for 1 and 2 threads and for the portable and AVX-512 product loops; a future key or value
+ * never changes an earlier output; and the scratch it asks for does not grow with T.
  *
  * Forward tolerance (u = 2^-24, gamma_n = n u / (1 - n u)). Inputs are
  * rounded to their dtype first and the reference uses the rounded values,
@@ -391,40 +391,53 @@ static void test_causal(void **state)
     free_case(&c);
 }
 
-static void run_threads(int threads, const attn_case *c, mp_dtype ty, void *o, float *lse, void *dq,
-                        void *dk, void *dv)
+/* threads 0: the library's default; scalar: the portable product loops
+ * instead of the AVX-512 ones (mp_isa_set), which must give the same bits. */
+static void run_config(int threads, bool scalar, const attn_case *c, mp_dtype ty, void *o,
+                       float *lse, void *dq, void *dk, void *dv)
 {
     mp_set_num_threads(threads);
+    if (scalar) assert_int_equal(mp_isa_set(MP_ISA_SCALAR), MP_OK);
     assert_int_equal(mp_attention_forward(&c->g, c->q, ty, c->k, ty, c->v, ty, o, ty, lse), MP_OK);
     assert_int_equal(mp_attention_backward(&c->g, c->q, ty, c->k, ty, c->v, ty, o, ty, lse, c->dout,
                                            ty, dq, dk, dv, MP_F32),
                      MP_OK);
+    mp_isa_reset();
     mp_set_num_threads(0);
 }
 
-static void test_thread_count_independent(void **state)
+/* The same bits on 1 and 2 threads, and with the portable product loops
+ * on 2 threads, for head widths 16 (a tile's score rows 16 to 64 wide) and
+ * 64. */
+static void test_thread_count_and_isa_independent(void **state)
 {
     (void)state;
     const mp_dtype types[] = {MP_F32, MP_BF16};
-    for (int ty = 0; ty < 2; ty++) {
-        attn_case c = make_case(2, 200, 3, 16, types[ty], 31);
-        const int64_t n = c.n, nl = 2 * 3 * 200;
-        void *buf[2][5];
-        float *lse[2];
-        for (int r = 0; r < 2; r++) {
-            for (int i = 0; i < 4; i++) buf[r][i] = malloc((size_t)n * 4);
-            lse[r] = malloc((size_t)nl * 4);
-            run_threads(r + 1, &c, types[ty], buf[r][0], lse[r], buf[r][1], buf[r][2], buf[r][3]);
+    const int64_t widths[] = {16, 64};
+    for (int ty = 0; ty < 2; ty++)
+        for (int wi = 0; wi < 2; wi++) {
+            attn_case c = make_case(2, 200, 3, widths[wi], types[ty], 31);
+            const int64_t n = c.n, nl = 2 * 3 * 200;
+            void *buf[3][4];
+            float *lse[3];
+            for (int r = 0; r < 3; r++) {
+                for (int i = 0; i < 4; i++) buf[r][i] = malloc((size_t)n * 4);
+                lse[r] = malloc((size_t)nl * 4);
+                run_config(r == 0 ? 1 : 2, r == 2, &c, types[ty], buf[r][0], lse[r], buf[r][1],
+                           buf[r][2], buf[r][3]);
+            }
+            for (int r = 1; r < 3; r++) {
+                assert_memory_equal(buf[0][0], buf[r][0], (size_t)n * mp_dtype_size(types[ty]));
+                assert_memory_equal(lse[0], lse[r], (size_t)nl * 4);
+                for (int i = 1; i < 4; i++)
+                    assert_memory_equal(buf[0][i], buf[r][i], (size_t)n * 4);
+            }
+            for (int r = 0; r < 3; r++) {
+                for (int i = 0; i < 4; i++) free(buf[r][i]);
+                free(lse[r]);
+            }
+            free_case(&c);
         }
-        assert_memory_equal(buf[0][0], buf[1][0], (size_t)n * mp_dtype_size(types[ty]));
-        assert_memory_equal(lse[0], lse[1], (size_t)nl * 4);
-        for (int i = 1; i < 4; i++) assert_memory_equal(buf[0][i], buf[1][i], (size_t)n * 4);
-        for (int r = 0; r < 2; r++) {
-            for (int i = 0; i < 4; i++) free(buf[r][i]);
-            free(lse[r]);
-        }
-        free_case(&c);
-    }
 }
 
 /* The kernel asks mp_scratch for mp_attention_scratch_bytes(d) per thread
@@ -495,7 +508,7 @@ int main(void)
         cmocka_unit_test(test_backward_analytic),
         cmocka_unit_test(test_backward_finite_differences),
         cmocka_unit_test(test_causal),
-        cmocka_unit_test(test_thread_count_independent),
+        cmocka_unit_test(test_thread_count_and_isa_independent),
         cmocka_unit_test(test_scratch_linear),
     };
     return cmocka_run_group_tests_name("attention", tests, NULL, NULL);

@@ -59,37 +59,57 @@ INLINE void gemv_t(float *restrict y, const float *restrict x, int64_t incx,
 #if MP_X86
 #include <immintrin.h>
 
-/* gemv_t4 for n = 64 on AVX-512: the four rows' 64 sums in 16 registers,
- * so each k loads 4 vectors of a and 4 broadcasts for 16 products (the
- * generic loop reloads a for every 16 columns). The same operations in the
- * same order (one fused multiply-add per term), so the same bits. */
-MP_TARGET_AVX512 __attribute__((noinline)) static void
-gemv_t4_64_avx512(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
-                  int64_t ldx, const float *restrict a, int64_t lda, int64_t m, bool add)
+/* gemv_t4 for n = 16 nv (nv = 1..4) on AVX-512: the four rows' sums in
+ * 4 nv registers, so each k loads nv vectors of a and 4 broadcasts for
+ * 4 nv products (the generic loop reloads a for every 16 columns). The
+ * same operations in the same order (one fused multiply-add per term), so
+ * the same bits. */
+MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
+gemv_t4_avx512_nv(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
+                  int64_t ldx, const float *restrict a, int64_t lda, int64_t m, bool add, int nv)
 {
     __m512 c[4][4]; /* every loop over it unrolled, so it stays in registers */
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++)
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; v++)
+        for (int v = 0; v < nv; v++)
             c[j][v] = add ? _mm512_loadu_ps(y + j * ldy + 16 * v) : _mm512_setzero_ps();
     for (int64_t k = 0; k < m; k++) {
         const float *ar = a + k * lda, *xk = x + k * incx;
-        const __m512 a0 = _mm512_loadu_ps(ar), a1 = _mm512_loadu_ps(ar + 16),
-                     a2 = _mm512_loadu_ps(ar + 32), a3 = _mm512_loadu_ps(ar + 48);
+        __m512 av[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) av[v] = _mm512_loadu_ps(ar + 16 * v);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             const __m512 xb = _mm512_set1_ps(xk[j * ldx]);
-            c[j][0] = _mm512_fmadd_ps(xb, a0, c[j][0]);
-            c[j][1] = _mm512_fmadd_ps(xb, a1, c[j][1]);
-            c[j][2] = _mm512_fmadd_ps(xb, a2, c[j][2]);
-            c[j][3] = _mm512_fmadd_ps(xb, a3, c[j][3]);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) c[j][v] = _mm512_fmadd_ps(xb, av[v], c[j][v]);
         }
     }
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++)
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) _mm512_storeu_ps(y + j * ldy + 16 * v, c[j][v]);
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(y + j * ldy + 16 * v, c[j][v]);
+}
+
+MP_TARGET_AVX512 __attribute__((noinline)) static void
+gemv_t4_avx512(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx, int64_t ldx,
+               const float *restrict a, int64_t lda, int64_t m, int64_t n, bool add)
+{
+    switch (n / 16) {
+    case 1:
+        gemv_t4_avx512_nv(y, ldy, x, incx, ldx, a, lda, m, add, 1);
+        break;
+    case 2:
+        gemv_t4_avx512_nv(y, ldy, x, incx, ldx, a, lda, m, add, 2);
+        break;
+    case 3:
+        gemv_t4_avx512_nv(y, ldy, x, incx, ldx, a, lda, m, add, 3);
+        break;
+    default:
+        gemv_t4_avx512_nv(y, ldy, x, incx, ldx, a, lda, m, add, 4);
+        break;
+    }
 }
 #endif
 
@@ -113,8 +133,8 @@ INLINE void gemv_t4(float *restrict y, int64_t ldy, const float *restrict x, int
                     bool add)
 {
 #if MP_X86
-    if (n == 64 && wide_gemv) {
-        gemv_t4_64_avx512(y, ldy, x, incx, ldx, a, lda, m, add);
+    if (wide_gemv && n <= 64 && n % 16 == 0) {
+        gemv_t4_avx512(y, ldy, x, incx, ldx, a, lda, m, n, add);
         return;
     }
 #endif
