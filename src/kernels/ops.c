@@ -138,8 +138,11 @@ void mp_op_positive_mask(const void *y, mp_dtype yt, uint8_t *mask, size_t n)
     }
 }
 
-void mp_op_mask_grad(const uint8_t *mask, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
-                     size_t n)
+/* dx = dy * (element i > 0 ? 1 : 0), as act_d: a product, so -0 and NaN
+ * as there. Element i is > 0 when bit i of mask is set, or, given a table
+ * of the 256 codes, when table[mask[i]] is. */
+static void positive_grad(const uint8_t *mask, const uint8_t *table, const void *dy, mp_dtype dyt,
+                          void *dx, mp_dtype dxt, size_t n)
 {
     const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (chunks > 8)
@@ -148,10 +151,29 @@ void mp_op_mask_grad(const uint8_t *mask, const void *dy, mp_dtype dyt, void *dx
         size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
         const float *g = view(gb, dy, dyt, off, len);
         float *o = out_at(ob, dx, dxt, off);
-        for (size_t i = 0; i < len; i++) /* as act_d: a product, so -0 and NaN as there */
-            o[i] = g[i] * ((mask[(off + i) / 8] >> ((off + i) % 8)) & 1u ? 1.0f : 0.0f);
+        for (size_t i = 0, k = off; i < len; i++, k++) {
+            bool pos = table ? table[mask[k]] : (mask[k / 8] >> (k % 8)) & 1u;
+            o[i] = g[i] * (pos ? 1.0f : 0.0f);
+        }
         if (dxt != MP_F32) store(dx, dxt, off, o, len);
     }
+}
+
+void mp_op_mask_grad(const uint8_t *mask, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
+                     size_t n)
+{
+    positive_grad(mask, NULL, dy, dyt, dx, dxt, n);
+}
+
+void mp_op_code_mask_grad(const uint8_t *codes, mp_dtype ct, const void *dy, mp_dtype dyt, void *dx,
+                          mp_dtype dxt, size_t n)
+{
+    uint8_t all[256], table[256];
+    float v[256];
+    for (int c = 0; c < 256; c++) all[c] = (uint8_t)c;
+    mp_convert(v, MP_F32, all, ct, 256); /* exact */
+    for (int c = 0; c < 256; c++) table[c] = c == 0x80 || v[c] > 0.0f;
+    positive_grad(codes, table, dy, dyt, dx, dxt, n);
 }
 
 void mp_op_softmax(const void *x, mp_dtype xt, void *y, mp_dtype yt, int64_t rows, int64_t cols)

@@ -21,6 +21,14 @@ void mp_op_positive_mask(const void *y, mp_dtype yt, uint8_t *mask, size_t n);
  * bits mp_op_activation_grad(MP_ACT_RELU, y, ...) gives (-0 and NaN alike). */
 void mp_op_mask_grad(const uint8_t *mask, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
                      size_t n);
+/* The same from fp8 codes (ct MP_F8E4M3 or MP_F8E5M2) that carry y > 0
+ * (nn/quant.h, keeps_sign): element i counts as > 0 when codes[i] is 0x80
+ * or decodes to more than 0; a NaN code as not. E4M3 has no infinity: a y
+ * whose scaled value is +inf in float32 casts to NaN and so counts as not
+ * > 0; every GEMM reading the codes reads NaN for it then, and dy there,
+ * NaN or zero after such a forward, gives the same bits either way. */
+void mp_op_code_mask_grad(const uint8_t *codes, mp_dtype ct, const void *dy, mp_dtype dyt, void *dx,
+                          mp_dtype dxt, size_t n);
 /* Row-wise softmax over `cols`, float32 inside with the row max subtracted. */
 void mp_op_softmax(const void *x, mp_dtype xt, void *y, mp_dtype yt, int64_t rows, int64_t cols);
 /* dx = y * (dy - sum(dy * y)) row-wise. */

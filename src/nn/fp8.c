@@ -205,10 +205,26 @@ float mp_float8_amax(const void *x, mp_dtype t, size_t n)
     return mp_bits_f32(m);
 }
 
-/* codes (or NULL) and their values in bfloat16 (or NULL) of x * scale;
- * the amax of x */
+/* Codes that carry x > 0 (nn/quant.h, keeps_sign): +-0 to 0x00, a
+ * positive x the cast took to zero to 0x80 (-0), a negative one to 0x00;
+ * NaN stays NaN. So x > 0 exactly when the code is 0x80 or decodes to
+ * more than 0 (mp_op_code_mask_grad), and every value keeps its
+ * magnitude: only the signs of zeros change. */
+static void carry_sign(uint8_t *q, const float *v, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        if (v[j] > 0.0f) {
+            if (q[j] == 0x00) q[j] = 0x80;
+        } else if (q[j] == 0x80) {
+            q[j] = 0x00;
+        }
+    }
+}
+
+/* codes (or NULL) and their values in bfloat16 (or NULL) of x * scale,
+ * the codes carrying x's sign when `sign`; the amax of x */
 static float quantize(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const void *x, mp_dtype t,
-                      size_t n, float scale)
+                      size_t n, float scale, bool sign)
 {
     uint32_t m = 0;
     size_t nchunks = (n + CHUNK - 1) / CHUNK;
@@ -223,6 +239,7 @@ static float quantize(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const voi
         for (size_t j = 0; j < k; j++) y[j] = v[j] * scale;
         uint8_t *q = codes ? codes + i : own;
         mp_convert_ex(q, fp8, y, MP_F32, k, MP_OVERFLOW_SATURATE);
+        if (sign) carry_sign(q, v, k);
         if (!decoded) continue;
         mp_convert(y, MP_F32, q, fp8, k); /* exact, and exact again in bfloat16 */
         mp_convert(decoded + i, MP_BF16, y, MP_F32, k);
@@ -233,13 +250,13 @@ static float quantize(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const voi
 float mp_float8_quantize(uint8_t *codes, mp_dtype fp8, const void *x, mp_dtype t, size_t n,
                          float scale)
 {
-    return quantize(codes, NULL, fp8, x, t, n, scale);
+    return quantize(codes, NULL, fp8, x, t, n, scale, false);
 }
 
 float mp_float8_quantize_bf16(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const void *x,
                               mp_dtype t, size_t n, float scale)
 {
-    return quantize(codes, decoded, fp8, x, t, n, scale);
+    return quantize(codes, decoded, fp8, x, t, n, scale, false);
 }
 
 /* ------------------------------------------------- one tensor's state */
@@ -315,7 +332,7 @@ static void float8_quantize(mp_float8_meta *q, const mp_quant_input *in, mp_quan
     if (q->params.scaling == MP_FLOAT8_CURRENT && mode != MP_QUANT_AGAIN)
         q->scale = mp_float8_scale(mp_float8_amax(in->x, in->dtype, n), q->scale, q->dtype,
                                    q->params.margin);
-    float amax = quantize(stored, operand, q->dtype, in->x, in->dtype, n, q->scale);
+    float amax = quantize(stored, operand, q->dtype, in->x, in->dtype, n, q->scale, q->keeps_sign);
     if (mode == MP_QUANT_TRAIN) mp_float8_meta_record(q, amax);
     *out = (mp_quant_operand){operand, MP_BF16, 1.0f / q->scale};
 }

@@ -81,6 +81,13 @@ struct mp_float8_meta {
     float *history; /* params.amax_history_len amaxes, newest first */
     float pending;  /* the max amax seen since the last commit */
     bool has_pending;
+    /* the kept codes (stored) carry x > 0 for x's producer (layer.h): the
+     * cast takes +-0 to 0x00 and a positive x that it would take to zero
+     * to 0x80 (-0), a negative one to 0x00; only signs of zeros change, and
+     * every GEMM sum starts from +0, on which a zero's sign has no effect.
+     * x > 0 is then: code 0x80, or a code that decodes to more than 0
+     * (mp_op_code_mask_grad). */
+    bool keeps_sign;
     void *codes;    /* a persistent operand buffer (kernels), or NULL */
     size_t codes_n; /* its bytes */
 };
