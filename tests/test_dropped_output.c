@@ -1,12 +1,16 @@
 /* test_dropped_output.c - outputs no backward reads in full (nn/layer.h,
- * mp_output_use): a relu Dense whose consumers are float8 layers keeps a
- * bit mask of y > 0 instead of y, its y living only through the forward.
- * The mask's relu gradient against the relu derivative of the elementwise
- * op, bit for bit on every kind of value (negative zero and NaN included);
- * a float8 MLP whose relu Dense layers drop their outputs trains to the
- * same bits as the same MLP with each relu a separate Activation layer
- * (whose output is kept, and which the float8 layers quantize again in
- * backward), while keeping less: the plan says how much and the arena
+ * mp_output_use): a relu Dense whose consumers are float8 layers keeps
+ * neither y nor, when its first consumer's codes carry y > 0 (nn/quant.h,
+ * keeps_sign), a mask, its y living only through the forward; else a bit
+ * mask of y > 0. The mask's relu gradient against the relu derivative of
+ * the elementwise op, bit for bit on every kind of value (negative zero
+ * and NaN included); float8 MLPs (a chain; a relu Dense read by two float8
+ * layers; one whose float32 relu Dense feeds a bfloat16 consumer, so keeps
+ * its mask) whose relu Dense layers drop their outputs train to the same
+ * bits as the same MLPs with each relu a separate Activation layer (whose
+ * output is kept, and which the float8 layers quantize again in backward,
+ * with the plain cast), positive outputs that the cast takes to zero
+ * included, while keeping less: the plan says how much and the arena
  * agrees. */
 #include <math.h>
 #include <stdlib.h>
@@ -61,19 +65,32 @@ static void test_mask_grad_is_relu_grad(void **state)
 
 enum { B = 8, IN = 24, H = 32, OUT = 3, STEPS = 4 };
 
-/* input, 2 hidden relu layers, a linear one, softmax (float32); every
- * Dense in float8 (HYBRID, delayed). fused: relu inside the Dense (which
- * then drops its output); else Dense then a separate relu Activation.
- * Seeds per layer, so that both draw the same weights. */
-static mp_model *mlp(bool fused)
+typedef enum {
+    CHAIN,     /* input, 2 hidden relu layers, a linear one */
+    BRANCH,    /* the first hidden also read by a linear float8 Dense added to the second */
+    F32_FIRST, /* the first hidden Dense float32, its consumer bfloat16 */
+} mlp_kind;
+
+/* A softmax (float32) over the MLP; every Dense in float8 (HYBRID,
+ * delayed). fused: relu inside the Dense (which then drops its output);
+ * else Dense then a separate relu Activation. Seeds per layer, so that
+ * both draw the same weights. */
+static mp_model *mlp(bool fused, mlp_kind kind)
 {
     mp_model *m = mp_model_new_with_policy(5, "mixed_bfloat16");
-    mp_node x = mp_input(m, 1, (int64_t[]){IN}, NULL);
+    mp_node x = mp_input(m, 1, (int64_t[]){IN}, NULL), h1 = -1;
     for (int i = 0; i < 3; i++) {
         bool hidden = i < 2;
-        mp_layer_options o = {.float8 = 1, .seed = 100 + (uint64_t)i};
+        const char *policy = i == 0 && kind == F32_FIRST ? "float32" : NULL;
+        mp_layer_options o = {.float8 = 1, .seed = 100 + (uint64_t)i, .policy = policy};
         x = mp_dense(m, x, hidden ? H : OUT, hidden && fused ? MP_ACT_RELU : MP_ACT_NONE, &o);
-        if (hidden && !fused) x = mp_activation_layer(m, x, MP_ACT_RELU, NULL);
+        if (hidden && !fused)
+            x = mp_activation_layer(m, x, MP_ACT_RELU, &(mp_layer_options){.policy = policy});
+        if (i == 0) h1 = x;
+        if (i == 1 && kind == BRANCH) {
+            mp_layer_options side = {.float8 = 1, .seed = 200};
+            x = mp_add(m, x, mp_dense(m, h1, H, MP_ACT_NONE, &side), NULL);
+        }
     }
     x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
     assert_int_equal(mp_model_build(m, x, B), MP_OK);
@@ -89,34 +106,56 @@ static void check_plan_and_arena(mp_model *m, const mp_tensor *tx)
     assert_int_equal(mp_model_activation_bytes(m), plan.activations);
 }
 
-static void test_same_training_less_kept(void **state)
+/* Elements of the first hidden relu's output (the separate model's
+ * Activation, node 2, kept) > 0 that E4M3 at scale 1 (the first step's)
+ * takes to zero. */
+static int positive_underflows(const mp_model *m)
 {
-    (void)state;
-    mp_model *m[2] = {mlp(true), mlp(false)};
+    const mp_tensor *y = mp_model_node_output(m, 2);
+    size_t n = (size_t)mp_tensor_numel(y);
+    float v[B * H];
+    uint8_t c[B * H];
+    assert_true(n == B * H);
+    mp_convert(v, MP_F32, y->data, y->dtype, n);
+    mp_float8_quantize(c, MP_F8E4M3, v, MP_F32, n, 1.0f);
+    int k = 0;
+    for (size_t i = 0; i < n; i++) k += v[i] > 0.0f && c[i] == 0x00;
+    return k;
+}
+
+static void same_training_less_kept(mlp_kind kind)
+{
+    mp_model *m[2] = {mlp(true, kind), mlp(false, kind)};
     float x[STEPS][B * IN];
     int32_t y[STEPS][B];
     test_rng r = {11};
+    /* odd rows tiny: relu outputs > 0 that the first step's cast (scale 1)
+     * takes to zero, which the fused model's codes keep as 0x80 */
     for (int s = 0; s < STEPS; s++)
-        for (int i = 0; i < B * IN; i++) x[s][i] = (float)test_rng_uniform(&r, -1, 1);
+        for (int i = 0; i < B * IN; i++)
+            x[s][i] = (float)test_rng_uniform(&r, -1, 1) * (i / IN % 2 ? 0x1p-9f : 1.0f);
     for (int s = 0; s < STEPS; s++)
         for (int i = 0; i < B; i++) y[s][i] = (i + s) % OUT;
     mp_tensor tx[STEPS];
     for (int s = 0; s < STEPS; s++) mp_tensor_wrap(&tx[s], MP_F32, 2, (int64_t[]){B, IN}, x[s]);
 
-    /* what the fused model keeps: per hidden Dense a mask (H bits a sample,
-     * one arena granule of 64 bytes at B = 8) for its bf16 output; the
-     * consumer keeps H fp8 codes a sample for the bf16 input it would read */
-    mp_layer_info fused, sep, relu;
+    /* what the fused model keeps: per hidden Dense nothing for its bf16
+     * output (its consumer keeps H fp8 codes a sample for the input it
+     * would read, which carry y > 0), or, when its consumer computes in
+     * another dtype, a mask (H bits a sample, one arena granule of 64
+     * bytes at B = 8) */
+    mp_layer_info fused, sep, relu, next;
     assert_int_equal(mp_model_layer_info(m[0], 1, B, &fused), MP_OK);
     assert_int_equal(mp_model_layer_info(m[1], 1, B, &sep), MP_OK);
     assert_int_equal(mp_model_layer_info(m[1], 2, B, &relu), MP_OK);
-    assert_true(fused.float8 && sep.float8);
-    assert_int_equal(fused.saved_bytes, B * IN /* the input's codes */ + 64 /* the mask */);
-    assert_int_equal(sep.saved_bytes, B * IN + B * H * 2 /* its output */);
-    assert_int_equal(relu.saved_bytes, B * H * 2);
-    mp_layer_info next;
     assert_int_equal(mp_model_layer_info(m[0], 2, B, &next), MP_OK);
-    assert_int_equal(next.saved_bytes, B * H /* codes */ + 64);
+    size_t es = kind == F32_FIRST ? 4 : 2;
+    assert_true(fused.float8 && sep.float8);
+    assert_int_equal(fused.saved_bytes,
+                     B * IN /* the input's codes */ + (kind == F32_FIRST ? 64 /* the mask */ : 0));
+    assert_int_equal(sep.saved_bytes, B * IN + B * H * es /* its output */);
+    assert_int_equal(relu.saved_bytes, B * H * es);
+    if (kind == CHAIN) assert_int_equal(next.saved_bytes, B * H /* codes */);
     for (int k = 0; k < 2; k++) check_plan_and_arena(m[k], &tx[0]);
     assert_true(mp_model_activation_bytes(m[0]) < mp_model_activation_bytes(m[1]));
 
@@ -129,6 +168,7 @@ static void test_same_training_less_kept(void **state)
             assert_true(res[k].applied);
         }
         assert_memory_equal(&res[0].loss, &res[1].loss, sizeof res[0].loss);
+        if (s == 0 && kind != F32_FIRST) assert_true(positive_underflows(m[1]) > 20);
     }
     assert_null(mp_model_node_output(m[0], 1));
     assert_non_null(mp_model_node_output(m[1], 2));
@@ -152,6 +192,24 @@ static void test_same_training_less_kept(void **state)
     }
     mp_model_free(m[0]);
     mp_model_free(m[1]);
+}
+
+static void test_same_training_less_kept(void **state)
+{
+    (void)state;
+    same_training_less_kept(CHAIN);
+}
+
+static void test_same_training_two_consumers(void **state)
+{
+    (void)state;
+    same_training_less_kept(BRANCH);
+}
+
+static void test_same_training_mask_across_dtypes(void **state)
+{
+    (void)state;
+    same_training_less_kept(F32_FIRST);
 }
 
 /* A consumer that reads the output itself (a bfloat16 Dense, not float8)
@@ -183,6 +241,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mask_grad_is_relu_grad),
         cmocka_unit_test(test_same_training_less_kept),
+        cmocka_unit_test(test_same_training_two_consumers),
+        cmocka_unit_test(test_same_training_mask_across_dtypes),
         cmocka_unit_test(test_kept_when_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -60,6 +60,9 @@ mp_status mp_float8_model_setup(mp_model *m)
                 mp_status s = mp_float8_meta_init(q, l->name, (mp_float8_role)r, &l->fp8_params);
                 if (s) return s;
                 mp_quant_meta_name(q, l, g);
+                /* its input's producer reads its sign from the codes (layer.h) */
+                q->keeps_sign = g == 0 && r == MP_FLOAT8_INPUT && l->ninputs > 0 &&
+                                mp_layer_csrc(m, l, 0)->sign_from == l->index;
                 m->nfp8++;
             }
             /* the kernel's operand lives as long as the model (counted as weights) */

@@ -32,8 +32,10 @@
 /* What a layer's backward reads of its own output. An output that no
  * backward reads in full (its own reads at most its sign; every consumer
  * keeps a compact form of it) is "dropped": it lives only through the
- * forward, in the gradient arena (unused until backward), and the layer
- * keeps a bit mask when it needs the sign. */
+ * forward, in the gradient arena (unused until backward). When the layer
+ * needs the sign, its first consumer's compact form carries it when it can
+ * (ops->sign_input: float8 codes, nn/quant.h), else the layer keeps a bit
+ * mask. */
 typedef enum {
     MP_OUTPUT_READ = 0, /* all of it */
     MP_OUTPUT_SIGN,     /* only whether each element is > 0 (relu) */
@@ -83,6 +85,10 @@ struct mp_layer_ops {
      * input j (float8 codes), so that no backward reads the producer's
      * output (NULL: never) */
     bool (*compact_input)(const mp_model *m, const mp_layer *l, int j);
+    /* optional: whether that compact form can also carry the sign of input
+     * j (x > 0) for its producer's backward, which then keeps no mask:
+     * one code an element, cast so when the plan asks (NULL: never) */
+    bool (*sign_input)(const mp_model *m, const mp_layer *l, int j);
 };
 
 /* ------------------------------------------------------------- registry */
@@ -146,11 +152,17 @@ mp_status mp_layer_alloc(mp_model *m, const mp_layer *shape_of, mp_arena *a, mp_
  * the gradient arena when the output is dropped (l->out_dropped). */
 mp_status mp_layer_alloc_output(mp_model *m, mp_layer *l, mp_dtype t);
 /* Bytes the activation arena keeps of l's output (of n elements of dtype
- * t): all of it; a dropped one nothing, or its sign mask when `sign`. */
+ * t): all of it; a dropped one nothing, or its sign mask when `sign` and
+ * no consumer's codes carry the sign (l->sign_from). */
 size_t mp_layer_output_saved_bytes(const mp_layer *l, int64_t n, mp_dtype t, bool sign);
-/* The sign mask of l's output (mp_op_positive_mask), in the activation
- * arena, for a backward that reads only that of a dropped output. */
-mp_status mp_layer_keep_sign(mp_model *m, mp_layer *l, uint8_t **mask);
+/* At the end of the forward of a dropped output whose backward reads only
+ * its sign: the sign mask (mp_op_positive_mask, in the activation arena),
+ * unless a consumer's codes will carry the sign. */
+mp_status mp_layer_keep_sign(mp_model *m, mp_layer *l);
+/* dx = dy where that output was > 0, else dy * 0 (relu's derivative, the
+ * bits mp_op_activation_grad gives from the output), from the mask or the
+ * consumer's codes. */
+mp_status mp_layer_sign_grad(const mp_layer *l, const mp_tensor *dy, mp_tensor *dx);
 /* Input j of l in l's compute dtype: a view when it already is, else a cast
  * copy. keep: it must last until backward (activation arena; user data is
  * always copied, it may change). */

@@ -32,14 +32,33 @@ mp_status mp_layer_alloc_output(mp_model *m, mp_layer *l, mp_dtype t)
 size_t mp_layer_output_saved_bytes(const mp_layer *l, int64_t n, mp_dtype t, bool sign)
 {
     if (!l->out_dropped) return arena_bytes((size_t)n * mp_dtype_size(t));
-    return sign ? arena_bytes(((size_t)n + 7) / 8) : 0;
+    return sign && l->sign_from < 0 ? arena_bytes(((size_t)n + 7) / 8) : 0;
 }
 
-mp_status mp_layer_keep_sign(mp_model *m, mp_layer *l, uint8_t **mask)
+mp_status mp_layer_keep_sign(mp_model *m, mp_layer *l)
 {
     size_t n = (size_t)mp_tensor_numel(&l->out);
-    if (!(*mask = mp_arena_alloc(m->act, (n + 7) / 8))) return mp_layer_nomem(l, "its sign mask");
-    mp_op_positive_mask(l->out.data, l->out.dtype, *mask, n);
+    l->sign_bits = NULL;
+    l->sign_codes = NULL; /* the consumer's forward, after this one, sets them */
+    if (l->sign_from >= 0) return MP_OK;
+    if (!(l->sign_bits = mp_arena_alloc(m->act, (n + 7) / 8)))
+        return mp_layer_nomem(l, "its sign mask");
+    mp_op_positive_mask(l->out.data, l->out.dtype, l->sign_bits, n);
+    return MP_OK;
+}
+
+mp_status mp_layer_sign_grad(const mp_layer *l, const mp_tensor *dy, mp_tensor *dx)
+{
+    size_t n = (size_t)mp_tensor_numel(dx);
+    if (l->sign_bits) {
+        mp_op_mask_grad(l->sign_bits, dy->data, dy->dtype, dx->data, dx->dtype, n);
+    } else if (l->sign_codes) {
+        mp_op_code_mask_grad(l->sign_codes, l->sign_type, dy->data, dy->dtype, dx->data, dx->dtype,
+                             n);
+    } else {
+        return mp_set_error(MP_ERR_INVALID, "layer '%s': backward without its output's sign",
+                            l->name);
+    }
     return MP_OK;
 }
 

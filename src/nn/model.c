@@ -213,15 +213,36 @@ mp_node mp_layer_create(mp_model *m, const mp_layer_ops *ops, const mp_node *inp
 
 static mp_status create_arenas(mp_model *m, int64_t max_batch);
 
+/* The first consumer of layer i when the compact form it keeps of i's
+ * output can carry that output's sign (ops->sign_input), read without a
+ * cast between (its compute dtype is the output's, so y > 0 is x > 0);
+ * else -1. */
+static int sign_consumer(const mp_model *m, int i)
+{
+    for (int k = i + 1; k < m->nlayers; k++) {
+        const mp_layer *c = &m->layers[k];
+        for (int j = 0; c->reachable && j < c->ninputs; j++)
+            if (c->inputs[j] == i)
+                return c->ops->sign_input && c->ops->sign_input(m, c, j) &&
+                               c->policy.compute == m->layers[i].out_dtype
+                           ? k
+                           : -1;
+    }
+    return -1;
+}
+
 /* Which outputs no backward reads in full (layer.h, mp_output_use): the
  * layer's own backward reads at most their sign, and every consumer keeps
  * a compact form of its own. The model's output is always kept (the loss
- * reads it). Runs after the float8 plan, on which compact forms depend. */
+ * reads it). A dropped output whose sign is read takes it from its first
+ * consumer's codes when they can carry it, else keeps a bit mask. Runs
+ * after the float8 plan, on which compact forms depend. */
 static void plan_dropped_outputs(mp_model *m)
 {
     for (int i = 0; i < m->nlayers; i++) {
         mp_layer *l = &m->layers[i];
         l->out_dropped = false;
+        l->sign_from = -1;
         if (!l->reachable || !l->ops->backward || i == m->output || !l->ops->output_use ||
             l->ops->output_use(l) == MP_OUTPUT_READ)
             continue;
@@ -235,6 +256,8 @@ static void plan_dropped_outputs(mp_model *m)
             }
         }
         l->out_dropped = ok && read;
+        if (l->out_dropped && l->ops->output_use(l) == MP_OUTPUT_SIGN)
+            l->sign_from = sign_consumer(m, i);
     }
 }
 

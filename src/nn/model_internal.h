@@ -35,6 +35,14 @@ struct mp_layer {
     bool has_out, has_grad;
     /* its output lives only through the forward (layer.h, mp_output_use) */
     bool out_dropped;
+    /* a dropped output whose backward reads its sign (y > 0) reads it from
+     * the float8 codes its consumer sign_from keeps of it (nn/quant.h,
+     * keeps_sign; that consumer's forward sets sign_codes, of sign_type)
+     * or, sign_from -1, from a bit mask it keeps itself (sign_bits) */
+    int sign_from;
+    const uint8_t *sign_codes;
+    mp_dtype sign_type;
+    uint8_t *sign_bits;
     /* float8 (kinds whose ops->float8 is set; nn/fp8_model.c): the
      * recipe's settings, the layer's choice (0 as the policy says, 1 on, -1
      * off), whether build made it compute in float8 and its first meta */

@@ -86,7 +86,7 @@ struct mp_float8_meta {
      * to 0x80 (-0), a negative one to 0x00; only signs of zeros change, and
      * every GEMM sum starts from +0, on which a zero's sign has no effect.
      * x > 0 is then: code 0x80, or a code that decodes to more than 0
-     * (mp_op_code_mask_grad). */
+     * (mp_op_code_mask_grad). Set at setup from the plan (sign_from). */
     bool keeps_sign;
     void *codes;    /* a persistent operand buffer (kernels), or NULL */
     size_t codes_n; /* its bytes */
@@ -184,8 +184,10 @@ mp_status mp_quant_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 /* Kinds with one GEMM, over input 0's last axis (Dense; Conv2D through its
  * patches). Whether it can keep input j's compact form (ops->compact_input:
  * a float8 layer's input 0, one operand serving every pass), known at plan.
- * Whether its forward keeps it (the input would be copied otherwise, or
- * its producer drops it; layer.h); the activation bytes of its input; its
+ * Its compact form is one code an element, so it can carry the input's
+ * sign as well (ops->sign_input: the same test; keeps_sign above). Whether
+ * its forward keeps it (the input would be copied otherwise, or its
+ * producer drops it; layer.h); the activation bytes of its input; its
  * temporaries beyond the kind's own. */
 bool mp_float8_compact_input(const mp_model *m, const mp_layer *l, int j);
 bool mp_float8_keeps_input(const mp_model *m, const mp_layer *l, int64_t batch);
@@ -193,7 +195,8 @@ size_t mp_float8_input_saved_bytes(const mp_model *m, const mp_layer *l, int64_t
 size_t mp_float8_workspace_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
 /* Forward: the input in the compute dtype into *in (kept by the producer,
  * or a temporary when its compact form goes to *stored in the activation
- * arena) and the operands (mp_quant_forward). */
+ * arena) and the operands (mp_quant_forward); codes that carry the sign
+ * are handed to the producer (its sign_codes). */
 mp_status mp_float8_forward(mp_model *m, mp_layer *l, bool training, mp_tensor *in,
                             const void **stored, mp_quant_operand *xo, mp_quant_operand *wo);
 /* Backward (mp_quant_backward) from dz and the forward's input. */

@@ -182,7 +182,14 @@ mp_status mp_float8_forward(mp_model *m, mp_layer *l, bool training, mp_tensor *
         as_matrix(in->data, in->dtype, mp_tensor_numel(in), in->shape[in->ndim - 1], 1);
     *stored = save ? mp_arena_alloc(m->act, qz->stored_bytes(xi.rows, xi.cols)) : NULL;
     if (save && !*stored) return mp_layer_nomem(l, "its input's quantized form");
-    return mp_quant_forward(m, l, 0, training, &xi, (void *)*stored, xo, wo);
+    mp_status s = mp_quant_forward(m, l, 0, training, &xi, (void *)*stored, xo, wo);
+    const mp_float8_meta *q = mp_quant_layer_metas(m, l) + MP_FLOAT8_INPUT;
+    if (!s && q->keeps_sign) {
+        mp_layer *src = mp_layer_src(m, l, 0);
+        src->sign_codes = *stored;
+        src->sign_type = q->dtype;
+    }
+    return s;
 }
 
 mp_status mp_float8_backward(mp_model *m, mp_layer *l, const mp_tensor *dz, const mp_tensor *in,

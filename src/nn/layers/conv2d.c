@@ -245,6 +245,7 @@ const mp_layer_ops mp_conv2d_ops = {
     .to_json = conv2d_to_json,
     .from_json = conv2d_from_json,
     .compact_input = mp_float8_compact_input,
+    .sign_input = mp_float8_compact_input,
 };
 
 mp_node mp_conv2d(mp_model *m, mp_node x, const mp_conv2d_options *c, const mp_layer_options *o)

@@ -14,11 +14,13 @@
  * it (layer.h: no backward reads it in full); when x is a tensor the
  * producer keeps anyway, nothing, and backward quantizes it again with the
  * forward's scale (the same codes). A relu Dense whose output is dropped
- * keeps y > 0 as a bit mask for its derivative instead of y. Everything
- * goes through the quantizer's table (nn/quant.h), which also serves one
- * whose operands differ per pass: in MX (nn/mx_quant.c) each of the three
- * GEMMs gets x, W and dz in blocks along its own reduction axis, decoded
- * exactly, alpha 1, and the forward keeps only what mixed_bfloat16 keeps. */
+ * reads y > 0 for its derivative from its consumer's codes, which then
+ * carry it (nn/quant.h, keeps_sign), else from a bit mask it keeps instead
+ * of y (layer.h). Everything goes through the quantizer's table
+ * (nn/quant.h), which also serves one whose operands differ per pass: in
+ * MX (nn/mx_quant.c) each of the three GEMMs gets x, W and dz in blocks
+ * along its own reduction axis, decoded exactly, alpha 1, and the forward
+ * keeps only what mixed_bfloat16 keeps. */
 #include "kernels/ops.h"
 #include "nn/layer.h"
 #include "nn/quant.h"
@@ -35,7 +37,6 @@ typedef struct {
      * `in` again) and the kernel's operand */
     const void *xs;
     mp_quant_operand wq;
-    uint8_t *sign; /* relu with a dropped output (layer.h): y > 0 as bits */
 } dense_state;
 
 static bool keeps_pre(const dense_config *c) { return mp_op_activation_grad_needs_input(c->act); }
@@ -138,9 +139,7 @@ static mp_status dense_forward(mp_model *m, mp_layer *l, bool training)
     if (s) return s;
     if (!fuse)
         mp_op_activation(c->act, z->data, ct, l->out.data, ct, (size_t)mp_tensor_numel(&l->out));
-    st->sign = NULL;
-    if (l->out_dropped && dense_output_use(l) == MP_OUTPUT_SIGN)
-        return mp_layer_keep_sign(m, l, &st->sign);
+    if (l->out_dropped && dense_output_use(l) == MP_OUTPUT_SIGN) return mp_layer_keep_sign(m, l);
     return MP_OK;
 }
 
@@ -157,11 +156,13 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
         if (mp_layer_alloc(m, l, m->tmp, ct, &dz))
             return mp_layer_nomem(l, "its pre-activation gradient");
         const mp_tensor *saved = keeps_pre(c) ? &st->pre : &l->out;
-        if (st->sign)
-            mp_op_mask_grad(st->sign, g->data, g->dtype, dz.data, ct, (size_t)mp_tensor_numel(&dz));
+        mp_status s = MP_OK;
+        if (l->out_dropped && dense_output_use(l) == MP_OUTPUT_SIGN)
+            s = mp_layer_sign_grad(l, g, &dz);
         else
             mp_op_activation_grad(c->act, saved->data, ct, g->data, g->dtype, dz.data, ct,
                                   (size_t)mp_tensor_numel(&dz));
+        if (s) return s;
     }
     mp_float8_grad_operands q = {{st->in.data, ct, 1.0f},
                                  {dz.data, dz.dtype, 1.0f},
@@ -250,6 +251,7 @@ const mp_layer_ops mp_dense_ops = {
     .from_json = dense_from_json,
     .output_use = dense_output_use,
     .compact_input = mp_float8_compact_input,
+    .sign_input = mp_float8_compact_input,
 };
 
 mp_node mp_dense(mp_model *m, mp_node x, int64_t units, mp_activation act,
