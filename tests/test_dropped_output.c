@@ -6,7 +6,7 @@
  * the elementwise op, bit for bit on every kind of value (negative zero
  * and NaN included); float8 MLPs (a chain; a relu Dense read by two float8
  * layers; one whose float32 relu Dense feeds a bfloat16 consumer, so keeps
- * its mask) whose relu Dense layers drop their outputs train to the same
+ * its mask; one read by a Conv2D) whose relu Dense layers drop their outputs train to the same
  * bits as the same MLPs with each relu a separate Activation layer (whose
  * output is kept, and which the float8 layers quantize again in backward,
  * with the plain cast), positive outputs that the cast takes to zero
@@ -69,7 +69,11 @@ typedef enum {
     CHAIN,     /* input, 2 hidden relu layers, a linear one */
     BRANCH,    /* the first hidden also read by a linear float8 Dense added to the second */
     F32_FIRST, /* the first hidden Dense float32, its consumer bfloat16 */
+    CONV,      /* on (2, 4, 3): the first hidden read by a Conv2D (2x2, valid), flattened */
 } mlp_kind;
+
+/* hidden elements of the first relu's output per sample */
+static int64_t hidden_n(mlp_kind kind) { return kind == CONV ? 2 * 4 * H : H; }
 
 /* A softmax (float32) over the MLP; every Dense in float8 (HYBRID,
  * delayed). fused: relu inside the Dense (which then drops its output);
@@ -78,11 +82,18 @@ typedef enum {
 static mp_model *mlp(bool fused, mlp_kind kind)
 {
     mp_model *m = mp_model_new_with_policy(5, "mixed_bfloat16");
-    mp_node x = mp_input(m, 1, (int64_t[]){IN}, NULL), h1 = -1;
+    mp_node x = kind == CONV ? mp_input(m, 3, (int64_t[]){2, 4, 3}, NULL)
+                             : mp_input(m, 1, (int64_t[]){IN}, NULL),
+            h1 = -1;
     for (int i = 0; i < 3; i++) {
         bool hidden = i < 2;
         const char *policy = i == 0 && kind == F32_FIRST ? "float32" : NULL;
         mp_layer_options o = {.float8 = 1, .seed = 100 + (uint64_t)i, .policy = policy};
+        if (i == 1 && kind == CONV) {
+            mp_conv2d_options co = mp_conv2d_options_default(8, 2, 2);
+            x = mp_flatten(m, mp_conv2d(m, x, &co, &o), NULL);
+            continue;
+        }
         x = mp_dense(m, x, hidden ? H : OUT, hidden && fused ? MP_ACT_RELU : MP_ACT_NONE, &o);
         if (hidden && !fused)
             x = mp_activation_layer(m, x, MP_ACT_RELU, &(mp_layer_options){.policy = policy});
@@ -109,13 +120,13 @@ static void check_plan_and_arena(mp_model *m, const mp_tensor *tx)
 /* Elements of the first hidden relu's output (the separate model's
  * Activation, node 2, kept) > 0 that E4M3 at scale 1 (the first step's)
  * takes to zero. */
-static int positive_underflows(const mp_model *m)
+static int positive_underflows(const mp_model *m, mlp_kind kind)
 {
     const mp_tensor *y = mp_model_node_output(m, 2);
     size_t n = (size_t)mp_tensor_numel(y);
-    float v[B * H];
-    uint8_t c[B * H];
-    assert_true(n == B * H);
+    float v[B * 8 * H];
+    uint8_t c[B * 8 * H];
+    assert_true(n == (size_t)(B * hidden_n(kind)));
     mp_convert(v, MP_F32, y->data, y->dtype, n);
     mp_float8_quantize(c, MP_F8E4M3, v, MP_F32, n, 1.0f);
     int k = 0;
@@ -137,7 +148,11 @@ static void same_training_less_kept(mlp_kind kind)
     for (int s = 0; s < STEPS; s++)
         for (int i = 0; i < B; i++) y[s][i] = (i + s) % OUT;
     mp_tensor tx[STEPS];
-    for (int s = 0; s < STEPS; s++) mp_tensor_wrap(&tx[s], MP_F32, 2, (int64_t[]){B, IN}, x[s]);
+    for (int s = 0; s < STEPS; s++)
+        if (kind == CONV)
+            mp_tensor_wrap(&tx[s], MP_F32, 4, (int64_t[]){B, 2, 4, 3}, x[s]);
+        else
+            mp_tensor_wrap(&tx[s], MP_F32, 2, (int64_t[]){B, IN}, x[s]);
 
     /* what the fused model keeps: per hidden Dense nothing for its bf16
      * output (its consumer keeps H fp8 codes a sample for the input it
@@ -149,12 +164,12 @@ static void same_training_less_kept(mlp_kind kind)
     assert_int_equal(mp_model_layer_info(m[1], 1, B, &sep), MP_OK);
     assert_int_equal(mp_model_layer_info(m[1], 2, B, &relu), MP_OK);
     assert_int_equal(mp_model_layer_info(m[0], 2, B, &next), MP_OK);
-    size_t es = kind == F32_FIRST ? 4 : 2;
+    size_t es = kind == F32_FIRST ? 4 : 2, hn = (size_t)hidden_n(kind);
     assert_true(fused.float8 && sep.float8);
     assert_int_equal(fused.saved_bytes,
                      B * IN /* the input's codes */ + (kind == F32_FIRST ? 64 /* the mask */ : 0));
-    assert_int_equal(sep.saved_bytes, B * IN + B * H * es /* its output */);
-    assert_int_equal(relu.saved_bytes, B * H * es);
+    assert_int_equal(sep.saved_bytes, B * IN + B * hn * es /* its output */);
+    assert_int_equal(relu.saved_bytes, B * hn * es);
     if (kind == CHAIN) assert_int_equal(next.saved_bytes, B * H /* codes */);
     for (int k = 0; k < 2; k++) check_plan_and_arena(m[k], &tx[0]);
     assert_true(mp_model_activation_bytes(m[0]) < mp_model_activation_bytes(m[1]));
@@ -168,7 +183,7 @@ static void same_training_less_kept(mlp_kind kind)
             assert_true(res[k].applied);
         }
         assert_memory_equal(&res[0].loss, &res[1].loss, sizeof res[0].loss);
-        if (s == 0 && kind != F32_FIRST) assert_true(positive_underflows(m[1]) > 20);
+        if (s == 0 && kind != F32_FIRST) assert_true(positive_underflows(m[1], kind) > 20);
     }
     assert_null(mp_model_node_output(m[0], 1));
     assert_non_null(mp_model_node_output(m[1], 2));
@@ -194,23 +209,10 @@ static void same_training_less_kept(mlp_kind kind)
     mp_model_free(m[1]);
 }
 
-static void test_same_training_less_kept(void **state)
-{
-    (void)state;
-    same_training_less_kept(CHAIN);
-}
+static const mlp_kind kinds[] = {CHAIN, BRANCH, F32_FIRST, CONV};
 
-static void test_same_training_two_consumers(void **state)
-{
-    (void)state;
-    same_training_less_kept(BRANCH);
-}
-
-static void test_same_training_mask_across_dtypes(void **state)
-{
-    (void)state;
-    same_training_less_kept(F32_FIRST);
-}
+/* state: the mlp_kind */
+static void test_same_training(void **state) { same_training_less_kept(*(const mlp_kind *)*state); }
 
 /* A consumer that reads the output itself (a bfloat16 Dense, not float8)
  * keeps it: nothing is dropped, and the relu Dense keeps its output. */
@@ -240,9 +242,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mask_grad_is_relu_grad),
-        cmocka_unit_test(test_same_training_less_kept),
-        cmocka_unit_test(test_same_training_two_consumers),
-        cmocka_unit_test(test_same_training_mask_across_dtypes),
+        {"test_same_training_less_kept", test_same_training, NULL, NULL, (void *)&kinds[0]},
+        {"test_same_training_two_consumers", test_same_training, NULL, NULL, (void *)&kinds[1]},
+        {"test_same_training_mask_across_dtypes", test_same_training, NULL, NULL,
+         (void *)&kinds[2]},
+        {"test_same_training_conv_consumer", test_same_training, NULL, NULL, (void *)&kinds[3]},
         cmocka_unit_test(test_kept_when_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
