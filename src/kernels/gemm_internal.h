@@ -83,7 +83,7 @@ typedef struct {
      * padding; NULL: the full kernel serves. */
     gemm_kernel_fn narrow[2];
     gemm_kernel_a_fn kernel_a; /* optional */
-    gemm_pack_fn pack; /* for both operands */
+    gemm_pack_fn pack;         /* for both operands */
     gemm_epilogue_fn epilogue;
 } gemm_impl;
 
