@@ -1,0 +1,219 @@
+/* attention_rows.h - the products of the attention kernel (attention.c,
+ * its only includer): four query rows (or keys) at a time against a tile's
+ * rows, ragged ranges, and the row statistics of the online softmax. All
+ * static and forced inline, so they are compiled inside attention.c's
+ * per-ISA clones; every sum runs in one fixed order of fused multiply-adds
+ * (fmaf), so each clone and the AVX-512 forms give the same bits. */
+#ifndef MP_ATTENTION_ROWS_H
+#define MP_ATTENTION_ROWS_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/internal.h"
+
+#define CH 16 /* lanes of the vectorizable blocks */
+
+/* The loops with products live inside the clones: a copy left out of line
+ * would be built for the default target, where fmaf is a library call. */
+#if defined(__GNUC__)
+#define INLINE static inline __attribute__((always_inline))
+#else
+#define INLINE static inline
+#endif
+
+static size_t pad16(size_t n) { return (n + CH - 1) & ~(size_t)(CH - 1); }
+
+/* y[0..n) = (add ? y : 0) + sum over k < m, in order, of x[k * incx] *
+ * a[k * lda + 0..n): each block of CH sums stays in registers over k */
+INLINE void gemv_t(float *restrict y, const float *restrict x, int64_t incx,
+                   const float *restrict a, int64_t lda, int64_t m, int64_t n, bool add)
+{
+    for (int64_t i0 = 0; i0 < n; i0 += CH) {
+        float acc[CH];
+        for (int i = 0; i < CH; i++) acc[i] = add ? y[i0 + i] : 0.0f;
+        for (int64_t k = 0; k < m; k++) {
+            const float xk = x[k * incx], *ar = a + k * lda + i0;
+            for (int i = 0; i < CH; i++) acc[i] = fmaf(xk, ar[i], acc[i]);
+        }
+        for (int i = 0; i < CH; i++) y[i0 + i] = acc[i];
+    }
+}
+
+#if MP_X86
+#include <immintrin.h>
+
+/* gemv_t4 for n = 16 nv (nv = 1..4) on AVX-512: the four rows' sums in
+ * 4 nv registers, so each k loads nv vectors of a and 4 broadcasts for
+ * 4 nv products (the generic loop reloads a for every 16 columns). The
+ * same operations in the same order (one fused multiply-add per term), so
+ * the same bits. */
+MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
+gemv_t4_avx512_nv(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
+                  int64_t ldx, const float *restrict a, int64_t lda, int64_t m, bool add, int nv)
+{
+    __m512 c[4][4]; /* every loop over it unrolled, so it stays in registers */
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++)
+            c[j][v] = add ? _mm512_loadu_ps(y + j * ldy + 16 * v) : _mm512_setzero_ps();
+    for (int64_t k = 0; k < m; k++) {
+        const float *ar = a + k * lda, *xk = x + k * incx;
+        __m512 av[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) av[v] = _mm512_loadu_ps(ar + 16 * v);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m512 xb = _mm512_set1_ps(xk[j * ldx]);
+#pragma GCC unroll 4
+            for (int v = 0; v < nv; v++) c[j][v] = _mm512_fmadd_ps(xb, av[v], c[j][v]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+#pragma GCC unroll 4
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(y + j * ldy + 16 * v, c[j][v]);
+}
+
+MP_TARGET_AVX512 __attribute__((noinline)) static void
+gemv_t4_avx512(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx, int64_t ldx,
+               const float *restrict a, int64_t lda, int64_t m, int64_t n, bool add)
+{
+    switch (n / 16) {
+    case 1:
+        gemv_t4_avx512_nv(y, ldy, x, incx, ldx, a, lda, m, add, 1);
+        break;
+    case 2:
+        gemv_t4_avx512_nv(y, ldy, x, incx, ldx, a, lda, m, add, 2);
+        break;
+    case 3:
+        gemv_t4_avx512_nv(y, ldy, x, incx, ldx, a, lda, m, add, 3);
+        break;
+    default:
+        gemv_t4_avx512_nv(y, ldy, x, incx, ldx, a, lda, m, add, 4);
+        break;
+    }
+}
+#endif
+
+/* Whether this CPU runs the AVX-512 form of gemv_t4 (set by the entry
+ * points before their tasks start). */
+static bool wide_gemv;
+
+static void choose_gemv(void)
+{
+#if MP_X86
+    wide_gemv = mp_isa_active() != MP_ISA_SCALAR;
+#endif
+}
+
+/* Four gemv_t at once: y + j * ldy = (add ? .. : 0) + sum over k < m, in
+ * order, of x[j * ldx + k * incx] * a[k * lda + 0..n) for j < 4. One load
+ * of a serves four rows; each row's sums run in gemv_t's order, so the
+ * results are its bits. */
+INLINE void gemv_t4(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
+                    int64_t ldx, const float *restrict a, int64_t lda, int64_t m, int64_t n,
+                    bool add)
+{
+#if MP_X86
+    if (wide_gemv && n <= 64 && n % 16 == 0) {
+        gemv_t4_avx512(y, ldy, x, incx, ldx, a, lda, m, n, add);
+        return;
+    }
+#endif
+    for (int64_t i0 = 0; i0 < n; i0 += CH) {
+        float c0[CH], c1[CH], c2[CH], c3[CH];
+        for (int i = 0; i < CH; i++) {
+            c0[i] = add ? y[i0 + i] : 0.0f;
+            c1[i] = add ? y[ldy + i0 + i] : 0.0f;
+            c2[i] = add ? y[2 * ldy + i0 + i] : 0.0f;
+            c3[i] = add ? y[3 * ldy + i0 + i] : 0.0f;
+        }
+        for (int64_t k = 0; k < m; k++) {
+            const float *xk = x + k * incx, *ar = a + k * lda + i0;
+            const float x0 = xk[0], x1 = xk[ldx], x2 = xk[2 * ldx], x3 = xk[3 * ldx];
+            for (int i = 0; i < CH; i++) {
+                c0[i] = fmaf(x0, ar[i], c0[i]);
+                c1[i] = fmaf(x1, ar[i], c1[i]);
+                c2[i] = fmaf(x2, ar[i], c2[i]);
+                c3[i] = fmaf(x3, ar[i], c3[i]);
+            }
+        }
+        for (int i = 0; i < CH; i++) {
+            y[i0 + i] = c0[i];
+            y[ldy + i0 + i] = c1[i];
+            y[2 * ldy + i0 + i] = c2[i];
+            y[3 * ldy + i0 + i] = c3[i];
+        }
+    }
+}
+
+/* gemv_t4 on four sums of different lengths m[j] from the same start:
+ * the common part four rows at a time, then each row's rest on its own.
+ * Every sum still runs in gemv_t's order, so the bits are those of one row
+ * at a time, and no row reads a term past its own length (a masked key's
+ * value, however large, never meets a zero weight). */
+INLINE void gemv_t4_ragged(float *restrict y, int64_t ldy, const float *restrict x, int64_t incx,
+                           int64_t ldx, const float *restrict a, int64_t lda, const int64_t m[4],
+                           int64_t n, bool add)
+{
+    int64_t lo = m[0];
+    for (int j = 1; j < 4; j++) lo = m[j] < lo ? m[j] : lo;
+    gemv_t4(y, ldy, x, incx, ldx, a, lda, lo, n, add);
+    for (int j = 0; j < 4; j++)
+        if (m[j] > lo)
+            gemv_t(y + j * ldy, x + j * ldx + lo * incx, incx, a + lo * lda, lda, m[j] - lo, n,
+                   true);
+}
+
+/* The larger of m and the n scores (NaN scores never win), in CH lanes:
+ * max is exact, so the lanes change nothing but the time. */
+INLINE float row_max(const float *x, int64_t n, float m)
+{
+    float lane[CH];
+    for (int i = 0; i < CH; i++) lane[i] = m;
+    int64_t c = 0;
+    for (; c + CH <= n; c += CH)
+        for (int i = 0; i < CH; i++) lane[i] = x[c + i] > lane[i] ? x[c + i] : lane[i];
+    for (int i = 0; c + i < n; i++) lane[i] = x[c + i] > lane[i] ? x[c + i] : lane[i];
+    for (int i = 0; i < CH; i++) m = lane[i] > m ? lane[i] : m;
+    return m;
+}
+
+/* The sum of n weights: element c into lane c % CH, the lanes added in
+ * order at the end (a fixed order: the same bits every time). */
+INLINE float row_total(const float *x, int64_t n)
+{
+    float lane[CH] = {0};
+    int64_t c = 0;
+    for (; c + CH <= n; c += CH)
+        for (int i = 0; i < CH; i++) lane[i] += x[c + i];
+    for (int i = 0; c + i < n; i++) lane[i] += x[c + i];
+    float t = 0.0f;
+    for (int i = 0; i < CH; i++) t += lane[i];
+    return t;
+}
+
+/* x . y over n terms, term c fused into lane c % CH, the lanes added in
+ * order at the end. */
+INLINE float row_dot(const float *x, const float *y, int64_t n)
+{
+    float lane[CH] = {0};
+    int64_t c = 0;
+    for (; c + CH <= n; c += CH)
+        for (int i = 0; i < CH; i++) lane[i] = fmaf(x[c + i], y[c + i], lane[i]);
+    for (int i = 0; c + i < n; i++) lane[i] = fmaf(x[c + i], y[c + i], lane[i]);
+    float t = 0.0f;
+    for (int i = 0; i < CH; i++) t += lane[i];
+    return t;
+}
+
+static inline void scal(float *y, float a, int64_t n)
+{
+    for (int64_t i0 = 0; i0 < n; i0 += CH)
+        for (int i = 0; i < CH; i++) y[i0 + i] *= a;
+}
+
+#endif
