@@ -76,3 +76,24 @@ float *test_transpose_copy(const float *x, int64_t rows, int64_t cols)
         for (int64_t c = 0; c < cols; c++) t[c * rows + r] = x[r * cols + c];
     return t;
 }
+
+void test_fill(float *x, size_t n, uint64_t seed, double lo, double hi)
+{
+    test_rng r = {seed};
+    for (size_t i = 0; i < n; i++) x[i] = (float)test_rng_uniform(&r, lo, hi);
+}
+
+void test_batch(float *x, int32_t *y, int rows, int width, int i)
+{
+    test_fill(x, (size_t)rows * (size_t)width, 100 + (uint64_t)i, -1, 1);
+    for (int r = 0; r < rows; r++) y[r] = (r + i) % 3;
+}
+
+mp_step_result test_train_rows(mp_model *m, float *x, const int32_t *y, int rows, int width)
+{
+    mp_tensor tx;
+    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){rows, width}, x);
+    mp_step_result r;
+    assert_int_equal(mp_model_train_step(m, &tx, y, NULL, &r), MP_OK);
+    return r;
+}

@@ -19,6 +19,14 @@ uint64_t test_rng_next(test_rng *r);
 /* Uniform in [lo, hi). */
 double test_rng_uniform(test_rng *r, double lo, double hi);
 uint32_t test_rng_u32(test_rng *r);
+/* x[0..n) uniform in [lo, hi) from the generator seeded with seed. */
+void test_fill(float *x, size_t n, uint64_t seed, double lo, double hi);
+/* Training batch i of a seeded set: rows x width inputs uniform in [-1, 1)
+ * (seed 100 + i) and labels (row + i) % 3. */
+void test_batch(float *x, int32_t *y, int rows, int width, int i);
+/* One training step on a rows x width float32 batch with labels y; asserts
+ * it ran and returns its result. */
+mp_step_result test_train_rows(mp_model *m, float *x, const int32_t *y, int rows, int width);
 
 static inline uint32_t f32_bits(float x)
 {

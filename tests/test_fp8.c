@@ -47,12 +47,6 @@ static float ref_amax(const float *x, size_t n)
     return m;
 }
 
-static void fill(float *x, size_t n, uint64_t seed, double lo, double hi)
-{
-    test_rng r = {seed};
-    for (size_t i = 0; i < n; i++) x[i] = (float)test_rng_uniform(&r, lo, hi);
-}
-
 /* gamma_k = k u / (1 - k u): the float32 summation bound over k terms */
 static double gamma_k(int64_t k) { return (double)k * U32 / (1 - (double)k * U32); }
 
@@ -77,7 +71,7 @@ static void test_scale_rule(void **state)
     assert_true(mp_float8_scale(FLT_MAX, 1.0f, MP_F8E4M3, 64) == FLT_MIN);
     /* amax and the cast against the scalar definitions */
     float x[5000];
-    fill(x, 5000, 11, -3, 3);
+    test_fill(x, 5000, 11, -3, 3);
     x[4321] = -7.25f;
     assert_true(mp_float8_amax(x, MP_F32, 5000) == 7.25f);
     uint8_t c[5000];
@@ -168,9 +162,9 @@ static dense_model make_dense(bool through_activation, mp_activation act, const 
     assert_int_equal(mp_model_float8_num_tensors(d.m), 3);
     /* a kernel of mixed magnitudes and a non-zero bias */
     mp_model_param *w = mp_model_get_param(d.m, 0), *b = mp_model_get_param(d.m, 1);
-    fill(w->master, (size_t)w->n, 21, -0.5, 0.5);
+    test_fill(w->master, (size_t)w->n, 21, -0.5, 0.5);
     for (int i = 0; i < 10; i++) w->master[i * 7] *= 100.0f;
-    fill(b->master, (size_t)b->n, 22, -1, 1);
+    test_fill(b->master, (size_t)b->n, 22, -1, 1);
     mp_model_mark_masters_changed(d.m);
     return d;
 }
@@ -221,7 +215,7 @@ static void test_dense_forward_emulation(void **state)
         mp_activation act = variant & 2 ? MP_ACT_RELU : MP_ACT_NONE;
         dense_model d = make_dense(variant & 2, act, &p);
         float x[ROWS * K], x2[ROWS * K];
-        fill(x, ROWS * K, 31 + (uint64_t)variant, -2, 2);
+        test_fill(x, ROWS * K, 31 + (uint64_t)variant, -2, 2);
         for (int i = 0; i < ROWS * K; i++) x2[i] = 4.0f * x[i]; /* beyond the delayed scale */
         mp_tensor tx;
         mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){ROWS, K}, x);
@@ -267,8 +261,8 @@ static void test_dense_backward_emulation(void **state)
         mp_activation act = MP_ACT_RELU;
         dense_model d = make_dense(through, act, &p);
         float x[ROWS * K], dy[ROWS * UNITS];
-        fill(x, ROWS * K, 41 + (uint64_t)variant, -2, 2);
-        fill(dy, ROWS * UNITS, 51 + (uint64_t)variant, -1e-3, 1e-3);
+        test_fill(x, ROWS * K, 41 + (uint64_t)variant, -2, 2);
+        test_fill(dy, ROWS * UNITS, 51 + (uint64_t)variant, -1e-3, 1e-3);
         mp_tensor tx, tdy;
         mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){ROWS, K}, x);
         mp_tensor_wrap(&tdy, MP_F32, 2, (int64_t[]){ROWS, UNITS}, dy);
@@ -346,8 +340,8 @@ static void test_quantizer_hook(void **state)
     (void)state;
     mp_float8_params p = mp_float8_params_default();
     float x[ROWS * K], dy[ROWS * UNITS];
-    fill(x, ROWS * K, 61, -2, 2);
-    fill(dy, ROWS * UNITS, 62, -1, 1);
+    test_fill(x, ROWS * K, 61, -2, 2);
+    test_fill(dy, ROWS * UNITS, 62, -1, 1);
     mp_tensor tx, tdy;
     mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){ROWS, K}, x);
     mp_tensor_wrap(&tdy, MP_F32, 2, (int64_t[]){ROWS, UNITS}, dy);

@@ -12,12 +12,6 @@
 
 #include "common.h"
 
-static void fill(float *x, size_t n, uint64_t seed, double lo, double hi)
-{
-    test_rng r = {seed};
-    for (size_t i = 0; i < n; i++) x[i] = (float)test_rng_uniform(&r, lo, hi);
-}
-
 /* ------------------------------------------------ policy and plan */
 
 static mp_model *mlp(const char *policy, const mp_float8_params *p, int64_t batch)
@@ -137,7 +131,7 @@ static void test_conv2d_float8(void **state)
     for (int i = 0; i < (int)(sizeof dy / sizeof *dy); i++)
         dy[i] = random_fp8(&r, MP_F8E5M2) * 0x1p-20f;
     x[5] = 448.0f / 128, wk[7] = -448.0f / 512, dy[3] = 57344.0f * 0x1p-20f; /* the maxima */
-    fill(bias, F, 78, -1, 1);
+    test_fill(bias, F, 78, -1, 1);
     uint16_t y[2][B * 4 * 3 * F], dx[2][B * H * W * C];
     float dw[2][3 * 3 * C * F], db[2][F];
     for (int v = 0; v < 2; v++) {
@@ -186,20 +180,10 @@ typedef struct {
 
 static void make_batches(batch *b, int n)
 {
-    for (int i = 0; i < n; i++) {
-        fill(b[i].x, 8 * 12, 100 + (uint64_t)i, -1, 1);
-        for (int r = 0; r < 8; r++) b[i].y[r] = (r + i) % 3;
-    }
+    for (int i = 0; i < n; i++) test_batch(b[i].x, b[i].y, 8, 12, i);
 }
 
-static mp_step_result step(mp_model *m, batch *b)
-{
-    mp_tensor tx;
-    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){8, 12}, b->x);
-    mp_step_result r;
-    assert_int_equal(mp_model_train_step(m, &tx, b->y, NULL, &r), MP_OK);
-    return r;
-}
+static mp_step_result step(mp_model *m, batch *b) { return test_train_rows(m, b->x, b->y, 8, 12); }
 
 /* the recipe's state of every tensor, to compare bit for bit */
 static void snapshot(const mp_model *m, float *out, int len)

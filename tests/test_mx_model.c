@@ -12,12 +12,6 @@
 
 #include "common.h"
 
-static void fill(float *x, size_t n, uint64_t seed, double lo, double hi)
-{
-    test_rng r = {seed};
-    for (size_t i = 0; i < n; i++) x[i] = (float)test_rng_uniform(&r, lo, hi);
-}
-
 /* ------------------------------------------------ policies and plan */
 
 /* input, 4 Dense (the last to 3 units), softmax (float32) */
@@ -108,8 +102,8 @@ static void test_which_layers(void **state)
     assert_int_equal(mp_model_build(m, x, 2), MP_OK);
     for (int i = 0; i < 4; i++) assert_int_equal(mp_model_layer_mx(m, i, NULL), i == 2);
     float data[2 * 8 * 8 * 3], dy[2 * 8 * 8 * 8];
-    fill(data, sizeof data / sizeof *data, 5, -1, 1);
-    fill(dy, sizeof dy / sizeof *dy, 6, -1, 1);
+    test_fill(data, sizeof data / sizeof *data, 5, -1, 1);
+    test_fill(dy, sizeof dy / sizeof *dy, 6, -1, 1);
     mp_tensor td, tdy;
     mp_tensor_wrap(&td, MP_F32, 4, (int64_t[]){2, 8, 8, 3}, data);
     mp_tensor_wrap(&tdy, MP_F32, 4, (int64_t[]){2, 8, 8, 8}, dy);
@@ -139,8 +133,8 @@ static void test_memory_plan(void **state)
         mp_memory_plan plan;
         assert_int_equal(mp_model_memory_plan(m, 128, 0, &plan), MP_OK);
         static float data[128 * 256], dy[128 * 64];
-        fill(data, 128 * 256, 3, -1, 1);
-        fill(dy, 128 * 64, 4, -1, 1);
+        test_fill(data, 128 * 256, 3, -1, 1);
+        test_fill(dy, 128 * 64, 4, -1, 1);
         mp_tensor tx, tdy;
         mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){128, 256}, data);
         mp_tensor_wrap(&tdy, MP_F32, 2, (int64_t[]){128, 64}, dy);
@@ -257,19 +251,12 @@ typedef struct {
 
 static void make_batches(batch *b, int n)
 {
-    for (int i = 0; i < n; i++) {
-        fill(b[i].x, 8 * 40, 100 + (uint64_t)i, -1, 1);
-        for (int r = 0; r < 8; r++) b[i].y[r] = (r + i) % 3;
-    }
+    for (int i = 0; i < n; i++) test_batch(b[i].x, b[i].y, 8, 40, i);
 }
 
 static void step(mp_model *m, batch *b)
 {
-    mp_tensor tx;
-    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){8, 40}, b->x);
-    mp_step_result r;
-    assert_int_equal(mp_model_train_step(m, &tx, b->y, NULL, &r), MP_OK);
-    assert_true(r.applied);
+    assert_true(test_train_rows(m, b->x, b->y, 8, 40).applied);
 }
 
 /* MX is stateless: a checkpoint holds the weights, the optimizer and the

@@ -17,12 +17,6 @@
 
 static float bf16(float x) { return mp_bf16_to_f32(mp_f32_to_bf16(x)); }
 
-static void fill(float *x, size_t n, uint64_t seed, double lo, double hi)
-{
-    test_rng r = {seed};
-    for (size_t i = 0; i < n; i++) x[i] = (float)test_rng_uniform(&r, lo, hi);
-}
-
 /* MX fake quantization of a rows x cols float32 matrix along axis, into
  * float32 (exact): the reference operand. */
 static float *mxq(mp_mx_format f, const float *x, int64_t rows, int64_t cols, int axis)
@@ -49,7 +43,7 @@ static void test_quantizer_operands(void **state)
     for (int f = 0; f < MP_MX_FORMAT_COUNT; f++)
         for (int axis = 0; axis < 2; axis++)
             for (int t = 0; t < 3; t++) { /* float32, bfloat16, float32 with tiny blocks */
-                fill(x, R * C, 7 + (uint64_t)(f * 6 + axis * 3 + t), -3, 3);
+                test_fill(x, R * C, 7 + (uint64_t)(f * 6 + axis * 3 + t), -3, 3);
                 for (int i = 0; i < R * C; i += 97) x[i] *= 1000.0f; /* outliers */
                 if (t == 2) { /* one block: amax 2^-121 (scale 2^-127) and a 2^-135 */
                     for (int i = 0; i < 32; i++)
@@ -111,9 +105,9 @@ static dense_model make_dense(const mp_mx_params *p)
     assert_true(mp_model_layer_mx(d.m, (int)d.dense, NULL));
     assert_int_equal(mp_model_float8_num_tensors(d.m), 0);
     mp_model_param *w = mp_model_get_param(d.m, 0), *b = mp_model_get_param(d.m, 1);
-    fill(w->master, (size_t)w->n, 21, -0.5, 0.5);
+    test_fill(w->master, (size_t)w->n, 21, -0.5, 0.5);
     for (int i = 0; i < 12; i++) w->master[i * 67 % w->n] *= 300.0f; /* outliers */
-    fill(b->master, (size_t)b->n, 22, -1, 1);
+    test_fill(b->master, (size_t)b->n, 22, -1, 1);
     mp_model_mark_masters_changed(d.m);
     return d;
 }
@@ -137,8 +131,8 @@ static void test_dense_emulation(void **state)
         const mp_mx_params *p = &cases[c];
         dense_model d = make_dense(p);
         static float x[ROWS * K], dy[ROWS * UNITS], xb[ROWS * K], dz[ROWS * UNITS];
-        fill(x, ROWS * K, 31 + c, -2, 2);
-        fill(dy, ROWS * UNITS, 41 + c, -1e-3, 1e-3);
+        test_fill(x, ROWS * K, 31 + c, -2, 2);
+        test_fill(dy, ROWS * UNITS, 41 + c, -1e-3, 1e-3);
         for (int i = 0; i < ROWS * K; i += 53) x[i] *= 200.0f; /* outliers */
         for (int i = 0; i < ROWS * UNITS; i += 29) dy[i] *= 100.0f;
         for (int i = 0; i < ROWS * K; i++) xb[i] = bf16(x[i]);
