@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 
@@ -96,4 +97,18 @@ mp_step_result test_train_rows(mp_model *m, float *x, const int32_t *y, int rows
     mp_step_result r;
     assert_int_equal(mp_model_train_step(m, &tx, y, NULL, &r), MP_OK);
     return r;
+}
+
+void test_configs_refused(const char *head, const char *const cases[][2], size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "%s%s", head, cases[i][0]);
+        mp_model *r = NULL;
+        assert_int_not_equal(mp_model_from_config(text, 4, INT64_MAX, &r), MP_OK);
+        assert_null(r);
+        if (!strstr(mp_last_error(), cases[i][1]))
+            fail_msg("case %zu: '%s' lacks '%s'", i, mp_last_error(), cases[i][1]);
+        assert_null(strchr(mp_last_error(), '\n'));
+    }
 }

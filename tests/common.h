@@ -27,6 +27,9 @@ void test_batch(float *x, int32_t *y, int rows, int width, int i);
 /* One training step on a rows x width float32 batch with labels y; asserts
  * it ran and returns its result. */
 mp_step_result test_train_rows(mp_model *m, float *x, const int32_t *y, int rows, int width);
+/* Each config head + cases[i][0] is refused by mp_model_from_config (batch
+ * 4) with nothing built and a one-line error containing cases[i][1]. */
+void test_configs_refused(const char *head, const char *const cases[][2], size_t n);
 
 static inline uint32_t f32_bits(float x)
 {
