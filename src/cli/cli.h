@@ -19,6 +19,8 @@ int mp_cli_tune(int argc, char **argv); /* tune_cmd.c */
 
 /* Shared by the subcommands: a decimal integer in [lo, hi], all of s. */
 bool mp_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* A refused option: "mixprec CMD: FLAG VALUE: WHY" on stderr; returns 2. */
+int mp_cli_bad_option(const char *cmd, const char *flag, const char *v, const char *why);
 /* Load "fashion-mnist[:train|:test]" (from dir, or the default location) or
  * a CSV path; prints the error and returns the exit status (0 on success). */
 int mp_cli_load_spec(const char *spec, const char *dir, bool default_train, mp_dataset **out);

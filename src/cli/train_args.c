@@ -96,6 +96,12 @@ static int bad(const char *flag, const char *value, const char *why)
     return 2;
 }
 
+int mp_cli_bad_option(const char *cmd, const char *flag, const char *v, const char *why)
+{
+    fprintf(stderr, "mixprec %s: %s %s: %s\n", cmd, flag, v ? v : "", why);
+    return 2;
+}
+
 bool mp_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
     if (!s || !*s) return false;

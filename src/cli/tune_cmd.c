@@ -40,12 +40,6 @@ static void tune_usage(FILE *f)
             "Then: mixprec train --model FILE ...\n");
 }
 
-static int tune_bad(const char *flag, const char *v, const char *why)
-{
-    fprintf(stderr, "mixprec tune-precision: %s %s: %s\n", flag, v ? v : "", why);
-    return 2;
-}
-
 /* The whole of a small file, or NULL after printing. */
 static char *read_text(const char *path)
 {
@@ -79,7 +73,8 @@ int mp_cli_tune(int argc, char **argv)
         int64_t iv;
         bool takes = strcmp(f, "--help") && strcmp(f, "-h") && strcmp(f, "--all-layers") &&
                      strcmp(f, "--details") && strcmp(f, "--any-format");
-        if (takes && f[0] == '-' && !v) return tune_bad(f, NULL, "needs a value");
+        if (takes && f[0] == '-' && !v)
+            return mp_cli_bad_option("tune-precision", f, NULL, "needs a value");
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
             tune_usage(stdout);
             return 0;
@@ -107,32 +102,39 @@ int mp_cli_tune(int argc, char **argv)
             errno = 0;
             o.budget = strtod(v, &end);
             if (*end || end == v || errno || !(o.budget > 0) || !isfinite(o.budget))
-                return tune_bad(f, v, "expected a finite number > 0 (a relative error, e.g. 0.08)");
+                return mp_cli_bad_option(
+                    "tune-precision", f, v,
+                    "expected a finite number > 0 (a relative error, e.g. 0.08)");
         } else if (!strcmp(f, "--probe-batches")) {
             if (!mp_cli_parse_i64(v, 1, 1000, &iv))
-                return tune_bad(f, v, "expected an integer in 1..1000");
+                return mp_cli_bad_option("tune-precision", f, v, "expected an integer in 1..1000");
             o.probe_batches = (int)iv;
         } else if (!strcmp(f, "--batch-size")) {
             if (!mp_cli_parse_i64(v, 1, 1 << 20, &o.batch_size))
-                return tune_bad(f, v, "expected an integer in 1..1048576");
+                return mp_cli_bad_option("tune-precision", f, v,
+                                         "expected an integer in 1..1048576");
         } else if (!strcmp(f, "--seed")) {
             if (!mp_cli_parse_i64(v, 0, INT64_MAX, &iv))
-                return tune_bad(f, v, "expected a non-negative integer");
+                return mp_cli_bad_option("tune-precision", f, v, "expected a non-negative integer");
             o.seed = (uint64_t)iv;
         } else if (!strcmp(f, "--candidates")) {
-            if (mp_tune_formats_from_list(v, &o.candidates)) return tune_bad(f, v, mp_last_error());
+            if (mp_tune_formats_from_list(v, &o.candidates))
+                return mp_cli_bad_option("tune-precision", f, v, mp_last_error());
         } else {
             fprintf(stderr, "mixprec tune-precision: unknown argument '%s' (see --help)\n", f);
             return 2;
         }
         i++;
     }
-    if (!model) return tune_bad("--model", NULL, "required (a model file, JSON)");
+    if (!model)
+        return mp_cli_bad_option("tune-precision", "--model", NULL,
+                                 "required (a model file, JSON)");
     char def_out[4096];
     if (!output) {
         size_t n = strlen(model);
         if (n > 5 && !strcmp(model + n - 5, ".json")) n -= 5;
-        if (n + 12 > sizeof def_out) return tune_bad("--model", model, "path too long");
+        if (n + 12 > sizeof def_out)
+            return mp_cli_bad_option("tune-precision", "--model", model, "path too long");
         snprintf(def_out, sizeof def_out, "%.*s-tuned.json", (int)n, model);
         output = def_out;
     }
