@@ -38,14 +38,14 @@ endif
 CFLAGS_ALL := -std=c11 -D_DEFAULT_SOURCE $(OPT) $(WARN) -fopenmp -fPIC -Iinclude -Isrc $(CFLAGS)
 LDLIBS_ALL := -fopenmp -ljansson -lz -lm $(LDSAN) $(LDFLAGS)
 
-# MPI: only src/dist/dist_mpi.c sees MPI's headers; everything that links the
+# MPI: only src/dist/dist_mpi.c and reducer_mpi.c see MPI's headers; everything that links the
 # library links MPI's libraries (mpicc --showme:link).
 MPI ?= $(shell command -v mpicc >/dev/null 2>&1 && echo 1 || echo 0)
 ifeq ($(MPI),1)
 ifeq ($(shell command -v mpicc 2>/dev/null),)
 $(error MPI=1 but mpicc is not installed: sh scripts/deps.sh mpi (libopenmpi-dev openmpi-bin))
 endif
-DIST_SRC := src/dist/common.c src/dist/dist_mpi.c
+DIST_SRC := src/dist/common.c src/dist/dist_mpi.c src/dist/reducer_mpi.c
 MPI_CFLAGS := $(shell mpicc --showme:compile)
 MPI_LIBS := $(shell mpicc --showme:link)
 else
@@ -87,7 +87,7 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/src/dist/dist_mpi.o: CFLAGS_ALL += $(MPI_CFLAGS)
+$(BUILD)/obj/src/dist/dist_mpi.o $(BUILD)/obj/src/dist/reducer_mpi.o: CFLAGS_ALL += $(MPI_CFLAGS)
 
 $(STATIC): $(LIB_OBJ) $(MPI_STAMP)
 	@mkdir -p $(dir $@)

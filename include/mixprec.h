@@ -314,10 +314,11 @@ void mp_set_num_threads(int n);
 #include "mixprec/nn.h"
 #include "mixprec/fp8.h"
 #include "mixprec/optim.h"
+/* dist.h before train.h: data-parallel steps name its reduction modes */
+#include "mixprec/dist.h"
 #include "mixprec/train.h"
 #include "mixprec/data.h"
 #include "mixprec/io.h"
-#include "mixprec/dist.h"
 #include "mixprec/tune.h"
 
 #endif /* MIXPREC_H */

@@ -31,7 +31,7 @@ FUZZ_CFLAGS      := -std=c11 -D_DEFAULT_SOURCE -g -O1 -fno-omit-frame-pointer -f
 # (-Wno-pass-failed: at -O1 clang declines some `omp simd` loops and says so;
 # an optimisation remark about a build made for coverage, not a defect.)
 # The fuzzer never needs MPI: it always builds the stub of src/dist/.
-FUZZ_LIB_SRC      = $(filter-out src/dist/dist_mpi.c src/dist/dist_stub.c,$(LIB_SRC)) \
+FUZZ_LIB_SRC      = $(filter-out src/dist/dist_mpi.c src/dist/reducer_mpi.c src/dist/dist_stub.c,$(LIB_SRC)) \
                     src/dist/dist_stub.c
 FUZZ_OBJ          = $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o) $(FUZZ_DIR)/obj/fuzz/fuzz_checkpoint.o
 

@@ -77,12 +77,15 @@ static mp_dataset *make_data_with(int outlier, float value)
 
 static mp_dataset *make_data(int outlier) { return make_data_with(outlier, 1e6f); }
 
-static mp_model *build(const char *policy)
+/* dropout: a Dropout(0.25) after the first Dense, and loss scaling on
+ * whatever the policy (float32 too) */
+static mp_model *build_with(const char *policy, bool dropout)
 {
     if (mp_set_global_policy(policy)) die("policy");
     mp_model *m = mp_model_new(11);
     mp_node x = mp_input(m, 1, (int64_t[]){DIM}, NULL);
     x = mp_dense(m, x, 16, MP_ACT_RELU, NULL);
+    if (dropout) x = mp_dropout(m, x, 0.25f, NULL);
     x = mp_dense(m, x, 16, MP_ACT_RELU, NULL);
     x = mp_dense(m, x, CLASSES, MP_ACT_NONE, NULL);
     x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
@@ -90,14 +93,17 @@ static mp_model *build(const char *policy)
     mp_compile_options co = mp_compile_options_default();
     co.optimizer = mp_optimizer_config_default(MP_OPTIMIZER_SGD);
     co.optimizer.learning_rate = LR;
+    if (dropout) co.loss_scaling = MP_LOSS_SCALING_DYNAMIC;
     if (mp_model_compile(m, &co)) die("compile");
     mp_set_global_policy("float32");
     return m;
 }
 
+static mp_model *build(const char *policy) { return build_with(policy, false); }
+
 typedef struct {
-    bool dp, det, shuffle;
-    int epochs;
+    bool dp, det, shuffle, bf16;
+    int epochs, slices;
     int64_t max_steps, checkpoint_every;
     const char *checkpoint_dir;
     const mp_fit_state *resume;
@@ -117,6 +123,11 @@ static void fit(mp_model *m, const mp_dataset *ds, run_opts r)
     o.resume = r.resume;
     o.data_parallel = r.dp;
     o.deterministic = r.det;
+    o.deterministic_slices = r.slices;
+    o.reduce = r.bf16 ? MP_REDUCE_BFLOAT16 : MP_REDUCE_FLOAT32;
+    /* small buckets: parameters packed several to a bucket, and the
+     * 256-float kernel summed in place alone */
+    o.bucket_bytes = 1024;
     if (mp_model_fit(m, ds, &o, NULL)) die("fit");
 }
 
@@ -319,6 +330,85 @@ static void test_epochs(const char *policy)
     mp_dataset_free(ds);
 }
 
+/* --deterministic: one process (sliced alone) and N ranks end on the same
+ * bits, 3 shuffled epochs with Dropout (masks drawn per global row) and
+ * dynamic loss scaling, the batch in 4 slices (and 8, which also covers a
+ * last batch of 0 rows in some slices: 192 = 6 x 32). */
+static void test_same_bits_as_one_process(const char *policy)
+{
+    mp_dataset *ds = make_data(-1);
+    int slices[2] = {4, 8};
+    for (int k = 0; k < 2; k++) {
+        if (slices[k] % nranks) continue;
+        mp_model *one = build_with(policy, true), *dp = build_with(policy, true);
+        run_opts r = {.shuffle = true, .epochs = 3, .det = true, .slices = slices[k]};
+        fit(one, ds, r);
+        r.dp = true;
+        fit(dp, ds, r);
+        CHECK(same_bits(one, dp), "%s, %d slices: %d ranks end on other weights than one process",
+              policy, slices[k], nranks);
+        CHECK(mp_model_steps_skipped(one) == mp_model_steps_skipped(dp) &&
+                  mp_model_forward_count(one) == mp_model_forward_count(dp),
+              "%s: step or forward counts differ", policy);
+        if (rank == 0 && k == 0)
+            printf("dist_test: %s --deterministic (%d slices, Dropout, loss scaling): %d ranks "
+                   "and one process end on the same bits\n",
+                   policy, slices[k], nranks);
+        mp_model_free(one);
+        mp_model_free(dp);
+    }
+    mp_dataset_free(ds);
+}
+
+/* --allreduce bfloat16, one SGD step against one process in float32. Rank
+ * r's part g_r of a gradient element is rounded to bfloat16 (relative error
+ * <= u = 2^-8), the N parts summed in float32 (gamma(N)), the sum rounded to
+ * bfloat16 once (u): within (2u + gamma(N)) (1 + u) sum_r |g_r| <= that
+ * times S of the float32 sum, on top of the float32 bound of
+ * test_one_step_bound. Without the reduction (a rank's own part) or with
+ * bfloat16 sums of bfloat16 partials the error would be ~S/N or larger. */
+static void test_bfloat16_sum(void)
+{
+    mp_dataset *ds = make_data(-1);
+    mp_model *m0 = build("float32"), *ref = build("float32"), *dp = build("float32");
+    fit(ref, ds, (run_opts){.max_steps = 1});
+    fit(dp, ds, (run_opts){.dp = true, .bf16 = true, .max_steps = 1});
+    double *S[6];
+    for (int i = 0; i < 6; i++)
+        S[i] = malloc(sizeof(double) * (size_t)mp_model_get_param(m0, i)->n);
+    gradient_magnitudes(m0, mp_dataset_features(ds), mp_dataset_labels(ds), S);
+    double u = 0x1p-8;
+    double g = gamma_n(BATCH) + gamma_n(BATCH / nranks + nranks) +
+               (2 * u + gamma_n(nranks)) * (1 + u),
+           worst = 0;
+    int64_t differ = 0, total = 0;
+    for (int i = 0; i < 6; i++) {
+        const mp_model_param *p = mp_model_get_param(ref, i), *q = mp_model_get_param(dp, i);
+        for (int64_t k = 0; k < p->n; k++) {
+            double diff = fabs((double)p->master[k] - q->master[k]);
+            double bound = 2 * LR * g * S[i][k] + nextafterf(fabsf(p->master[k]), INFINITY) -
+                           fabsf(p->master[k]);
+            differ += diff != 0;
+            total++;
+            if (diff / bound > worst) worst = diff / bound;
+            CHECK(diff <= bound, "bfloat16 sum: %s[%lld]: |%.9g - %.9g| = %.3g above %.3g", p->name,
+                  (long long)k, (double)p->master[k], (double)q->master[k], diff, bound);
+        }
+    }
+    CHECK(nranks == 1 || differ > 0, "bfloat16 sum: no weight differs from float32 sums");
+    CHECK(mp_dist_check_same(weights_hash(dp), "the weights (bfloat16 sums)") == MP_OK, "%s",
+          mp_last_error());
+    if (rank == 0)
+        printf("dist_test: --allreduce bfloat16, one step: %lld of %lld weights differ from one "
+               "float32 process, at most %.2f of the derived bound\n",
+               (long long)differ, (long long)total, worst);
+    for (int i = 0; i < 6; i++) free(S[i]);
+    mp_model_free(m0);
+    mp_model_free(ref);
+    mp_model_free(dp);
+    mp_dataset_free(ds);
+}
+
 /* Rank 0 alone writes (each rank is given its own directory); a resume from
  * step 6 with the same number of ranks ends on the same bits as the run
  * straight to step 12. */
@@ -412,12 +502,14 @@ int main(int argc, char **argv)
     }
     scratch = argv[1];
     mp_set_num_threads(1);
-    const char *policies[2] = {"float32", "mixed_float16"};
-    for (int i = 0; i < 2; i++) {
+    const char *policies[3] = {"float32", "mixed_bfloat16", "mixed_float16"};
+    for (int i = 0; i < 3; i++) {
         test_one_step_bound(policies[i]);
         test_epochs(policies[i]);
+        test_same_bits_as_one_process(policies[i]);
         test_checkpoint_resume(policies[i]);
     }
+    test_bfloat16_sum();
     test_float8_amax();
     int64_t bad = failures;
     mp_dist_allreduce_i64(&bad, 1);

@@ -21,6 +21,11 @@ trap 'rm -rf "$dir"' EXIT
 fail=0
 t0=$(date +%s)
 $mpirun "$build/tests/dist_test" "$dir" || fail=1
+# 4 ranks: the same bits as one process with --deterministic (dist_test.c
+# compares every rank count with its own single-process run)
+${mpirun%-np 2} -np 4 "$build/tests/dist_test" "$dir" > "$dir/np4.txt" 2>&1 ||
+    { cat "$dir/np4.txt"; fail=1; }
+grep -E "same bits|passed on" "$dir/np4.txt"
 
 # the CLI: three classes in six features
 awk 'BEGIN { srand(7); print "a,b,c,d,e,f,label";
@@ -41,13 +46,22 @@ cmp -s "$dir/det1.st" "$dir/det2.st" ||
     { echo "dist_test.sh: the summary line should be printed once (rank 0)"; fail=1; }
 ls "$dir/ck1"/ckpt-00000016.safetensors > /dev/null 2>&1 ||
     { echo "dist_test.sh: no final checkpoint from rank 0"; fail=1; }
+# --allreduce bfloat16 and small buckets through the CLI: trains, rank 0 writes
+$mpirun "$build/mixprec" $common --allreduce bfloat16 --bucket-mb 1 --save "$dir/bf16.st" \
+    > "$dir/bf16.txt" 2>&1 || { cat "$dir/bf16.txt"; fail=1; }
+[ -s "$dir/bf16.st" ] || { echo "dist_test.sh: --allreduce bfloat16 saved nothing"; fail=1; }
+out=$($mpirun "$build/mixprec" $common --allreduce float64 2>&1)
+case "$out" in
+*"--allreduce"*"float64"*) ;;
+*) echo "dist_test.sh: --allreduce float64 should be refused, got: $out"; fail=1 ;;
+esac
 out=$($mpirun "$build/mixprec" $common --batch-size 33 2>&1)
 case "$out" in
 *"does not divide by 2 ranks"*) ;;
 *) echo "dist_test.sh: batch 33 on 2 ranks should be refused, got: $out"; fail=1 ;;
 esac
 if [ $fail = 0 ]; then
-    echo "dist_test.sh: mpirun -np 2 mixprec train: rank 0 alone prints and writes, --deterministic reproducible, batch 33 refused ($(( $(date +%s) - t0 )) s in all)"
+    echo "dist_test.sh: mpirun -np 2 mixprec train: rank 0 alone prints and writes, --deterministic reproducible, --allreduce bfloat16 trains, batch 33 refused ($(( $(date +%s) - t0 )) s in all)"
 else
     echo "dist_test.sh: FAILED"
 fi

@@ -5,12 +5,11 @@
  * flip then a shift as an index map), under float32, mixed_bfloat16 and
  * mixed_float16 (exact copies, no rounding); the decisions follow the
  * forward counter (same count, same draws; next count, new draws; per sample
- * whatever the batch) and their frequencies are within 5 sigma of the
- * binomial expectations; backward is the transpose (the reference scatter
- * bit for bit, and <J v, w> == <v, J^T w> exactly in float64); the saved
- * bytes are what the forward takes; a model with both layers resumes from a
- * checkpoint bit for bit (and would not without the restored counter); the
- * configuration round-trips, and bad settings and non-image inputs are
+ * whatever the batch, and per global row in a data-parallel shard) and their frequencies are within
+ * 5 sigma of the binomial expectations; backward is the transpose (the reference scatter bit for
+ * bit, and <J v, w> == <v, J^T w> exactly in float64); the saved bytes are what the forward takes;
+ * a model with both layers resumes from a checkpoint bit for bit (and would not without the
+ * restored counter); the configuration round-trips, and bad settings and non-image inputs are
  * refused naming the layer and the field. */
 #include <math.h>
 #include <stdio.h>
@@ -310,6 +309,14 @@ static void test_flip_training(void **state)
             forward(&r, x, 9, true);
             identify(&r, 9, b);
             for (int n = 0; n < 9; n++) assert_true(same_xform(&a[n], &b[n]));
+            /* a data-parallel shard of rows 20..28 at that count: the flips
+             * of those rows of the whole batch */
+            mp_model_set_forward_count(r.m, 5);
+            mp_model_set_row_offset(r.m, 20);
+            forward(&r, x + 20 * H * W * C, 9, true);
+            mp_model_set_row_offset(r.m, 0);
+            identify(&r, 9, b);
+            for (int n = 0; n < 9; n++) assert_true(same_xform(&a[20 + n], &b[n]));
             /* the next count: other flips for some samples */
             forward(&r, x, B, true);
             identify(&r, B, c);
@@ -417,6 +424,12 @@ static void test_translation_training(void **state)
             forward(&r, x, 3, true);
             identify(&r, 3, b);
             for (int n = 0; n < 3; n++) assert_true(same_xform(&a[n], &b[n]));
+            mp_model_set_forward_count(r.m, 100);
+            mp_model_set_row_offset(r.m, 33); /* a shard: rows 33..39 of the batch */
+            forward(&r, x + 33 * H * W * C, 7, true);
+            mp_model_set_row_offset(r.m, 0);
+            identify(&r, 7, b);
+            for (int n = 0; n < 7; n++) assert_true(same_xform(&a[33 + n], &b[n]));
             forward(&r, x, B, true);
             identify(&r, B, c);
             int differ = 0;

@@ -304,6 +304,41 @@ static void test_policy_through_config(void **state)
     assert_null(mp_model_new_with_policy(1, "float64"));
 }
 
+/* Dropout draws by global row: a data-parallel shard (rows 5..11 with
+ * mp_model_set_row_offset) keeps exactly what the whole batch keeps in
+ * those rows at the same forward count, and a shard without the offset
+ * would draw other masks. */
+static void test_dropout_shard_rows(void **state)
+{
+    (void)state;
+    enum { B = 16, D = 24 };
+    mp_model *m = mp_model_new(9);
+    mp_node x = mp_input(m, 1, (int64_t[]){D}, NULL);
+    mp_node y = mp_dropout(m, x, 0.5f, NULL);
+    assert_int_equal(mp_model_build(m, y, B), MP_OK);
+    float xv[B * D], whole[B * D];
+    for (int i = 0; i < B * D; i++) xv[i] = 1.0f + (float)i;
+    mp_tensor t;
+    const mp_tensor *out;
+    mp_tensor_wrap(&t, MP_F32, 2, (int64_t[]){B, D}, xv);
+    mp_model_set_forward_count(m, 3);
+    assert_int_equal(mp_model_forward(m, &t, true, &out), MP_OK);
+    memcpy(whole, out->data, sizeof whole);
+    int kept = 0;
+    for (int i = 0; i < B * D; i++) kept += whole[i] != 0;
+    assert_true(kept > B * D / 4 && kept < 3 * B * D / 4);
+    mp_tensor_wrap(&t, MP_F32, 2, (int64_t[]){7, D}, xv + 5 * D);
+    mp_model_set_forward_count(m, 3);
+    mp_model_set_row_offset(m, 5);
+    assert_int_equal(mp_model_forward(m, &t, true, &out), MP_OK);
+    assert_memory_equal(out->data, whole + 5 * D, 7 * D * sizeof(float));
+    mp_model_set_forward_count(m, 3);
+    mp_model_set_row_offset(m, 0);
+    assert_int_equal(mp_model_forward(m, &t, true, &out), MP_OK);
+    assert_true(memcmp(out->data, whole + 5 * D, 7 * D * sizeof(float)) != 0);
+    mp_model_free(m);
+}
+
 /* ------------------------------------------------------ version 1 files */
 
 /* What fuzz/make_corpus.c did to write the version-1 seed
@@ -583,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_v1_checkpoint_resumes_bit_exactly),
         cmocka_unit_test(test_gemm_failure_in_backward_is_reported),
         cmocka_unit_test(test_memory_plan),
+        cmocka_unit_test(test_dropout_shard_rows),
         cmocka_unit_test(test_example_models),
     };
     return cmocka_run_group_tests_name("layers", tests, NULL, NULL);

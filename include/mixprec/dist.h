@@ -51,6 +51,67 @@ mp_status mp_dist_check_same(uint64_t value, const char *what);
 /* Wait for every rank. */
 mp_status mp_dist_barrier(void);
 
+/* ------------------------------------------------ gradient reduction */
+
+/* How a reducer sums float32 values over the ranks. */
+typedef enum {
+    /* MPI_Iallreduce: float32 sums in the order MPI's algorithm picks */
+    MP_REDUCE_FLOAT32 = 0,
+    /* reduce-scatter then all-gather (MPI_Ialltoallv, MPI_Iallgatherv): each
+     * element summed in float32 over the ranks in a fixed pairwise order,
+     * ((r0 + r1) + (r2 + r3)), by the rank that owns it: the same bits on
+     * every run for a given number of ranks */
+    MP_REDUCE_ORDERED,
+    /* as ORDERED with bfloat16 on the wire: each rank's values rounded to
+     * bfloat16 (nearest even), summed in float32 in the fixed order, the
+     * sum rounded to bfloat16 once and widened back. Half the bytes; each
+     * result within (2 u + N eps/2) sum|v| of the float32 sum (u = 2^-8,
+     * eps = 2^-23) */
+    MP_REDUCE_BFLOAT16,
+} mp_reduce_mode;
+
+/* "float32", "ordered", "bfloat16". */
+const char *mp_reduce_mode_name(mp_reduce_mode mode);
+
+/* A reducer sums arrays over the ranks in place, in buckets of about
+ * bucket_bytes that start as soon as they fill (non-blocking collectives),
+ * so a step's backward can hand over each layer's gradients while the
+ * layers below it still run. Every rank must add the same sizes in the
+ * same order. Buffers are kept between steps: a step costs no allocation. */
+typedef struct mp_dist_reducer mp_dist_reducer;
+/* NULL with mp_last_error() when bucket_bytes < 1024 or memory is short. */
+mp_dist_reducer *mp_dist_reducer_new(mp_reduce_mode mode, size_t bucket_bytes);
+void mp_dist_reducer_free(mp_dist_reducer *r);
+/* Queue values[0, n) (float32): summed over the ranks into values by the
+ * time mp_dist_reducer_finish returns. The array must stay put until then. */
+mp_status mp_dist_reducer_add(mp_dist_reducer *r, float *values, size_t n);
+/* Let the collectives in flight move on (MPI moves them only inside its
+ * calls on a rank whose one thread computes): call it between layers. */
+mp_status mp_dist_reducer_progress(mp_dist_reducer *r);
+/* Start what is queued, wait for every bucket: every array added since the
+ * last finish holds its sum over the ranks. */
+mp_status mp_dist_reducer_finish(mp_dist_reducer *r);
+/* What the last finished round took. */
+typedef struct {
+    int buckets;
+    double values;       /* floats summed */
+    double bytes_sent;   /* bytes this rank handed MPI for other ranks */
+    bool bytes_exact;    /* false: MPI_Iallreduce, whose algorithm MPI picks: the
+                          * figure is its lower bound 2 (N - 1) / N x the bytes */
+    double wait_seconds; /* in finish, waiting for collectives */
+    double work_seconds; /* in add, progress and finish, not waiting: packing,
+                          * the owner's sums, conversions, starting collectives */
+} mp_dist_reducer_stats;
+void mp_dist_reducer_last(const mp_dist_reducer *r, mp_dist_reducer_stats *out);
+
+/* Seconds a rank waits for the others in any collective before it stops
+ * the whole job (a rank that died or hangs): default 300, or the
+ * environment's MP_DIST_TIMEOUT. The rank prints one line naming the
+ * collective and calls MPI_Abort: a collective in flight cannot be taken
+ * back, so no later MPI call could succeed. */
+void mp_dist_set_timeout(double seconds);
+double mp_dist_timeout(void);
+
 /* Rows [begin, end) of a global batch of `batch` rows that `rank` of `size`
  * takes: [rank*batch/size, (rank+1)*batch/size). */
 void mp_dist_shard(int64_t batch, int rank, int size, int64_t *begin, int64_t *end);

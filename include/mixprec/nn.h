@@ -473,6 +473,21 @@ mp_node mp_model_output(const mp_model *m);
 uint64_t mp_model_forward_count(const mp_model *m);
 void mp_model_set_forward_count(mp_model *m, uint64_t count);
 
+/* The global index of the first row of the batches passed from now on
+ * (default 0). Random layers (Dropout, RandomFlip, RandomTranslation) draw
+ * by global row, so a data-parallel shard or a slice of a batch draws what
+ * one process draws for the same rows. */
+void mp_model_set_row_offset(mp_model *m, int64_t first_row);
+/* Called after each layer's backward, in backward order (node: the layer),
+ * until set to NULL; an error stops the backward. After node's backward the
+ * gradients of parameters mp_model_params_final_after(m, node) onwards are
+ * final: a layer may use the parameters of layers added before it (a tied
+ * embedding), never of those after. Data parallel hands them on to the
+ * reduction over the ranks while the layers below still run. */
+typedef mp_status (*mp_backward_hook)(void *user, int node);
+void mp_model_set_backward_hook(mp_model *m, mp_backward_hook fn, void *user);
+int mp_model_params_final_after(const mp_model *m, int node);
+
 /* Opaque training state (compile/fit) attached to the model and freed with it. */
 void *mp_model_training_state(const mp_model *m);
 void mp_model_set_training_state(mp_model *m, void *state, void (*free_fn)(void *));

@@ -47,16 +47,39 @@ typedef struct {
  * labels (sparse losses) or target (others, output-shaped). */
 mp_status mp_model_train_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
                               const mp_tensor *target, mp_step_result *r);
-/* Data parallel (mixprec/dist.h): one step on this rank's shard x (rows of
- * a global batch of global_batch rows, 0 rows allowed) with every rank
- * calling it together. The loss and its gradient are this rank's part of the
- * global batch's mean; the gradients are summed over the ranks in float32
- * (in rank order when deterministic) before unscaling, so a non-finite
- * gradient anywhere makes every rank skip. r gets the global batch's loss
- * and correct count. */
+/* Data parallel (mixprec/dist.h): where a shard lies in its global batch
+ * and how its gradients are summed over the ranks. */
+typedef struct {
+    int64_t global_batch;  /* rows of the global batch */
+    int64_t first_row;     /* the shard's first row in it (random layers draw by global row) */
+    mp_reduce_mode reduce; /* MP_REDUCE_FLOAT32 (default), ORDERED or BFLOAT16 */
+    /* > 1: the global batch is cut into this many slices, slice s holding
+     * rows [c s / S, c (s + 1) / S) of a batch of c rows; each slice's
+     * gradient is computed alone and the slices' gradients are summed
+     * pairwise in slice order ((s0 + s1) + (s2 + s3)), first within the rank,
+     * then over the ranks (reduce must be ORDERED). The weights are then the
+     * same bits on 1, 2, 4, ... ranks, up to `slices` (a power of two that the
+     * number of ranks divides; each rank's shard is then whole slices).
+     * Layers with batch statistics (BatchNormalization) see a slice. */
+    int slices;
+    size_t bucket_bytes; /* gradients summed in buckets of about this size (0: 4 MiB) */
+    /* this process alone, as the one rank of its own job, even under
+     * mpirun (a single-process reference, or sliced steps without MPI) */
+    bool local;
+} mp_shard_options;
+mp_shard_options mp_shard_options_default(int64_t global_batch, int64_t first_row);
+/* One step on this rank's shard x (0 rows allowed) with every rank calling
+ * it together. The loss and its gradient are this rank's part of the global
+ * batch's mean; each layer's gradients start on their way to the other ranks
+ * as soon as its backward is done (mp_dist_reducer), and are summed before
+ * unscaling, so a non-finite gradient anywhere makes every rank skip. r gets
+ * the global batch's loss and correct count. With one process (no MPI) it is
+ * a plain step, sliced when o->slices > 1. */
 mp_status mp_model_train_step_shard(mp_model *m, const mp_tensor *x, const int32_t *labels,
-                                    const mp_tensor *target, int64_t global_batch,
-                                    bool deterministic, mp_step_result *r);
+                                    const mp_tensor *target, const mp_shard_options *o,
+                                    mp_step_result *r);
+/* What the last shard step's gradient sum took (zeros before one). */
+void mp_model_last_reduction(const mp_model *m, mp_dist_reducer_stats *out);
 /* Loss and correct count without training (inference mode). */
 mp_status mp_model_test_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
                              const mp_tensor *target, mp_step_result *r);
@@ -164,11 +187,19 @@ typedef struct {
      * mp_dist_init): every rank runs fit on the same data and options and
      * takes rows [r*c/N, (r+1)*c/N) of each global batch of c rows (the
      * single-process order); batch_size must divide by N. Gradients are
-     * summed over the ranks in float32, every rank takes the same step or
-     * skip; only rank 0 prints, writes log_csv and checkpoints.
-     * deterministic: the sum in rank order (mp_dist_allreduce_f32) */
+     * summed over the ranks in float32 (reduce: or bfloat16), every rank
+     * takes the same step or skip; only rank 0 prints, writes log_csv and
+     * checkpoints. */
     bool data_parallel;
+    mp_reduce_mode reduce;
+    size_t bucket_bytes; /* 0: 4 MiB */
+    /* fixed-order sums (mp_shard_options.slices): each batch in
+     * deterministic_slices slices (0: 4, or the number of ranks when
+     * larger), summed pairwise in slice order; with or without
+     * data_parallel, so one process and N ranks give the same weights.
+     * With reduce bfloat16 the runs repeat, but depend on N. */
     bool deterministic;
+    int deterministic_slices;
     /* if not NULL and *interrupt becomes nonzero (e.g. from a SIGINT
      * handler), the fit stops after the step in progress, as max_steps
      * would: it writes a checkpoint when checkpoint_dir is set and returns

@@ -39,7 +39,11 @@ typedef struct {
     int64_t diagnostics_every; /* --diagnostics N */
     int patience;
     const char *save, *init_from;
-    bool deterministic; /* data parallel: gradients summed in rank order */
+    bool deterministic;       /* fixed-order sums in slices (mp_fit_options) */
+    int deterministic_slices; /* 0: the default */
+    mp_reduce_mode reduce;    /* data parallel: float32 or bfloat16 sums */
+    size_t bucket_bytes;      /* 0: the default */
+    double dist_timeout;      /* 0: the default */
     bool save_state;
     int64_t checkpoint_every;
     const char *checkpoint_dir, *resume;

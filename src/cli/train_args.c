@@ -66,11 +66,17 @@ static void train_usage(FILE *f)
         "                                  order, history and checkpoint cadence come from it;\n"
         "                                  give the same --data\n"
         "  --quiet                         no progress output\n"
-        "  --deterministic                 under mpirun: sum gradients in rank order (the same\n"
-        "                                  bits on every run with the same number of ranks)\n"
+        "  --deterministic[=S]             fixed-order sums: each batch in S slices (default 4,\n"
+        "                                  a power of two), their gradients summed pairwise in\n"
+        "                                  order: the same weights on 1, 2, 4.. ranks up to S\n"
         "Under mpirun -np N (a build with MPI) the ranks train data parallel: each takes 1/N of\n"
         "every batch (--batch-size is the global batch and must divide by N); rank 0 prints and\n"
-        "writes --log, --save and checkpoints.\n"
+        "writes --log, --save and checkpoints. Gradients travel in buckets while backward runs:\n"
+        "  --allreduce float32|bfloat16    sum them in float32 (default), or send bfloat16 and\n"
+        "                                  add in float32 (half the bytes, a bfloat16 rounding)\n"
+        "  --bucket-mb M                   bucket size in MiB (default 4)\n"
+        "  --dist-timeout S                stop the job when the other ranks are silent for S\n"
+        "                                  seconds (default 300)\n"
         "Ctrl-C (SIGINT) or SIGTERM while training: the step in progress finishes, a checkpoint\n"
         "goes to --checkpoint-dir, and mixprec exits with status 130 (a second signal kills).\n");
     fputs(
@@ -322,6 +328,27 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
             a->save_state = true;
         } else if (!strcmp(f, "--deterministic")) {
             a->deterministic = true;
+        } else if (!strncmp(f, "--deterministic=", 16)) {
+            a->deterministic = true;
+            if (!mp_cli_parse_i64(f + 16, 2, 1 << 20, &iv) || (iv & (iv - 1)))
+                return bad("--deterministic", f + 16, "expected a power of two >= 2");
+            a->deterministic_slices = (int)iv;
+        } else if (!strcmp(f, "--allreduce")) {
+            NEED_VALUE;
+            if (!strcmp(v, "float32"))
+                a->reduce = MP_REDUCE_FLOAT32;
+            else if (!strcmp(v, "bfloat16"))
+                a->reduce = MP_REDUCE_BFLOAT16;
+            else
+                return bad(f, v, "expected float32 or bfloat16");
+        } else if (!strcmp(f, "--bucket-mb")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, 1024, &iv)) return bad(f, v, "expected 1..1024");
+            a->bucket_bytes = (size_t)iv << 20;
+        } else if (!strcmp(f, "--dist-timeout")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 1, 86400, &iv)) return bad(f, v, "expected 1..86400 seconds");
+            a->dist_timeout = (double)iv;
         } else if (!strcmp(f, "--checkpoint-dir")) {
             NEED_VALUE;
             a->checkpoint_dir = v;

@@ -271,6 +271,10 @@ int mp_cli_run_training(const train_args *a, const mp_dataset *train, const mp_d
     fo.interrupt = &interrupted;
     fo.data_parallel = mp_dist_size() > 1; /* under mpirun */
     fo.deterministic = a->deterministic;
+    fo.deterministic_slices = a->deterministic_slices;
+    fo.reduce = a->reduce;
+    fo.bucket_bytes = a->bucket_bytes;
+    if (a->dist_timeout > 0) mp_dist_set_timeout(a->dist_timeout);
     mp_history h;
     interrupted = 0;
     catch_signals(true);

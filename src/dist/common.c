@@ -19,3 +19,9 @@ bool mp_dist_launched(void)
         if (getenv(vars[i])) return true;
     return false;
 }
+
+const char *mp_reduce_mode_name(mp_reduce_mode mode)
+{
+    static const char *const names[] = {"float32", "ordered", "bfloat16"};
+    return (unsigned)mode < 3 ? names[mode] : "?";
+}

@@ -4,11 +4,11 @@
  * adds them in rank order, so its bits depend on the number of ranks only,
  * never on MPI's choice of algorithm. Compiled with MPI's flags (mpicc
  * --showme:compile) only when the build has MPI. */
-#include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "core/internal.h"
+#include "dist/mpi_internal.h"
 
 static bool started;  /* by us */
 static bool finished; /* MPI_Finalize ran */
@@ -68,12 +68,57 @@ void mp_dist_finalize(void)
     }
 }
 
-static mp_status mpi_error(int rc, const char *what)
+mp_status mp_dist_mpi_error(int rc, const char *what)
 {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "code %d", rc);
     return mp_set_error(MP_ERR_IO, "dist: %s failed on rank %d: %s", what, mp_dist_rank(), msg);
+}
+
+double mp_dist_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double timeout_s = -1; /* < 0: not read from the environment yet */
+
+void mp_dist_set_timeout(double seconds) { timeout_s = seconds > 0 ? seconds : 300; }
+
+double mp_dist_timeout(void)
+{
+    if (timeout_s < 0) {
+        const char *e = getenv("MP_DIST_TIMEOUT");
+        char *end = NULL;
+        double v = e ? strtod(e, &end) : 0;
+        timeout_s = e && end != e && *end == 0 && v > 0 ? v : 300;
+    }
+    return timeout_s;
+}
+
+mp_status mp_dist_wait(MPI_Request *req, const char *what)
+{
+    double start = 0;
+    for (long spins = 0;; spins++) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mp_dist_mpi_error(rc, what);
+        if (done) return MP_OK;
+        if (spins < 256) continue; /* a sum in flight on this machine: microseconds */
+        if (spins == 256) start = mp_dist_now();
+        if (mp_dist_now() - start > mp_dist_timeout()) {
+            fprintf(stderr,
+                    "mixprec: rank %d: no answer from the other ranks for %.0f s in %s (a rank "
+                    "died or hangs): stopping the job\n",
+                    mp_dist_rank(), mp_dist_timeout(), what);
+            fflush(stderr);
+            MPI_Abort(MPI_COMM_WORLD, 3);
+        }
+        /* let a rank that shares this core compute (mpirun --oversubscribe) */
+        nanosleep(&(struct timespec){0, 20000}, NULL);
+    }
 }
 
 /* MPI counts are int: large buffers go in pieces. */
@@ -84,9 +129,12 @@ static mp_status allreduce(void *values, size_t n, size_t es, MPI_Datatype type,
     if (!running() || mp_dist_size() == 1) return MP_OK;
     for (size_t off = 0; off < n; off += CHUNK) {
         size_t c = n - off < CHUNK ? n - off : CHUNK;
-        int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)values + off * es, (int)c, type, op,
-                               MPI_COMM_WORLD);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Allreduce");
+        MPI_Request req;
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)values + off * es, (int)c, type, op,
+                                MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) return mp_dist_mpi_error(rc, "MPI_Iallreduce");
+        mp_status s = mp_dist_wait(&req, "MPI_Iallreduce");
+        if (s) return s;
     }
     return MP_OK;
 }
@@ -107,9 +155,12 @@ static mp_status allreduce_ordered(float *values, size_t n)
     float *all = gather_buf;
     for (size_t off = 0; off < n; off += chunk) {
         size_t c = n - off < chunk ? n - off : chunk;
-        int rc =
-            MPI_Allgather(values + off, (int)c, MPI_FLOAT, all, (int)c, MPI_FLOAT, MPI_COMM_WORLD);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Allgather");
+        MPI_Request req;
+        int rc = MPI_Iallgather(values + off, (int)c, MPI_FLOAT, all, (int)c, MPI_FLOAT,
+                                MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) return mp_dist_mpi_error(rc, "MPI_Iallgather");
+        mp_status st = mp_dist_wait(&req, "MPI_Iallgather");
+        if (st) return st;
         for (size_t i = 0; i < c; i++) {
             float s = all[i];
             for (int r = 1; r < size; r++) s += all[(size_t)r * c + i];
@@ -145,10 +196,9 @@ mp_status mp_dist_check_same(uint64_t value, const char *what)
 {
     if (!running() || mp_dist_size() == 1) return MP_OK;
     uint64_t lo = value, hi = value;
-    int rc = MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Allreduce");
+    mp_status s = allreduce(&lo, 1, sizeof lo, MPI_UINT64_T, MPI_MIN);
+    if (!s) s = allreduce(&hi, 1, sizeof hi, MPI_UINT64_T, MPI_MAX);
+    if (s) return s;
     if (lo != hi)
         return mp_set_error(MP_ERR_INVALID,
                             "dist: the ranks disagree on %s (rank %d has %llu; values range from "
@@ -161,6 +211,8 @@ mp_status mp_dist_check_same(uint64_t value, const char *what)
 mp_status mp_dist_barrier(void)
 {
     if (!running()) return MP_OK;
-    int rc = MPI_Barrier(MPI_COMM_WORLD);
-    return rc == MPI_SUCCESS ? MP_OK : mpi_error(rc, "MPI_Barrier");
+    MPI_Request req;
+    int rc = MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    return rc == MPI_SUCCESS ? mp_dist_wait(&req, "MPI_Ibarrier")
+                             : mp_dist_mpi_error(rc, "MPI_Ibarrier");
 }

@@ -1,6 +1,9 @@
 /* dist_stub.c - the dist API in a build without MPI: one rank, and every
  * request that needs MPI refused with MP_ERR_UNSUPPORTED and a message
  * saying how to get it. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "core/internal.h"
 
 #define NO_MPI                                                                                     \
@@ -51,3 +54,46 @@ mp_status mp_dist_check_same(uint64_t value, const char *what)
     return MP_OK;
 }
 mp_status mp_dist_barrier(void) { return MP_OK; }
+
+/* One rank: a reducer's sums are the values themselves. */
+struct mp_dist_reducer {
+    mp_reduce_mode mode;
+};
+mp_dist_reducer *mp_dist_reducer_new(mp_reduce_mode mode, size_t bucket_bytes)
+{
+    if ((unsigned)mode > MP_REDUCE_BFLOAT16 || bucket_bytes < 1024 ||
+        bucket_bytes > ((size_t)1 << 30)) {
+        mp_set_error(MP_ERR_INVALID, "dist: bucket size %zu bytes outside 1 KiB..1 GiB",
+                     bucket_bytes);
+        return NULL;
+    }
+    mp_dist_reducer *r = calloc(1, sizeof *r);
+    if (!r) mp_set_error(MP_ERR_NOMEM, "dist: out of memory for the reducer");
+    return r;
+}
+void mp_dist_reducer_free(mp_dist_reducer *r) { free(r); }
+mp_status mp_dist_reducer_add(mp_dist_reducer *r, float *values, size_t n)
+{
+    (void)r;
+    (void)values;
+    (void)n;
+    return MP_OK;
+}
+mp_status mp_dist_reducer_progress(mp_dist_reducer *r)
+{
+    (void)r;
+    return MP_OK;
+}
+mp_status mp_dist_reducer_finish(mp_dist_reducer *r)
+{
+    (void)r;
+    return MP_OK;
+}
+void mp_dist_reducer_last(const mp_dist_reducer *r, mp_dist_reducer_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    out->bytes_exact = r->mode != MP_REDUCE_FLOAT32;
+}
+static double timeout_s = 300;
+void mp_dist_set_timeout(double seconds) { timeout_s = seconds > 0 ? seconds : 300; }
+double mp_dist_timeout(void) { return timeout_s; }

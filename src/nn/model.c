@@ -458,6 +458,7 @@ static mp_status run_backward(mp_model *m, bool accumulate)
         mp_status s = l->ops->backward(m, l, accumulate);
         mp_arena_reset(m->tmp);
         if (s) return s;
+        if (m->after_backward && (s = m->after_backward(m->after_backward_user, i))) return s;
     }
     return MP_OK;
 }
@@ -530,6 +531,21 @@ void mp_model_set_training_state(mp_model *m, void *state, void (*free_fn)(void 
     if (m->training_free) m->training_free(m->training);
     m->training = state;
     m->training_free = free_fn;
+}
+
+void mp_model_set_row_offset(mp_model *m, int64_t first_row) { m->row_offset = first_row; }
+
+void mp_model_set_backward_hook(mp_model *m, mp_backward_hook fn, void *user)
+{
+    m->after_backward = fn;
+    m->after_backward_user = user;
+}
+
+int mp_model_params_final_after(const mp_model *m, int node)
+{
+    for (int i = node < 0 ? 0 : node; i < m->nlayers; i++)
+        if (m->layers[i].nparams) return m->layers[i].param_first;
+    return m->nparams;
 }
 
 uint64_t mp_model_forward_count(const mp_model *m) { return m->step; }

@@ -87,6 +87,12 @@ struct mp_model {
     bool built, masters_changed, ran_forward;
     int output, input; /* nodes; input: the data input the output depends on */
     int64_t max_batch, batch;
+    /* the global index of this batch's first row (data parallel: the
+     * shard's), which random layers draw by (mp_model_set_row_offset) */
+    int64_t row_offset;
+    /* called after each layer's backward (mp_model_set_backward_hook) */
+    mp_backward_hook after_backward;
+    void *after_backward_user;
     const mp_tensor *x; /* the data of the forward in progress */
     /* incremental decoding (decode.c): the sequence position of the input's
      * first token (0 otherwise), and the positions the layers' key/value

@@ -1,10 +1,7 @@
-/* data_parallel.c - the data-parallel part of a training step: the float32
- * gradients of every rank's shard summed over the ranks in one buffer (the
- * per-rank losses were already divided by the global batch, so the sum is
- * the gradient of the global mean), with the loss and the correct count.
- * Every rank then holds the same gradients and takes the same step or skip.
- * One buffer after the whole backward: bucketed, overlapped reduction is
- * the next step. Then the float8 recipe's amaxes, maxed over the ranks. */
+/* data_parallel.c - what data parallelism adds around a step and a fit: the
+ * loss and correct count summed over the ranks (the gradients travel in
+ * grad_sync.c), the float8 recipe's amaxes maxed over the ranks, and the
+ * checks that every rank fits the same data the same way. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,40 +10,11 @@
 #include "nn/quant.h"
 #include "train/train_internal.h"
 
-mp_status mp_train_reduce_shard(mp_optimizer *opt, float **buf, size_t *cap, bool deterministic,
-                                bool empty, float *loss, int64_t *correct)
+mp_status mp_train_reduce_figures(float *loss, int64_t *correct)
 {
-    const mp_param *p = mp_optimizer_params(opt);
-    int np = mp_optimizer_num_params(opt);
-    size_t total = 0;
-    for (int i = 0; i < np; i++)
-        if (p[i].grad) total += (size_t)p[i].n;
-    if (total > *cap) {
-        float *b = realloc(*buf, total * sizeof *b);
-        if (!b) return mp_set_error(MP_ERR_NOMEM, "data parallel: out of memory for gradients");
-        *buf = b;
-        *cap = total;
-    }
-    float *b = *buf;
-    size_t off = 0;
-    for (int i = 0; i < np; i++) {
-        if (!p[i].grad) continue;
-        if (empty)
-            memset(b + off, 0, (size_t)p[i].n * sizeof *b);
-        else
-            memcpy(b + off, p[i].grad, (size_t)p[i].n * sizeof *b);
-        off += (size_t)p[i].n;
-    }
-    mp_status s = mp_dist_allreduce_f32(b, total, deterministic);
+    double figures[2] = {(double)*loss, (double)*correct};
+    mp_status s = mp_dist_allreduce_f64(figures, 2);
     if (s) return s;
-    off = 0;
-    for (int i = 0; i < np; i++) {
-        if (!p[i].grad) continue;
-        memcpy(p[i].grad, b + off, (size_t)p[i].n * sizeof *b);
-        off += (size_t)p[i].n;
-    }
-    double figures[2] = {empty ? 0.0 : (double)*loss, empty ? 0.0 : (double)*correct};
-    if ((s = mp_dist_allreduce_f64(figures, 2))) return s;
     *loss = (float)figures[0];
     *correct = (int64_t)figures[1];
     return MP_OK;

@@ -439,8 +439,17 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
             batch_tensor(&b, hi - lo, &x);
             mp_step_result res;
             if (dg && (s = mp_diagnostics_before_step(dg, m, fs.steps + 1))) break;
-            if ((s = o.data_parallel
-                         ? mp_model_train_step_shard(m, &x, b.y, NULL, c, o.deterministic, &res)
+            mp_shard_options so = mp_shard_options_default(c, lo);
+            so.reduce = o.reduce;
+            so.bucket_bytes = o.bucket_bytes;
+            so.local = !o.data_parallel;
+            if (o.deterministic) {
+                so.slices =
+                    o.deterministic_slices ? o.deterministic_slices : (nranks > 4 ? nranks : 4);
+                if (so.reduce == MP_REDUCE_FLOAT32) so.reduce = MP_REDUCE_ORDERED;
+            }
+            if ((s = o.data_parallel || o.deterministic
+                         ? mp_model_train_step_shard(m, &x, b.y, NULL, &so, &res)
                          : mp_model_train_step(m, &x, b.y, NULL, &res)))
                 break;
             if (dg && (s = mp_diagnostics_after_step(dg, m, &res, c, fs.epoch + 1))) break;

@@ -15,9 +15,8 @@ typedef struct {
     int64_t applied, skipped;
     float *row; /* one output row in float32, for the accuracy count */
     int64_t row_cap;
-    float *reduce; /* data parallel: every gradient in one buffer */
-    size_t reduce_cap;
-    uint32_t *amax; /* and the float8 amaxes */
+    mp_grad_sync *sync; /* data parallel: the gradients' way over the ranks */
+    uint32_t *amax;     /* and the float8 amaxes' */
     size_t amax_cap;
 } training;
 
@@ -28,7 +27,7 @@ static void training_free(void *p)
     mp_optimizer_free(t->opt);
     mp_loss_scaler_free(t->scaler);
     free(t->row);
-    free(t->reduce);
+    mp_grad_sync_free(t->sync);
     free(t->amax);
     free(t);
 }
@@ -155,11 +154,26 @@ static mp_status check_ready(mp_model *m, const char *what)
     return MP_OK;
 }
 
-/* global_batch > 0: data parallel, x is this rank's shard (possibly empty)
- * of a global batch of that many rows */
+mp_status mp_train_forward_backward(mp_model *m, const mp_tensor *x, const int32_t *labels,
+                                    const mp_tensor *target, int64_t global_batch, float scale,
+                                    float *loss, int64_t *correct)
+{
+    training *t = get(m);
+    const mp_tensor *y;
+    mp_status s = mp_model_forward(m, x, true, &y);
+    if (s) return s;
+    *correct = count_correct(t, y, labels);
+    /* the mean is over the global batch's label rows (a sequence has one
+     * per position) */
+    int64_t per_sample = mp_tensor_numel(y) / y->shape[y->ndim - 1] / x->shape[0];
+    mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target,
+                         global_batch * per_sample};
+    return mp_model_loss_backward(m, &spec, scale, false, loss);
+}
+
+/* o: data parallel (or sliced), x is this rank's shard (possibly empty) */
 static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
-                            const mp_tensor *target, int64_t global_batch, bool deterministic,
-                            mp_step_result *r)
+                            const mp_tensor *target, const mp_shard_options *o, mp_step_result *r)
 {
     mp_status s = check_ready(m, "train_step");
     if (s) return s;
@@ -167,24 +181,14 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
     mp_step_result res = {0, 0, false, 1.0f};
     float scale = t->scaler ? mp_loss_scaler_scale(t->scaler) : 1.0f;
     res.loss_scale = scale;
-    bool empty = global_batch > 0 && x->shape[0] == 0;
-    if (!empty) {
-        const mp_tensor *y;
-        if ((s = mp_model_forward(m, x, true, &y))) return s;
-        res.correct = count_correct(t, y, labels);
-        /* data parallel: the mean is over the global batch's label rows (a
-         * sequence has one per position) */
-        int64_t per_sample =
-            x->shape[0] ? mp_tensor_numel(y) / y->shape[y->ndim - 1] / x->shape[0] : 1;
-        mp_loss_spec spec = {t->opts.loss, t->opts.from_logits, labels, target,
-                             global_batch * per_sample};
-        if ((s = mp_model_loss_backward(m, &spec, scale, false, &res.loss))) return s;
-    }
-    if (global_batch > 0 &&
-        ((s = mp_train_reduce_shard(t->opt, &t->reduce, &t->reduce_cap, deterministic, empty,
-                                    &res.loss, &res.correct)) ||
-         (s = mp_train_reduce_amax(m, &t->amax, &t->amax_cap))))
-        return s;
+    if (!o)
+        s = mp_train_forward_backward(m, x, labels, target, x->shape[0], scale, &res.loss,
+                                      &res.correct);
+    else if (!(s = mp_train_shard_step(m, t->opt, &t->sync, x, labels, target, o, scale, &res.loss,
+                                       &res.correct)) &&
+             !o->local && !(s = mp_train_reduce_figures(&res.loss, &res.correct)))
+        s = mp_train_reduce_amax(m, &t->amax, &t->amax_cap);
+    if (s) return s;
     if (t->scaler) {
         bool found_inf = false;
         if ((s = mp_loss_scaler_get_unscaled_gradients(t->scaler, t->opt, &found_inf))) return s;
@@ -212,19 +216,37 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
 mp_status mp_model_train_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
                               const mp_tensor *target, mp_step_result *r)
 {
-    return train_step(m, x, labels, target, 0, false, r);
+    return train_step(m, x, labels, target, NULL, r);
+}
+
+mp_shard_options mp_shard_options_default(int64_t global_batch, int64_t first_row)
+{
+    mp_shard_options o;
+    memset(&o, 0, sizeof o);
+    o.global_batch = global_batch;
+    o.first_row = first_row;
+    o.reduce = MP_REDUCE_FLOAT32;
+    return o;
 }
 
 mp_status mp_model_train_step_shard(mp_model *m, const mp_tensor *x, const int32_t *labels,
-                                    const mp_tensor *target, int64_t global_batch,
-                                    bool deterministic, mp_step_result *r)
+                                    const mp_tensor *target, const mp_shard_options *o,
+                                    mp_step_result *r)
 {
-    if (global_batch < 1 || !x || x->ndim < 1 || x->shape[0] > global_batch)
+    if (!o || o->global_batch < 1 || !x || x->ndim < 1 || x->shape[0] > o->global_batch ||
+        o->first_row < 0 || o->first_row + x->shape[0] > o->global_batch)
         return mp_set_error(MP_ERR_INVALID,
-                            "train_step_shard: a shard of %lld rows of a global "
+                            "train_step_shard: a shard of %lld rows from row %lld of a global "
                             "batch of %lld",
-                            x && x->ndim ? (long long)x->shape[0] : -1LL, (long long)global_batch);
-    return train_step(m, x, labels, target, global_batch, deterministic, r);
+                            x && x->ndim ? (long long)x->shape[0] : -1LL,
+                            o ? (long long)o->first_row : -1LL,
+                            o ? (long long)o->global_batch : -1LL);
+    return train_step(m, x, labels, target, o, r);
+}
+
+void mp_model_last_reduction(const mp_model *m, mp_dist_reducer_stats *out)
+{
+    mp_grad_sync_last(get(m) ? get(m)->sync : NULL, out);
 }
 
 mp_status mp_model_test_step(mp_model *m, const mp_tensor *x, const int32_t *labels,

@@ -8,14 +8,28 @@
 /* Restore the applied/skipped step counts of a compiled model. */
 void mp_model_set_step_counts(mp_model *m, int64_t applied, int64_t skipped);
 
-/* Data parallel, after this rank's backward: every trainable gradient (in
- * one float32 buffer, *buf of *cap floats, grown as needed) summed over the
- * ranks, then the loss and the correct count (this rank's parts in, the
- * global batch's out). empty: this rank had no rows (its gradients count as
- * zero). The loss is summed in float64 and a non-finite part anywhere makes
- * it non-finite everywhere, as the summed gradients are. */
-mp_status mp_train_reduce_shard(mp_optimizer *opt, float **buf, size_t *cap, bool deterministic,
-                                bool empty, float *loss, int64_t *correct);
+/* Forward (training) and the loss's backward seeded with `scale` on x, the
+ * loss's mean taken over `global_batch` samples (step.c). */
+mp_status mp_train_forward_backward(mp_model *m, const mp_tensor *x, const int32_t *labels,
+                                    const mp_tensor *target, int64_t global_batch, float scale,
+                                    float *loss, int64_t *correct);
+
+/* The data-parallel step's forward, backward and gradient sum over the ranks
+ * (grad_sync.c; *g made on first use, kept for the next steps): every rank's
+ * gradients hold the global batch's on return; loss and correct are this
+ * rank's parts. */
+typedef struct mp_grad_sync mp_grad_sync;
+mp_status mp_train_shard_step(mp_model *m, mp_optimizer *opt, mp_grad_sync **g, const mp_tensor *x,
+                              const int32_t *labels, const mp_tensor *target,
+                              const mp_shard_options *o, float scale, float *loss,
+                              int64_t *correct);
+void mp_grad_sync_last(const mp_grad_sync *g, mp_dist_reducer_stats *out);
+void mp_grad_sync_free(mp_grad_sync *g);
+
+/* The loss and the correct count summed over the ranks (float64: a
+ * non-finite part anywhere makes the loss non-finite everywhere, as the
+ * summed gradients are). */
+mp_status mp_train_reduce_figures(float *loss, int64_t *correct);
 
 /* Data parallel, before the float8 recipe's commit: each quantized
  * tensor's pending amax becomes its maximum over the ranks (pending where

@@ -1,7 +1,8 @@
 /* dropout.c - Dropout: in training, each element is kept with probability
  * 1 - rate and scaled by 1 / (1 - rate); outside training it is the
  * identity. The mask comes from a counter-based hash of (layer seed,
- * training forward count, index), so a resumed run draws the same masks. */
+ * training forward count, index in the global batch), so a resumed run, a
+ * data-parallel shard or a slice draws the same masks as one process. */
 #include "kernels/ops.h"
 #include "nn/layer.h"
 
@@ -48,9 +49,12 @@ static mp_status dropout_forward(mp_model *m, mp_layer *l, bool training)
     /* keep with probability 1 - rate: 24 random bits per element */
     uint64_t key = mp_mix64(l->seed ^ mp_mix64(m->step + 1));
     uint32_t threshold = (uint32_t)((double)c->rate * 16777216.0);
+    /* element i of the global batch: a shard or slice draws what one
+     * process draws for the same rows */
+    uint64_t first = (uint64_t)m->row_offset * (uint64_t)(n / (size_t)m->batch);
     for (size_t i = 0; i < n; i++)
         st->mask[i] =
-            (uint32_t)(mp_mix64(key + 0x9E3779B97F4A7C15ull * (i + 1)) >> 40) >= threshold;
+            (uint32_t)(mp_mix64(key + 0x9E3779B97F4A7C15ull * (first + i + 1)) >> 40) >= threshold;
     /* the input is cast to the compute dtype before scaling, as Keras's autocast does */
     mp_tensor xc;
     if (mp_layer_input_compute(m, l, 0, false, &xc)) return MP_ERR_NOMEM;

@@ -103,7 +103,8 @@ static mp_status random_flip_forward(mp_model *m, mp_layer *l, bool training)
     for (int64_t n = 0; n < batch; n++)
         for (int a = 0; a < 2; a++) {
             bool on = c->mode & (a ? MP_FLIP_HORIZONTAL : MP_FLIP_VERTICAL);
-            uint64_t z = mp_mix64(key + 0x9E3779B97F4A7C15ull * (uint64_t)(2 * n + a + 1));
+            uint64_t g = (uint64_t)(m->row_offset + n); /* the global row */
+            uint64_t z = mp_mix64(key + 0x9E3779B97F4A7C15ull * (2 * g + (uint64_t)a + 1));
             st->flips[2 * n + a] = on && (z >> 63);
         }
     flip_move(l->out.data, x.data, st->flips, batch, l->shape[0], l->shape[1],

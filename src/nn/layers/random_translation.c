@@ -121,8 +121,9 @@ static mp_status random_translation_forward(mp_model *m, mp_layer *l, bool train
     if (!st->shifts) return mp_layer_nomem(l, "its shifts");
     uint64_t key = mp_mix64(l->seed ^ mp_mix64((m->step + 1) ^ TRANSLATION_STREAM));
     for (int64_t n = 0; n < batch; n++) {
-        uint64_t zy = mp_mix64(key + 0x9E3779B97F4A7C15ull * (uint64_t)(2 * n + 1));
-        uint64_t zx = mp_mix64(key + 0x9E3779B97F4A7C15ull * (uint64_t)(2 * n + 2));
+        uint64_t g = (uint64_t)(m->row_offset + n); /* the global row */
+        uint64_t zy = mp_mix64(key + 0x9E3779B97F4A7C15ull * (2 * g + 1));
+        uint64_t zx = mp_mix64(key + 0x9E3779B97F4A7C15ull * (2 * g + 2));
         st->shifts[2 * n] = shift_of(zy, c->height_factor, l->shape[0]);
         st->shifts[2 * n + 1] = shift_of(zx, c->width_factor, l->shape[1]);
     }
