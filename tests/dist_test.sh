@@ -1,8 +1,9 @@
 #!/bin/sh
 # dist_test.sh BUILD - data parallel through mpirun on 2 ranks of this
-# machine: the library-level comparison with one process (dist_test.c),
-# then the CLI: a 2-rank run whose only writer is rank 0, --deterministic
-# reproducible, a batch that does not divide refused. Leaves nothing behind.
+# machine: the library-level comparison with one process (dist_test.c, on 2
+# and 4 ranks), then the CLI: a 2-rank run whose only writer is rank 0,
+# --deterministic reproducible, --allreduce bfloat16, a batch that does not
+# divide refused. Leaves nothing behind.
 set -u
 build="$1"
 export MP_DISPATCH_CACHE=0
