@@ -2,7 +2,8 @@
 # dist_test.sh BUILD - data parallel through mpirun on 2 ranks of this
 # machine: the library-level comparison with one process (dist_test.c, on 2
 # and 4 ranks), then the CLI: a 2-rank run whose only writer is rank 0,
-# --deterministic reproducible, --allreduce bfloat16, a batch that does not
+# --deterministic reproducible and resumable on another N, --allreduce
+# bfloat16, a killed and a stopped rank, a batch that does not
 # divide refused. Leaves nothing behind.
 set -u
 build="$1"
@@ -56,13 +57,60 @@ case "$out" in
 *"--allreduce"*"float64"*) ;;
 *) echo "dist_test.sh: --allreduce float64 should be refused, got: $out"; fail=1 ;;
 esac
+# resume on another number of ranks: --deterministic weights do not depend
+# on N, so 2 ranks to step 10 then 4 ranks from its checkpoint end on the
+# bits of one process straight through
+det="$common --deterministic"
+"$build/mixprec" $det --save "$dir/one.st" > "$dir/one.txt" 2>&1 || { cat "$dir/one.txt"; fail=1; }
+$mpirun "$build/mixprec" $det --max-steps 10 --checkpoint-dir "$dir/ckn" > "$dir/n2.txt" 2>&1 ||
+    { cat "$dir/n2.txt"; fail=1; }
+${mpirun%-np 2} -np 4 "$build/mixprec" train --data "$dir/train.csv" --epochs 2 --quiet \
+    --deterministic --resume "$dir/ckn" --save "$dir/n4.st" \
+    > "$dir/n4.txt" 2>&1 || { cat "$dir/n4.txt"; fail=1; }
+cmp -s "$dir/one.st" "$dir/n4.st" ||
+    { echo "dist_test.sh: 2 ranks resumed on 4 (--deterministic) differ from one process"; fail=1; }
+
+# faults. A rank killed mid-run: mpirun stops the others within seconds and
+# the last checkpoint (written atomically) loads. A rank that stops
+# answering (SIGSTOP): the others give up after --dist-timeout, saying so.
+awk 'BEGIN { srand(3); print "a,b,c,d,e,f,label";
+  for (i = 0; i < 4096; i++) { c = int(rand() * 3); s = "";
+    for (j = 0; j < 6; j++) s = s sprintf("%.4f,", (c - 1) * 0.8 + 2 * rand() - 1);
+    print s c } }' > "$dir/big.csv"
+long="train --data $dir/big.csv --hidden 512,512 --epochs 1000 --batch-size 32 --quiet"
+fault() { # $1: signal, $2: what to find in the output, $3: extra flags
+    $mpirun "$build/mixprec" $long --checkpoint-dir "$dir/f$1" --checkpoint-every 20 ${3:-} \
+        > "$dir/f$1.txt" 2>&1 &
+    job=$!
+    i=0
+    while [ $i -lt 300 ] && ! ls "$dir/f$1"/ckpt-*.safetensors > /dev/null 2>&1; do
+        sleep 0.1; i=$((i + 1))
+    done
+    victim=$(pgrep -P $job | tail -1)
+    t1=$(date +%s)
+    kill -"$1" "$victim"
+    wait $job
+    rc=$?
+    took=$(( $(date +%s) - t1 ))
+    last=$(ls "$dir/f$1"/ckpt-*.safetensors 2>/dev/null | tail -1)
+    if [ $rc = 0 ] || [ $took -gt 20 ] || ! grep -q "$2" "$dir/f$1.txt"; then
+        echo "dist_test.sh: SIG$1 on a rank: exit $rc after $took s, output:"; cat "$dir/f$1.txt"; fail=1
+    elif ! "$build/mixprec" inspect "$last" > /dev/null 2>&1; then
+        echo "dist_test.sh: after SIG$1 the last checkpoint $last does not load"; fail=1
+    else
+        echo "dist_test.sh: SIG$1 on rank 1: the job stopped in $took s, \"$(grep -m1 "$2" "$dir/f$1.txt" | cut -c1-90)...\", $(basename "$last") loads"
+    fi
+}
+fault KILL "exited on signal 9"
+fault STOP "no answer from the other ranks" "--dist-timeout 3"
+
 out=$($mpirun "$build/mixprec" $common --batch-size 33 2>&1)
 case "$out" in
 *"does not divide by 2 ranks"*) ;;
 *) echo "dist_test.sh: batch 33 on 2 ranks should be refused, got: $out"; fail=1 ;;
 esac
 if [ $fail = 0 ]; then
-    echo "dist_test.sh: mpirun -np 2 mixprec train: rank 0 alone prints and writes, --deterministic reproducible, --allreduce bfloat16 trains, batch 33 refused ($(( $(date +%s) - t0 )) s in all)"
+    echo "dist_test.sh: mpirun -np 2 mixprec train: rank 0 alone prints and writes, --deterministic reproducible and resumed from 2 ranks on 4 as one process, --allreduce bfloat16 trains, batch 33 refused ($(( $(date +%s) - t0 )) s in all)"
 else
     echo "dist_test.sh: FAILED"
 fi
