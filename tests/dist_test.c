@@ -101,8 +101,21 @@ static mp_model *build_with(const char *policy, bool dropout)
 
 static mp_model *build(const char *policy) { return build_with(policy, false); }
 
+/* The optimizer-state bytes this process holds at the end of an epoch
+ * (inside fit: sharded when shard_optimizer is on). */
+static size_t optimizer_bytes_in_fit;
+static bool note_optimizer_bytes(const mp_epoch_log *log, void *user)
+{
+    (void)log;
+    (void)user;
+    mp_mem_stats st;
+    mp_mem_get_stats(&st);
+    optimizer_bytes_in_fit = st.current[MP_MEM_OPTIMIZER];
+    return true;
+}
+
 typedef struct {
-    bool dp, det, shuffle, bf16;
+    bool dp, det, shuffle, bf16, zero;
     int epochs, slices;
     int64_t max_steps, checkpoint_every;
     const char *checkpoint_dir;
@@ -124,6 +137,8 @@ static void fit(mp_model *m, const mp_dataset *ds, run_opts r)
     o.data_parallel = r.dp;
     o.deterministic = r.det;
     o.deterministic_slices = r.slices;
+    o.shard_optimizer = r.zero;
+    o.on_epoch_end = r.zero ? note_optimizer_bytes : NULL;
     o.reduce = r.bf16 ? MP_REDUCE_BFLOAT16 : MP_REDUCE_FLOAT32;
     /* small buckets: parameters packed several to a bucket, and the
      * 256-float kernel summed in place alone */
@@ -409,6 +424,57 @@ static void test_bfloat16_sum(void)
     mp_dataset_free(ds);
 }
 
+/* ZeRO stage 1, Adam: the same weights and the same (whole, gathered at the
+ * end) optimizer state as without sharding, bit for bit, over 3 shuffled
+ * epochs with checkpoints in between (which gather the state to write it);
+ * inside the fit each rank held about 1/N of the state's bytes. */
+static void test_sharded_optimizer(const char *policy)
+{
+    mp_dataset *ds = make_data(-1);
+    mp_model *plain = build_with(policy, true), *zero = build_with(policy, true);
+    mp_compile_options co = mp_compile_options_default(); /* Adam: two slots a weight */
+    co.loss_scaling = MP_LOSS_SCALING_DYNAMIC;
+    if (mp_model_compile(plain, &co) || mp_model_compile(zero, &co)) die("compile");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s-zero-rank%d", scratch, policy, rank);
+    mp_mem_stats st;
+    mp_mem_get_stats(&st);
+    size_t whole = st.current[MP_MEM_OPTIMIZER] / 2; /* one model's, both compiled */
+    run_opts r = {.dp = true, .shuffle = true, .epochs = 3};
+    fit(plain, ds, r);
+    r.zero = true;
+    r.checkpoint_every = 7;
+    r.checkpoint_dir = dir;
+    fit(zero, ds, r);
+    size_t held = optimizer_bytes_in_fit;
+    mp_mem_get_stats(&st);
+    size_t two = st.current[MP_MEM_OPTIMIZER]; /* both optimizers whole again */
+    CHECK(same_bits(plain, zero), "%s: sharded optimizer: other weights", policy);
+    mp_optimizer *a = mp_model_optimizer(plain), *b = mp_model_optimizer(zero);
+    CHECK(mp_optimizer_shards(b) == 1, "%s: the optimizer is still sharded after fit", policy);
+    bool state_same = true;
+    for (int i = 0; i < mp_optimizer_num_params(a); i++)
+        for (int k = 0; k < mp_optimizer_num_slots(a); k++) {
+            int64_t n1, n2;
+            const float *s1 = mp_optimizer_slot(a, i, k, &n1),
+                        *s2 = mp_optimizer_slot(b, i, k, &n2);
+            state_same &= n1 == n2 && !memcmp(s1, s2, (size_t)n1 * sizeof(float));
+        }
+    CHECK(state_same, "%s: sharded optimizer: other moments", policy);
+    /* held = plain's whole state + zero's part */
+    double part = ((double)held - (double)whole) / (double)whole;
+    CHECK(nranks == 1 || (part < 1.0 / nranks + 0.1 && two == 2 * whole),
+          "%s: sharded, a rank held %.2f of the optimizer state (%zu of %zu bytes)", policy, part,
+          held - whole, whole);
+    if (rank == 0)
+        printf("dist_test: %s --shard-optimizer: the same weights and moments as unsharded, "
+               "%.2f of the state on each rank during fit\n",
+               policy, part);
+    mp_model_free(plain);
+    mp_model_free(zero);
+    mp_dataset_free(ds);
+}
+
 /* Rank 0 alone writes (each rank is given its own directory); a resume from
  * step 6 with the same number of ranks ends on the same bits as the run
  * straight to step 12. */
@@ -507,6 +573,7 @@ int main(int argc, char **argv)
         test_one_step_bound(policies[i]);
         test_epochs(policies[i]);
         test_same_bits_as_one_process(policies[i]);
+        test_sharded_optimizer(policies[i]);
         test_checkpoint_resume(policies[i]);
     }
     test_bfloat16_sum();

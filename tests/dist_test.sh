@@ -27,7 +27,7 @@ $mpirun "$build/tests/dist_test" "$dir" || fail=1
 # compares every rank count with its own single-process run)
 ${mpirun%-np 2} -np 4 "$build/tests/dist_test" "$dir" > "$dir/np4.txt" 2>&1 ||
     { cat "$dir/np4.txt"; fail=1; }
-grep -E "same bits|passed on" "$dir/np4.txt"
+grep -E "same bits|shard-optimizer|passed on" "$dir/np4.txt"
 
 # the CLI: three classes in six features
 awk 'BEGIN { srand(7); print "a,b,c,d,e,f,label";
@@ -40,6 +40,10 @@ for run in 1 2; do
         --save "$dir/det$run.st" --log "$dir/h$run.csv" --checkpoint-dir "$dir/ck$run" \
         > "$dir/out$run.txt" 2>&1 || { cat "$dir/out$run.txt"; fail=1; }
 done
+$mpirun "$build/mixprec" $common --policy mixed_float16 --deterministic --shard-optimizer \
+    --save "$dir/zero.st" > "$dir/zero.txt" 2>&1 || { cat "$dir/zero.txt"; fail=1; }
+cmp -s "$dir/det1.st" "$dir/zero.st" ||
+    { echo "dist_test.sh: --shard-optimizer saved other weights than without it"; fail=1; }
 cmp -s "$dir/det1.st" "$dir/det2.st" ||
     { echo "dist_test.sh: mpirun --deterministic: two runs saved different weights"; fail=1; }
 [ "$(grep -c '^[0-9]' "$dir/h1.csv" 2>/dev/null)" = 2 ] ||
@@ -110,7 +114,7 @@ case "$out" in
 *) echo "dist_test.sh: batch 33 on 2 ranks should be refused, got: $out"; fail=1 ;;
 esac
 if [ $fail = 0 ]; then
-    echo "dist_test.sh: mpirun -np 2 mixprec train: rank 0 alone prints and writes, --deterministic reproducible and resumed from 2 ranks on 4 as one process, --allreduce bfloat16 trains, batch 33 refused ($(( $(date +%s) - t0 )) s in all)"
+    echo "dist_test.sh: mpirun -np 2 mixprec train: rank 0 alone prints and writes, --deterministic reproducible and resumed from 2 ranks on 4 as one process, --shard-optimizer the same, --allreduce bfloat16 trains, batch 33 refused ($(( $(date +%s) - t0 )) s in all)"
 else
     echo "dist_test.sh: FAILED"
 fi

@@ -45,6 +45,10 @@ mp_status mp_dist_allreduce_i64(int64_t *values, size_t n);
  * the same bits on every rank and run). Non-negative floats compare as
  * their bits, a NaN above inf: the float8 recipe reduces its amaxes so. */
 mp_status mp_dist_allreduce_max_u32(uint32_t *values, size_t n);
+/* values[0, n) of es-byte elements: rank r holds the right part
+ * [n r / N, n (r + 1) / N) (mp_dist_shard's split); on return every rank
+ * holds every part. */
+mp_status mp_dist_allgather_parts(void *values, size_t n, size_t es);
 /* Every rank must pass the same value (e.g. a data fingerprint or a batch
  * size); MP_ERR_INVALID naming `what` and both values when one differs. */
 mp_status mp_dist_check_same(uint64_t value, const char *what);

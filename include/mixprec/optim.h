@@ -153,9 +153,21 @@ const mp_param *mp_optimizer_params(const mp_optimizer *opt);
  * Adam/AdamW 2 ("exp_avg", "exp_avg_sq"). */
 int mp_optimizer_num_slots(const mp_optimizer *opt);
 const char *mp_optimizer_slot_name(const mp_optimizer *opt, int slot); /* NULL if none */
-/* State tensor `slot` of parameter `index` (its length in *n if n != NULL);
- * NULL with mp_last_error if out of range. */
+/* State tensor `slot` of parameter `index` (its length in *n if n != NULL):
+ * the whole tensor's, or a sharded optimizer's part of it
+ * (mp_optimizer_shard_range); NULL with mp_last_error if out of range. */
 float *mp_optimizer_slot(mp_optimizer *opt, int index, int slot, int64_t *n);
+/* Optimizer-state sharding (ZeRO stage 1): keep the state of, and update,
+ * only part `rank` of `nranks` of every parameter, elements
+ * [n rank / nranks, n (rank + 1) / nranks): each rank holds 1/nranks of the
+ * moments. A step changes only that part of the masters and weight copies;
+ * the data-parallel step then all-gathers them. The updated elements are
+ * the bits an unsharded step gives. (rank 0, 1) makes the optimizer whole
+ * again, the other parts of its state zero until filled in (the
+ * data-parallel fit all-gathers them). */
+mp_status mp_optimizer_shard(mp_optimizer *opt, int rank, int nranks);
+int mp_optimizer_shards(const mp_optimizer *opt); /* nranks, 1 when whole */
+void mp_optimizer_shard_range(const mp_optimizer *opt, int index, int64_t *lo, int64_t *hi);
 
 /* ---------------------------------------------------------------- clipping */
 

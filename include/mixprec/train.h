@@ -66,6 +66,13 @@ typedef struct {
     /* this process alone, as the one rank of its own job, even under
      * mpirun (a single-process reference, or sliced steps without MPI) */
     bool local;
+    /* ZeRO stage 1: each rank keeps the optimizer state of, and updates,
+     * 1/N of every tensor (mp_optimizer_shard); the updated parts are then
+     * all-gathered. The same weights as without it, 1/N of the state. */
+    bool shard_optimizer;
+    /* hand the gradients over only after the whole backward (what the
+     * overlap saves, measured by bench-mpi) */
+    bool no_overlap;
 } mp_shard_options;
 mp_shard_options mp_shard_options_default(int64_t global_batch, int64_t first_row);
 /* One step on this rank's shard x (0 rows allowed) with every rank calling
@@ -200,6 +207,9 @@ typedef struct {
      * With reduce bfloat16 the runs repeat, but depend on N. */
     bool deterministic;
     int deterministic_slices;
+    /* data parallel: ZeRO stage 1 (mp_shard_options.shard_optimizer); the
+     * optimizer is whole again when fit returns */
+    bool shard_optimizer;
     /* if not NULL and *interrupt becomes nonzero (e.g. from a SIGINT
      * handler), the fit stops after the step in progress, as max_steps
      * would: it writes a checkpoint when checkpoint_dir is set and returns

@@ -43,6 +43,7 @@ typedef struct {
     int deterministic_slices; /* 0: the default */
     mp_reduce_mode reduce;    /* data parallel: float32 or bfloat16 sums */
     size_t bucket_bytes;      /* 0: the default */
+    bool shard_optimizer;     /* ZeRO stage 1 */
     double dist_timeout;      /* 0: the default */
     bool save_state;
     int64_t checkpoint_every;

@@ -75,6 +75,8 @@ static void train_usage(FILE *f)
         "  --allreduce float32|bfloat16    sum them in float32 (default), or send bfloat16 and\n"
         "                                  add in float32 (half the bytes, a bfloat16 rounding)\n"
         "  --bucket-mb M                   bucket size in MiB (default 4)\n"
+        "  --shard-optimizer               each rank keeps and updates 1/N of the optimizer\n"
+        "                                  state (ZeRO stage 1); the same weights\n"
         "  --dist-timeout S                stop the job when the other ranks are silent for S\n"
         "                                  seconds (default 300)\n"
         "Ctrl-C (SIGINT) or SIGTERM while training: the step in progress finishes, a checkpoint\n"
@@ -341,6 +343,8 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
                 a->reduce = MP_REDUCE_BFLOAT16;
             else
                 return bad(f, v, "expected float32 or bfloat16");
+        } else if (!strcmp(f, "--shard-optimizer")) {
+            a->shard_optimizer = true;
         } else if (!strcmp(f, "--bucket-mb")) {
             NEED_VALUE;
             if (!mp_cli_parse_i64(v, 1, 1024, &iv)) return bad(f, v, "expected 1..1024");

@@ -274,6 +274,7 @@ int mp_cli_run_training(const train_args *a, const mp_dataset *train, const mp_d
     fo.deterministic_slices = a->deterministic_slices;
     fo.reduce = a->reduce;
     fo.bucket_bytes = a->bucket_bytes;
+    fo.shard_optimizer = a->shard_optimizer;
     if (a->dist_timeout > 0) mp_dist_set_timeout(a->dist_timeout);
     mp_history h;
     interrupted = 0;

@@ -192,6 +192,28 @@ mp_status mp_dist_allreduce_max_u32(uint32_t *values, size_t n)
     return allreduce(values, n, sizeof(uint32_t), MPI_UINT32_T, MPI_MAX);
 }
 
+mp_status mp_dist_allgather_parts(void *values, size_t n, size_t es)
+{
+    int size = mp_dist_size();
+    if (!running() || size == 1) return MP_OK;
+    if (n * es > (size_t)INT32_MAX)
+        return mp_set_error(MP_ERR_INVALID, "dist: %zu bytes to gather at once", n * es);
+    int *counts = malloc(2 * (size_t)size * sizeof *counts);
+    if (!counts) return mp_set_error(MP_ERR_NOMEM, "dist: out of memory");
+    for (int j = 0; j < size; j++) {
+        size_t lo = n * (size_t)j / (size_t)size, hi = n * (size_t)(j + 1) / (size_t)size;
+        counts[j] = (int)((hi - lo) * es);
+        counts[size + j] = (int)(lo * es);
+    }
+    MPI_Request req;
+    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts, counts + size,
+                             MPI_BYTE, MPI_COMM_WORLD, &req);
+    mp_status s = rc == MPI_SUCCESS ? mp_dist_wait(&req, "MPI_Iallgatherv")
+                                    : mp_dist_mpi_error(rc, "MPI_Iallgatherv");
+    free(counts);
+    return s;
+}
+
 mp_status mp_dist_check_same(uint64_t value, const char *what)
 {
     if (!running() || mp_dist_size() == 1) return MP_OK;

@@ -6,7 +6,11 @@
  * in cache. In pure low-precision mode (no master) the chunk is widened to
  * float32 first and rounded back afterwards, to nearest or stochastically.
  * On a diagnostic step the same pass also gathers each tensor's numerics
- * (mp_optimizer_collect_numerics): chunks still in cache, no update changed. */
+ * (mp_optimizer_collect_numerics): chunks still in cache, no update changed.
+ * Sharded (mp_optimizer_shard, ZeRO stage 1), it keeps the slots of and
+ * updates only its part [n r / N, n (r + 1) / N) of each tensor: every rule
+ * is per element (and stochastic rounding keyed by element index), so the
+ * parts are the bits the whole update gives. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +29,8 @@ struct mp_optimizer {
     mp_param *params;
     char **names;
     int n_slots;
-    float **slots; /* [param * n_slots + slot] */
+    float **slots;              /* [param * n_slots + slot] */
+    int shard_rank, shard_size; /* size 1: whole tensors */
     int64_t step;
     /* the next step's figures, when asked (mp_optimizer_collect_numerics) */
     mp_numerics *num_weights, *num_grads;
@@ -148,6 +153,7 @@ mp_optimizer *mp_optimizer_new(const mp_optimizer_config *cfg, const mp_param *p
     o->cfg = *cfg;
     o->n_params = n_params;
     o->n_slots = slots_for(cfg);
+    o->shard_size = 1;
     size_t np = n_params > 0 ? (size_t)n_params : 1;
     o->params = calloc(np, sizeof *o->params);
     o->names = calloc(np, sizeof *o->names);
@@ -266,11 +272,57 @@ static kernels kernels_for(mp_isa isa)
  * region costs more than the work. */
 #define PARALLEL_MIN (1 << 16)
 
+void mp_optimizer_shard_range(const mp_optimizer *o, int index, int64_t *lo, int64_t *hi)
+{
+    int64_t n = o->params[index].n;
+    *lo = n * o->shard_rank / o->shard_size;
+    *hi = n * (o->shard_rank + 1) / o->shard_size;
+}
+
+/* Every slot re-made for the part of (rank, size), keeping the values the
+ * new part shares with the old one (the rest zero). */
+static mp_status reshard(mp_optimizer *o, int rank, int size)
+{
+    for (int i = 0; i < o->n_params; i++) {
+        int64_t olo, ohi, lo, hi;
+        mp_optimizer_shard_range(o, i, &olo, &ohi);
+        int64_t n = o->params[i].n;
+        lo = n * rank / size;
+        hi = n * (rank + 1) / size;
+        for (int s = 0; s < o->n_slots; s++) {
+            float **slot = &o->slots[(size_t)i * (size_t)o->n_slots + (size_t)s];
+            size_t bytes = (size_t)(hi - lo) * sizeof(float);
+            float *buf = mp_alloc(bytes ? bytes : 1, MP_MEM_OPTIMIZER);
+            if (!buf) return MP_ERR_NOMEM; /* mp_alloc set the message */
+            memset(buf, 0, bytes);
+            int64_t a = lo > olo ? lo : olo, b = hi < ohi ? hi : ohi;
+            if (b > a) memcpy(buf + (a - lo), *slot + (a - olo), (size_t)(b - a) * sizeof(float));
+            mp_free(*slot);
+            *slot = buf;
+        }
+    }
+    o->shard_rank = rank;
+    o->shard_size = size;
+    return MP_OK;
+}
+
+mp_status mp_optimizer_shard(mp_optimizer *o, int rank, int nranks)
+{
+    if (!o || nranks < 1 || rank < 0 || rank >= nranks)
+        return mp_set_error(MP_ERR_INVALID, "optimizer: no shard %d of %d", rank, nranks);
+    if (o->shard_size == nranks && o->shard_rank == rank) return MP_OK;
+    return reshard(o, rank, nranks);
+}
+
+int mp_optimizer_shards(const mp_optimizer *o) { return o ? o->shard_size : 1; }
+
 static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *coefs, kernels k,
                          mp_numerics *wpart, mp_numerics *gpart)
 {
     const mp_param *p = &o->params[index];
     if (!p->grad || p->n == 0) return;
+    int64_t lo, hi; /* this shard's part (all of it unsharded) */
+    mp_optimizer_shard_range(o, index, &lo, &hi);
     /* AdamW leaves biases, norms and embeddings undecayed (GPT recipes)
      * unless asked to decay everything */
     mp_step_coefs exempt = *coefs;
@@ -285,8 +337,8 @@ static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *
     const bool adamw = o->cfg.kind == MP_OPTIMIZER_ADAMW, sgd = o->cfg.kind == MP_OPTIMIZER_SGD;
     const bool stochastic = o->cfg.rounding == MP_ROUND_STOCHASTIC;
     const uint64_t rseed = rounding_seed(o->cfg.seed, o->step, index);
-    const int64_t nchunks = (p->n + CHUNK - 1) / CHUNK;
-    const int nt = p->n >= PARALLEL_MIN ? mp_num_threads() : 1;
+    const int64_t nchunks = (hi - lo + CHUNK - 1) / CHUNK;
+    const int nt = hi - lo >= PARALLEL_MIN ? mp_num_threads() : 1;
     /* numerics of a tensor with a master: the master before and after, its
      * copy, the gradient (one part per thread) */
     const bool numerics = wpart && p->master;
@@ -298,8 +350,8 @@ static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t ci = 0; ci < nchunks; ci++) {
         float tmp[CHUNK], before[CHUNK];
-        int64_t off = ci * CHUNK;
-        int64_t len = p->n - off < CHUNK ? p->n - off : CHUNK;
+        int64_t off = lo + ci * CHUNK;
+        int64_t len = hi - off < CHUNK ? hi - off : CHUNK;
         char *wcopy = p->weight ? (char *)p->weight + (size_t)off * ws : NULL;
         float *w;
         if (p->master)
@@ -312,9 +364,9 @@ static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *
         }
         if (numerics) memcpy(before, w, (size_t)len * sizeof *w);
         if (sgd)
-            k.sgd(c, w, p->grad + off, s0 ? s0 + off : NULL, len);
+            k.sgd(c, w, p->grad + off, s0 ? s0 + (off - lo) : NULL, len);
         else
-            k.adam(c, adamw, w, p->grad + off, s0 + off, s1 + off, len);
+            k.adam(c, adamw, w, p->grad + off, s0 + (off - lo), s1 + (off - lo), len);
         if (write_copy)
             mp_convert(wcopy, p->weight_dtype, w, MP_F32, (size_t)len);
         else if (pure_lp) {
@@ -464,6 +516,8 @@ float *mp_optimizer_slot(mp_optimizer *o, int index, int slot, int64_t *n)
                      index, o ? o->n_slots : 0, o ? o->n_params : 0);
         return NULL;
     }
-    if (n) *n = o->params[index].n;
+    int64_t lo, hi;
+    mp_optimizer_shard_range(o, index, &lo, &hi);
+    if (n) *n = hi - lo;
     return o->slots[(size_t)index * (size_t)o->n_slots + (size_t)slot];
 }

@@ -308,7 +308,10 @@ static mp_status save_checkpoint(mp_model *m, const mp_fit_options *o, const mp_
                                  mp_epoch_log *log, bool verbose)
 {
     if (!o->data_parallel) return write_checkpoint(m, o, fs, log, verbose);
-    mp_status s = mp_dist_rank() == 0 ? write_checkpoint(m, o, fs, log, verbose) : MP_OK;
+    /* a sharded optimizer's state whole first (the next step shards it) */
+    mp_status s = mp_train_unshard(mp_model_optimizer(m));
+    if (s) return s;
+    s = mp_dist_rank() == 0 ? write_checkpoint(m, o, fs, log, verbose) : MP_OK;
     return mp_dist_agree(s, "writing the checkpoint on rank 0");
 }
 
@@ -443,6 +446,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
             so.reduce = o.reduce;
             so.bucket_bytes = o.bucket_bytes;
             so.local = !o.data_parallel;
+            so.shard_optimizer = o.shard_optimizer;
             if (o.deterministic) {
                 so.slices =
                     o.deterministic_slices ? o.deterministic_slices : (nranks > 4 ? nranks : 4);
@@ -511,6 +515,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         saved = false;
     }
     if (!s && o.checkpoint_dir && !saved) s = save_checkpoint(m, &o, &fs, h.epochs, p.on);
+    if (!s && o.data_parallel) s = mp_train_unshard(mp_model_optimizer(m)); /* whole again */
     if (!s && o.log_csv && rank == 0) s = write_csv(o.log_csv, &h);
     if (!s && dg) s = write_csv(mp_diagnostics_history_path(dg), &h);
     if (!s && o.state_out) { /* a copy with its own completed-epoch history */

@@ -11,7 +11,11 @@
  * pairwise order (MP_REDUCE_ORDERED). The sum is the balanced tree over the
  * S slices whatever N is, so 1, 2 or 4 ranks give the same bits. Random
  * layers draw by global row and every slice of a step has the same forward
- * count, so each slice draws what one process draws for its rows. */
+ * count, so each slice draws what one process draws for its rows.
+ *
+ * Optimizer sharding (ZeRO stage 1): each rank updates its part of every
+ * tensor (mp_optimizer_shard) and the parts are all-gathered after the
+ * step; a checkpoint and the end of a fit make the state whole again. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -209,7 +213,7 @@ mp_status mp_train_shard_step(mp_model *m, mp_optimizer *opt, mp_grad_sync **gp,
             int64_t per_row = labels ? labels_per_row(m) : 0;
             mp_model_set_row_offset(m, lo + a);
             mp_model_set_forward_count(m, count);
-            if (last) mp_model_set_backward_hook(m, after_layer, g);
+            if (last && !o->no_overlap) mp_model_set_backward_hook(m, after_layer, g);
             float part = 0;
             int64_t right = 0;
             s = mp_train_forward_backward(m, &xs, labels ? labels + per_row * a : NULL,
@@ -233,4 +237,40 @@ void mp_grad_sync_last(const mp_grad_sync *g, mp_dist_reducer_stats *out)
         mp_dist_reducer_last(g->red, out);
     else
         memset(out, 0, sizeof *out);
+}
+
+/* ------------------------------------------------ optimizer sharding */
+
+mp_status mp_train_gather_update(mp_optimizer *opt)
+{
+    int size = mp_optimizer_shards(opt), rank = mp_dist_rank();
+    for (int i = 0; i < mp_optimizer_num_params(opt); i++) {
+        const mp_param *p = mp_optimizer_param(opt, i);
+        if (!p->grad || !p->n) continue;
+        size_t n = (size_t)p->n, ws = mp_dtype_size(p->weight_dtype);
+        mp_status s = p->master ? mp_dist_allgather_parts(p->master, n, sizeof(float))
+                                : mp_dist_allgather_parts(p->weight, n, ws);
+        if (s) return s;
+        if (!p->master || !p->weight || p->weight == (void *)p->master) continue;
+        for (int r = 0; r < size; r++) { /* the other parts' compute copies */
+            if (r == rank) continue;
+            size_t lo = n * (size_t)r / (size_t)size, hi = n * (size_t)(r + 1) / (size_t)size;
+            mp_convert((char *)p->weight + lo * ws, p->weight_dtype, p->master + lo, MP_F32,
+                       hi - lo);
+        }
+    }
+    return MP_OK;
+}
+
+mp_status mp_train_unshard(mp_optimizer *opt)
+{
+    if (!opt || mp_optimizer_shards(opt) == 1) return MP_OK;
+    mp_status s = mp_optimizer_shard(opt, 0, 1); /* whole, this rank's part in place */
+    for (int i = 0; i < mp_optimizer_num_params(opt) && !s; i++)
+        for (int k = 0; k < mp_optimizer_num_slots(opt) && !s; k++) {
+            int64_t n;
+            float *slot = mp_optimizer_slot(opt, i, k, &n);
+            s = mp_dist_allgather_parts(slot, (size_t)n, sizeof(float));
+        }
+    return s;
 }

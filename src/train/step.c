@@ -189,6 +189,12 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
              !o->local && !(s = mp_train_reduce_figures(&res.loss, &res.correct)))
         s = mp_train_reduce_amax(m, &t->amax, &t->amax_cap);
     if (s) return s;
+    bool sharded = o && !o->local && o->shard_optimizer && mp_dist_size() > 1;
+    if (sharded)
+        s = mp_optimizer_shard(t->opt, mp_dist_rank(), mp_dist_size());
+    else if (mp_optimizer_shards(t->opt) > 1)
+        s = mp_train_unshard(t->opt);
+    if (s) return s;
     if (t->scaler) {
         bool found_inf = false;
         if ((s = mp_loss_scaler_get_unscaled_gradients(t->scaler, t->opt, &found_inf))) return s;
@@ -202,6 +208,7 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
             res.applied = true;
         }
     }
+    if (res.applied && sharded && (s = mp_train_gather_update(t->opt))) return s;
     if (res.applied)
         t->applied++;
     else

@@ -24,6 +24,12 @@ mp_status mp_train_shard_step(mp_model *m, mp_optimizer *opt, mp_grad_sync **g, 
                               const mp_shard_options *o, float scale, float *loss,
                               int64_t *correct);
 void mp_grad_sync_last(const mp_grad_sync *g, mp_dist_reducer_stats *out);
+/* ZeRO stage 1: after a sharded optimizer step, every rank's part of the
+ * masters (or low-precision weights) all-gathered, the compute copies of
+ * the other parts refreshed; and the state made whole on every rank (before
+ * a checkpoint, at the end of a fit). */
+mp_status mp_train_gather_update(mp_optimizer *opt);
+mp_status mp_train_unshard(mp_optimizer *opt);
 void mp_grad_sync_free(mp_grad_sync *g);
 
 /* The loss and the correct count summed over the ranks (float64: a
