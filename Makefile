@@ -8,6 +8,7 @@
 #   make bench           every benchmark (convert, gemm, step, diag, checkpoint, conv, gpt)
 #   make bench-diag      what --diagnostics 1 and 100 cost a training step
 #   make bench-gpt       gpt_mini: tokens/s against Keras, attention kernel, generation
+#   make bench-mpi       data parallel: 1 rank x 2 threads vs 2 ranks x 1, overlap, bytes
 #   make demo            the main job
 #   make lm              a GPT-style model on English text (fortunes), float32 vs mixed_bfloat16
 #   make install PREFIX=/usr/local
@@ -70,7 +71,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: lm test-mpi test-browser bench-diag deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: bench-mpi lm test-mpi test-browser bench-diag deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -204,6 +205,21 @@ bench-checkpoint: $(BUILD)/bench_checkpoint
 
 $(BUILD)/bench_conv: $(BUILD)/obj/bench/bench_conv.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/bench_mpi: $(BUILD)/obj/bench/bench_mpi.o $(STATIC)
+	$(CC) -o $@ $^ $(LDLIBS_ALL)
+
+# Data parallel on this machine: 1 rank x 2 threads against 2 ranks x 1
+# thread, the overlap, the bytes (--bind-to none: rank 0 also runs alone on
+# two threads).
+ifeq ($(MPI),1)
+bench-mpi: $(BUILD)/bench_mpi
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	    mpirun --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 $(BUILD)/bench_mpi
+else
+bench-mpi:
+	@echo "bench-mpi: this build has no MPI (sh scripts/deps.sh mpi, then make MPI=1)"; exit 1
+endif
 
 # Keras 3 on TensorFlow runs the same model in the same run (bench-conv:
 # ResNet-20, bench-gpt: gpt_mini), from a virtual environment under build/
