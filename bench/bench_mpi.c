@@ -136,8 +136,7 @@ int main(int argc, char **argv)
     double grad_bytes = 4.0 * (784.0 * 4096 + 4096 + 4096.0 * 4096 + 4096 + 4096.0 * 10 + 10);
     double bound = 2.0 * (nranks - 1) / nranks * grad_bytes;
     if (rank == 0) {
-        printf("bench_mpi: seed MLP step, global batch %d, %d ranks, on %s\n", GLOBAL, nranks,
-               cpu);
+        printf("bench_mpi: seed MLP step, global batch %d, %d ranks, on %s\n", GLOBAL, nranks, cpu);
         printf("  gradients %.1f MiB a step; all-reduce lower bound 2(N-1)/N x that = %.1f MiB "
                "sent per rank\n",
                grad_bytes / (1 << 20), bound / (1 << 20));

@@ -3,8 +3,8 @@
 # machine: the library-level comparison with one process (dist_test.c, on 2
 # and 4 ranks), then the CLI: a 2-rank run whose only writer is rank 0,
 # --deterministic reproducible and resumable on another N, --allreduce
-# bfloat16, a killed and a stopped rank, a batch that does not
-# divide refused. Leaves nothing behind.
+# bfloat16, a killed and a stopped rank, a rank with other data and a batch
+# that does not divide refused. Leaves nothing behind.
 set -u
 build="$1"
 export MP_DISPATCH_CACHE=0
@@ -108,13 +108,32 @@ fault() { # $1: signal, $2: what to find in the output, $3: extra flags
 fault KILL "exited on signal 9"
 fault STOP "no answer from the other ranks" "--dist-timeout 3"
 
+# a rank given other data (MPMD: one command line per rank) is refused at start
+head -200 "$dir/train.csv" > "$dir/other.csv"
+out=$(${mpirun%-np 2} -np 1 "$build/mixprec" $common : -np 1 "$build/mixprec" \
+    train ${common#train --data $dir/train.csv} --data "$dir/other.csv" 2>&1)
+case "$out" in
+*"ranks disagree on"*) ;;
+*) echo "dist_test.sh: ranks with different data should be refused, got: $out"; fail=1 ;;
+esac
+# a rank that fails alone (its data file is missing) stops the job at once
+# instead of leaving the others in a collective until the timeout
+t1=$(date +%s)
+out=$(${mpirun%-np 2} -np 1 "$build/mixprec" $common : -np 1 "$build/mixprec" \
+    train ${common#train --data $dir/train.csv} --data "$dir/missing.csv" 2>&1)
+took=$(( $(date +%s) - t1 ))
+case "$out" in
+*"missing.csv"*"rank 1 failed while other ranks still run"*) [ $took -le 20 ] ||
+    { echo "dist_test.sh: a rank failing alone stopped the job only after $took s"; fail=1; } ;;
+*) echo "dist_test.sh: a rank failing alone should stop the job, got: $out"; fail=1 ;;
+esac
 out=$($mpirun "$build/mixprec" $common --batch-size 33 2>&1)
 case "$out" in
 *"does not divide by 2 ranks"*) ;;
 *) echo "dist_test.sh: batch 33 on 2 ranks should be refused, got: $out"; fail=1 ;;
 esac
 if [ $fail = 0 ]; then
-    echo "dist_test.sh: mpirun -np 2 mixprec train: rank 0 alone prints and writes, --deterministic reproducible and resumed from 2 ranks on 4 as one process, --shard-optimizer the same, --allreduce bfloat16 trains, batch 33 refused ($(( $(date +%s) - t0 )) s in all)"
+    echo "dist_test.sh: mpirun -np 2 mixprec train: rank 0 alone prints and writes, --deterministic reproducible and resumed from 2 ranks on 4 as one process, --shard-optimizer the same, --allreduce bfloat16 trains, other data on a rank and batch 33 refused, a rank failing alone stops the job ($(( $(date +%s) - t0 )) s in all)"
 else
     echo "dist_test.sh: FAILED"
 fi

@@ -28,6 +28,12 @@ int mp_dist_rank(void);
 int mp_dist_size(void);
 /* Stop MPI (after every rank is done with it); harmless when not started. */
 void mp_dist_finalize(void);
+/* A program's way out under MPI: returns status. The ranks meet (apart from
+ * any collective still in flight) and finalize together; a rank that ends
+ * with a nonzero status while another has not come out within 5 s stops
+ * the whole job (MPI_Abort) instead of waiting for ranks that may be
+ * blocked on it (a finishing rank waits up to mp_dist_timeout()). */
+int mp_dist_exit(int status);
 /* True when this process was started by mpirun/mpiexec of Open MPI, MPICH or
  * Slurm (environment variables), whether or not this build has MPI. */
 bool mp_dist_launched(void);

@@ -115,6 +115,5 @@ int main(int argc, char **argv)
         }
     }
     int rc = run(argc, argv);
-    if (dist) mp_dist_finalize();
-    return rc;
+    return dist ? mp_dist_exit(rc) : rc;
 }

@@ -12,6 +12,9 @@
 
 static bool started;  /* by us */
 static bool finished; /* MPI_Finalize ran */
+/* The ranks meet here on the way out (mp_dist_exit), apart from whatever
+ * collective a rank may still be in. */
+static MPI_Comm exit_comm = MPI_COMM_NULL;
 
 bool mp_dist_available(void) { return true; }
 
@@ -32,6 +35,7 @@ mp_status mp_dist_init(int *argc, char ***argv)
     if (rc != MPI_SUCCESS) return mp_set_error(MP_ERR_IO, "dist: MPI_Init_thread failed (%d)", rc);
     /* a failed collective returns an error code instead of aborting the job */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_dup(MPI_COMM_WORLD, &exit_comm);
     started = true;
     return MP_OK;
 }
@@ -98,27 +102,53 @@ double mp_dist_timeout(void)
     return timeout_s;
 }
 
-mp_status mp_dist_wait(MPI_Request *req, const char *what)
+/* req done within `limit` seconds: true; false once past it. */
+static bool wait_within(MPI_Request *req, double limit, int *rc)
 {
     double start = 0;
     for (long spins = 0;; spins++) {
         int done = 0;
-        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) return mp_dist_mpi_error(rc, what);
-        if (done) return MP_OK;
+        *rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (*rc != MPI_SUCCESS || done) return true;
         if (spins < 256) continue; /* a sum in flight on this machine: microseconds */
         if (spins == 256) start = mp_dist_now();
-        if (mp_dist_now() - start > mp_dist_timeout()) {
-            fprintf(stderr,
-                    "mixprec: rank %d: no answer from the other ranks for %.0f s in %s (a rank "
-                    "died or hangs): stopping the job\n",
-                    mp_dist_rank(), mp_dist_timeout(), what);
-            fflush(stderr);
-            MPI_Abort(MPI_COMM_WORLD, 3);
-        }
+        if (mp_dist_now() - start > limit) return false;
         /* let a rank that shares this core compute (mpirun --oversubscribe) */
         nanosleep(&(struct timespec){0, 20000}, NULL);
     }
+}
+
+mp_status mp_dist_wait(MPI_Request *req, const char *what)
+{
+    int rc = MPI_SUCCESS;
+    if (!wait_within(req, mp_dist_timeout(), &rc)) {
+        fprintf(stderr,
+                "mixprec: rank %d: no answer from the other ranks for %.0f s in %s (a rank "
+                "died or hangs): stopping the job\n",
+                mp_dist_rank(), mp_dist_timeout(), what);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    return rc == MPI_SUCCESS ? MP_OK : mp_dist_mpi_error(rc, what);
+}
+
+int mp_dist_exit(int status)
+{
+    if (!running()) return status;
+    int rc = MPI_SUCCESS;
+    MPI_Request req;
+    if (mp_dist_size() > 1 && exit_comm != MPI_COMM_NULL &&
+        MPI_Ibarrier(exit_comm, &req) == MPI_SUCCESS &&
+        !wait_within(&req, status ? 5.0 : mp_dist_timeout(), &rc)) {
+        /* the others still run (or hang) while this rank ends */
+        fprintf(stderr, "mixprec: rank %d %s while other ranks still run: stopping the job\n",
+                mp_dist_rank(), status ? "failed" : "finished");
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, status ? status : 3);
+    }
+    if (exit_comm != MPI_COMM_NULL) MPI_Comm_free(&exit_comm);
+    mp_dist_finalize();
+    return status;
 }
 
 /* MPI counts are int: large buffers go in pieces. */

@@ -21,6 +21,7 @@ bool mp_dist_initialized(void) { return false; }
 int mp_dist_rank(void) { return 0; }
 int mp_dist_size(void) { return 1; }
 void mp_dist_finalize(void) {}
+int mp_dist_exit(int status) { return status; }
 
 mp_status mp_dist_allreduce_f32(float *values, size_t n, bool deterministic)
 {
