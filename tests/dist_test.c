@@ -475,6 +475,52 @@ static void test_sharded_optimizer(const char *policy)
     mp_dataset_free(ds);
 }
 
+/* BatchNormalization on 2+ ranks: each rank normalizes by its shard's
+ * statistics, and the moving statistics are averaged over the ranks after
+ * every step, so every rank ends with the same bits of them (each alone
+ * would follow its own shards') and the same evaluation. */
+static void test_batch_norm_state(const char *policy)
+{
+    mp_dataset *ds = make_data(-1);
+    if (mp_set_global_policy(policy)) die("policy");
+    mp_model *m = mp_model_new(13);
+    mp_node x = mp_input(m, 1, (int64_t[]){DIM}, NULL);
+    x = mp_dense(m, x, 16, MP_ACT_NONE, NULL);
+    mp_batch_norm_options bo = mp_batch_norm_options_default();
+    bo.momentum = 0.5f; /* the batches' statistics show within 3 epochs */
+    x = mp_batch_norm(m, x, &bo, NULL);
+    x = mp_activation_layer(m, x, MP_ACT_RELU, NULL);
+    x = mp_dense(m, x, CLASSES, MP_ACT_NONE, NULL);
+    x = mp_activation_layer(m, x, MP_ACT_SOFTMAX, &(mp_layer_options){.policy = "float32"});
+    if (mp_model_build(m, x, BATCH) || mp_model_compile(m, NULL)) die("build");
+    mp_set_global_policy("float32");
+    fit(m, ds, (run_opts){.dp = true, .shuffle = true, .epochs = 3});
+    uint64_t h = 1469598103934665603ull;
+    int state = 0;
+    for (int i = 0; i < mp_model_num_params(m); i++) {
+        const mp_model_param *p = mp_model_get_param(m, i);
+        if (p->trainable) continue;
+        state++;
+        const unsigned char *c = (const unsigned char *)p->master;
+        for (size_t k = 0; k < (size_t)p->n * sizeof(float); k++) h = (h ^ c[k]) * 1099511628211ull;
+    }
+    double loss, acc;
+    if (mp_model_evaluate(m, ds, BATCH, &loss, &acc)) die("evaluate");
+    uint64_t lb;
+    memcpy(&lb, &loss, sizeof lb);
+    CHECK(state == 2, "%s: %d state tensors, expected the moving mean and variance", policy, state);
+    CHECK(mp_dist_check_same(h, "the moving statistics") == MP_OK, "%s: %s", policy,
+          mp_last_error());
+    CHECK(mp_dist_check_same(lb, "the evaluation loss") == MP_OK, "%s: %s", policy,
+          mp_last_error());
+    if (rank == 0)
+        printf("dist_test: %s BatchNormalization: moving statistics averaged over %d ranks, the "
+               "same bits and evaluation on every rank\n",
+               policy, nranks);
+    mp_model_free(m);
+    mp_dataset_free(ds);
+}
+
 /* Rank 0 alone writes (each rank is given its own directory); a resume from
  * step 6 with the same number of ranks ends on the same bits as the run
  * straight to step 12. */
@@ -574,6 +620,7 @@ int main(int argc, char **argv)
         test_epochs(policies[i]);
         test_same_bits_as_one_process(policies[i]);
         test_sharded_optimizer(policies[i]);
+        test_batch_norm_state(policies[i]);
         test_checkpoint_resume(policies[i]);
     }
     test_bfloat16_sum();

@@ -1,7 +1,9 @@
 /* data_parallel.c - what data parallelism adds around a step and a fit: the
  * loss and correct count summed over the ranks (the gradients travel in
- * grad_sync.c), the float8 recipe's amaxes maxed over the ranks, and the
- * checks that every rank fits the same data the same way. */
+ * grad_sync.c), non-trainable state (BatchNormalization's moving
+ * statistics) averaged over the ranks, the float8 recipe's amaxes maxed
+ * over the ranks, and the checks that every rank fits the same data the
+ * same way. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,42 @@ mp_status mp_train_reduce_figures(float *loss, int64_t *correct)
     if (s) return s;
     *loss = (float)figures[0];
     *correct = (int64_t)figures[1];
+    return MP_OK;
+}
+
+mp_status mp_train_average_state(mp_model *m, float **buf, size_t *cap)
+{
+    int n = mp_dist_size();
+    size_t total = 0;
+    for (int i = 0; i < mp_model_num_params(m); i++) {
+        const mp_model_param *p = mp_model_get_param(m, i);
+        if (!p->trainable && p->master) total += (size_t)p->n;
+    }
+    if (n == 1 || !total) return MP_OK;
+    if (total > *cap) {
+        float *b = realloc(*buf, total * sizeof *b);
+        if (!b) return mp_set_error(MP_ERR_NOMEM, "data parallel: out of memory for state");
+        *buf = b;
+        *cap = total;
+    }
+    float *b = *buf;
+    size_t off = 0;
+    for (int i = 0; i < mp_model_num_params(m); i++) {
+        const mp_model_param *p = mp_model_get_param(m, i);
+        if (p->trainable || !p->master) continue;
+        memcpy(b + off, p->master, (size_t)p->n * sizeof *b);
+        off += (size_t)p->n;
+    }
+    mp_status s = mp_dist_allreduce_f32(b, total, true); /* rank order: the same bits every run */
+    if (s) return s;
+    const float inv = 1.0f / (float)n;
+    off = 0;
+    for (int i = 0; i < mp_model_num_params(m); i++) {
+        mp_model_param *p = mp_model_get_param(m, i);
+        if (p->trainable || !p->master) continue;
+        for (int64_t k = 0; k < p->n; k++) p->master[k] = b[off + (size_t)k] * inv;
+        off += (size_t)p->n;
+    }
     return MP_OK;
 }
 

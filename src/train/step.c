@@ -17,6 +17,8 @@ typedef struct {
     int64_t row_cap;
     mp_grad_sync *sync; /* data parallel: the gradients' way over the ranks */
     uint32_t *amax;     /* and the float8 amaxes' */
+    float *state;       /* and the moving statistics' */
+    size_t state_cap;
     size_t amax_cap;
 } training;
 
@@ -29,6 +31,7 @@ static void training_free(void *p)
     free(t->row);
     mp_grad_sync_free(t->sync);
     free(t->amax);
+    free(t->state);
     free(t);
 }
 
@@ -209,6 +212,7 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
         }
     }
     if (res.applied && sharded && (s = mp_train_gather_update(t->opt))) return s;
+    if (o && !o->local && (s = mp_train_average_state(m, &t->state, &t->state_cap))) return s;
     if (res.applied)
         t->applied++;
     else

@@ -37,6 +37,16 @@ void mp_grad_sync_free(mp_grad_sync *g);
  * summed gradients are). */
 mp_status mp_train_reduce_figures(float *loss, int64_t *correct);
 
+/* Data parallel, after a step: every non-trainable float32 state tensor
+ * (BatchNormalization's moving mean and variance) becomes its mean over the
+ * ranks (summed in rank order, times 1/N), so every rank holds, evaluates
+ * with and saves the same statistics. Each rank's moving mean followed its
+ * shard's batch means; with equal shards their mean is the update the
+ * global batch's mean gives (the variance misses the spread between the
+ * shards' means, as without SyncBatchNorm). *buf of *cap floats is the
+ * exchange buffer (grown). */
+mp_status mp_train_average_state(mp_model *m, float **buf, size_t *cap);
+
 /* Data parallel, before the float8 recipe's commit: each quantized
  * tensor's pending amax becomes its maximum over the ranks (pending where
  * any rank has one), as Transformer Engine reduces amaxes over the
