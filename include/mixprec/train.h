@@ -75,8 +75,9 @@ typedef struct {
     bool no_overlap;
 } mp_shard_options;
 mp_shard_options mp_shard_options_default(int64_t global_batch, int64_t first_row);
-/* One step on this rank's shard x (0 rows allowed) with every rank calling
- * it together. The loss and its gradient are this rank's part of the global
+/* One step on this rank's shard x (0 rows allowed): rows
+ * [c r / N, c (r + 1) / N) of the global batch of c rows (mp_dist_shard;
+ * anything else is refused), with every rank calling it together. The loss and its gradient are this rank's part of the global
  * batch's mean; each layer's gradients start on their way to the other ranks
  * as soon as its backward is done (mp_dist_reducer), and are summed before
  * unscaling, so a non-finite gradient anywhere makes every rank skip. r gets
