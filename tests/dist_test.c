@@ -230,6 +230,51 @@ static double gamma_n(int n)
     return n * (double)FLT_EPSILON / 2 / (1 - n * (double)FLT_EPSILON / 2);
 }
 
+/* One SGD step on batch 0 by one process and by N ranks (reduce: bf16
+ * sums or not); every weight of the two within 2 lr g S + one rounding of
+ * the weight, S the summed magnitudes (gradient_magnitudes) and g the
+ * relative bound of the two sums' difference. Returns how many weights
+ * differ. */
+static int64_t one_step_within(const char *what, const char *policy, bool bf16, double g)
+{
+    mp_dataset *ds = make_data(-1);
+    mp_model *m0 = build(policy), *ref = build(policy), *dp = build(policy);
+    fit(ref, ds, (run_opts){.max_steps = 1});
+    fit(dp, ds, (run_opts){.dp = true, .bf16 = bf16, .max_steps = 1});
+    CHECK(mp_model_steps_applied(ref) == 1 && mp_model_steps_applied(dp) == 1,
+          "%s: first step not applied", what);
+    double *S[6], worst = 0;
+    for (int i = 0; i < 6; i++)
+        S[i] = malloc(sizeof(double) * (size_t)mp_model_get_param(m0, i)->n);
+    gradient_magnitudes(m0, mp_dataset_features(ds), mp_dataset_labels(ds), S);
+    int64_t differ = 0, total = 0;
+    for (int i = 0; i < 6; i++) {
+        const mp_model_param *p = mp_model_get_param(ref, i), *q = mp_model_get_param(dp, i);
+        for (int64_t k = 0; k < p->n; k++) {
+            double diff = fabs((double)p->master[k] - q->master[k]);
+            double bound = 2 * LR * g * S[i][k] + nextafterf(fabsf(p->master[k]), INFINITY) -
+                           fabsf(p->master[k]);
+            differ += diff != 0;
+            total++;
+            if (diff / bound > worst) worst = diff / bound;
+            CHECK(diff <= bound, "%s: %s[%lld]: |%.9g - %.9g| = %.3g above the bound %.3g", what,
+                  p->name, (long long)k, (double)p->master[k], (double)q->master[k], diff, bound);
+        }
+    }
+    CHECK(mp_dist_check_same(weights_hash(dp), "the weights after one step") == MP_OK, "%s: %s",
+          what, mp_last_error());
+    if (rank == 0)
+        printf("dist_test: %s, one step: %lld of %lld weights differ from one float32 process, "
+               "at most %.2f of the derived bound\n",
+               what, (long long)differ, (long long)total, worst);
+    for (int i = 0; i < 6; i++) free(S[i]);
+    mp_model_free(m0);
+    mp_model_free(ref);
+    mp_model_free(dp);
+    mp_dataset_free(ds);
+    return differ;
+}
+
 /* One SGD step on batch 0. Each gradient element is a float32 sum of the
  * same BATCH per-sample terms (each rank's rows go through the same
  * arithmetic as in one process, and the loss gradient is divided by the
@@ -242,40 +287,7 @@ static double gamma_n(int n)
  * double and float16 terms under mixed_float16). */
 static void test_one_step_bound(const char *policy)
 {
-    mp_dataset *ds = make_data(-1);
-    mp_model *m0 = build(policy), *ref = build(policy), *dp = build(policy);
-    fit(ref, ds, (run_opts){.max_steps = 1});
-    fit(dp, ds, (run_opts){.dp = true, .max_steps = 1});
-    CHECK(mp_model_steps_applied(ref) == 1 && mp_model_steps_applied(dp) == 1,
-          "%s: first step not applied", policy);
-    double *S[6];
-    for (int i = 0; i < 6; i++)
-        S[i] = malloc(sizeof(double) * (size_t)mp_model_get_param(m0, i)->n);
-    gradient_magnitudes(m0, mp_dataset_features(ds), mp_dataset_labels(ds), S);
-    double g = gamma_n(BATCH) + gamma_n(BATCH / nranks + nranks), worst = 0;
-    int64_t differ = 0, total = 0;
-    for (int i = 0; i < 6; i++) {
-        const mp_model_param *p = mp_model_get_param(ref, i), *q = mp_model_get_param(dp, i);
-        for (int64_t k = 0; k < p->n; k++) {
-            double diff = fabs((double)p->master[k] - q->master[k]);
-            double bound = 2 * LR * g * S[i][k] + nextafterf(fabsf(p->master[k]), INFINITY) -
-                           fabsf(p->master[k]);
-            differ += diff != 0;
-            total++;
-            if (diff / bound > worst) worst = diff / bound;
-            CHECK(diff <= bound, "%s: %s[%lld]: |%.9g - %.9g| = %.3g above the bound %.3g", policy,
-                  p->name, (long long)k, (double)p->master[k], (double)q->master[k], diff, bound);
-        }
-    }
-    if (rank == 0)
-        printf("dist_test: %s, one step: %lld of %lld weights differ from one process, at most "
-               "%.2f of the derived bound\n",
-               policy, (long long)differ, (long long)total, worst);
-    for (int i = 0; i < 6; i++) free(S[i]);
-    mp_model_free(m0);
-    mp_model_free(ref);
-    mp_model_free(dp);
-    mp_dataset_free(ds);
+    one_step_within(policy, policy, false, gamma_n(BATCH) + gamma_n(BATCH / nranks + nranks));
 }
 
 /* Several epochs, shuffled; under mixed_float16 one sample overflows
@@ -384,44 +396,11 @@ static void test_same_bits_as_one_process(const char *policy)
  * bfloat16 sums of bfloat16 partials the error would be ~S/N or larger. */
 static void test_bfloat16_sum(void)
 {
-    mp_dataset *ds = make_data(-1);
-    mp_model *m0 = build("float32"), *ref = build("float32"), *dp = build("float32");
-    fit(ref, ds, (run_opts){.max_steps = 1});
-    fit(dp, ds, (run_opts){.dp = true, .bf16 = true, .max_steps = 1});
-    double *S[6];
-    for (int i = 0; i < 6; i++)
-        S[i] = malloc(sizeof(double) * (size_t)mp_model_get_param(m0, i)->n);
-    gradient_magnitudes(m0, mp_dataset_features(ds), mp_dataset_labels(ds), S);
     double u = 0x1p-8;
-    double g = gamma_n(BATCH) + gamma_n(BATCH / nranks + nranks) +
-               (2 * u + gamma_n(nranks)) * (1 + u),
-           worst = 0;
-    int64_t differ = 0, total = 0;
-    for (int i = 0; i < 6; i++) {
-        const mp_model_param *p = mp_model_get_param(ref, i), *q = mp_model_get_param(dp, i);
-        for (int64_t k = 0; k < p->n; k++) {
-            double diff = fabs((double)p->master[k] - q->master[k]);
-            double bound = 2 * LR * g * S[i][k] + nextafterf(fabsf(p->master[k]), INFINITY) -
-                           fabsf(p->master[k]);
-            differ += diff != 0;
-            total++;
-            if (diff / bound > worst) worst = diff / bound;
-            CHECK(diff <= bound, "bfloat16 sum: %s[%lld]: |%.9g - %.9g| = %.3g above %.3g", p->name,
-                  (long long)k, (double)p->master[k], (double)q->master[k], diff, bound);
-        }
-    }
+    double g =
+        gamma_n(BATCH) + gamma_n(BATCH / nranks + nranks) + (2 * u + gamma_n(nranks)) * (1 + u);
+    int64_t differ = one_step_within("--allreduce bfloat16", "float32", true, g);
     CHECK(nranks == 1 || differ > 0, "bfloat16 sum: no weight differs from float32 sums");
-    CHECK(mp_dist_check_same(weights_hash(dp), "the weights (bfloat16 sums)") == MP_OK, "%s",
-          mp_last_error());
-    if (rank == 0)
-        printf("dist_test: --allreduce bfloat16, one step: %lld of %lld weights differ from one "
-               "float32 process, at most %.2f of the derived bound\n",
-               (long long)differ, (long long)total, worst);
-    for (int i = 0; i < 6; i++) free(S[i]);
-    mp_model_free(m0);
-    mp_model_free(ref);
-    mp_model_free(dp);
-    mp_dataset_free(ds);
 }
 
 /* ZeRO stage 1, Adam: the same weights and the same (whole, gathered at the

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "dist/dist_internal.h"
 
 #define NO_MPI                                                                                     \
     "this build of mixprec has no MPI (install libopenmpi-dev and openmpi-bin, e.g. "              \
@@ -69,14 +69,12 @@ struct mp_dist_reducer {
 };
 mp_dist_reducer *mp_dist_reducer_new(mp_reduce_mode mode, size_t bucket_bytes)
 {
-    if ((unsigned)mode > MP_REDUCE_BFLOAT16 || bucket_bytes < 1024 ||
-        bucket_bytes > ((size_t)1 << 30)) {
-        mp_set_error(MP_ERR_INVALID, "dist: bucket size %zu bytes outside 1 KiB..1 GiB",
-                     bucket_bytes);
-        return NULL;
-    }
+    if (mp_dist_reducer_check(mode, bucket_bytes)) return NULL;
     mp_dist_reducer *r = calloc(1, sizeof *r);
-    if (!r) mp_set_error(MP_ERR_NOMEM, "dist: out of memory for the reducer");
+    if (r)
+        r->mode = mode;
+    else
+        mp_set_error(MP_ERR_NOMEM, "dist: out of memory for the reducer");
     return r;
 }
 void mp_dist_reducer_free(mp_dist_reducer *r) { free(r); }
