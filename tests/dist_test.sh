@@ -74,6 +74,37 @@ ${mpirun%-np 2} -np 4 "$build/mixprec" train --data "$dir/train.csv" --epochs 2 
 cmp -s "$dir/one.st" "$dir/n4.st" ||
     { echo "dist_test.sh: 2 ranks resumed on 4 (--deterministic) differ from one process"; fail=1; }
 
+# a small GPT with its output tied to the token embedding (whose gradient is
+# final only after the embedding's own backward), attention, Dropout and
+# LayerNorm: --deterministic gives one process's bits on 2 and 4 ranks
+cat > "$dir/tied.json" <<'JSON'
+{"format": "mixprec.model", "version": 2, "policy": "mixed_bfloat16", "layers": [
+ {"class_name": "InputLayer", "name": "tokens", "inputs": [], "shape": [16], "dtype": "int32"},
+ {"class_name": "Embedding", "name": "emb", "inputs": ["tokens"], "input_dim": 256, "output_dim": 32},
+ {"class_name": "PositionEmbedding", "name": "pos", "inputs": ["emb"], "sequence_length": 16},
+ {"class_name": "LayerNormalization", "name": "ln1", "inputs": ["pos"], "epsilon": 1e-05},
+ {"class_name": "MultiHeadAttention", "name": "att", "inputs": ["ln1"], "num_heads": 2, "key_dim": 16,
+  "use_causal_mask": true},
+ {"class_name": "Dropout", "name": "drop", "inputs": ["att"], "rate": 0.1},
+ {"class_name": "Add", "name": "add", "inputs": ["pos", "drop"]},
+ {"class_name": "LayerNormalization", "name": "ln2", "inputs": ["add"], "epsilon": 1e-05},
+ {"class_name": "ReversibleEmbedding", "name": "logits", "inputs": ["ln2"], "embedding": "emb",
+  "reverse": true},
+ {"class_name": "Activation", "name": "softmax", "inputs": ["logits"], "activation": "softmax",
+  "policy": "float32"}]}
+JSON
+awk 'BEGIN { srand(11); for (i = 0; i < 400; i++) { s = "";
+  for (j = 0; j < 12; j++) s = s sprintf("%c", 97 + int(rand() * 26)); print s " the end." } }' \
+    > "$dir/text.txt"
+lm="train --model $dir/tied.json --data text:$dir/text.txt --batch-size 8 --max-steps 6 --deterministic --quiet"
+"$build/mixprec" $lm --save "$dir/lm1.st" > "$dir/lm1.txt" 2>&1 || { cat "$dir/lm1.txt"; fail=1; }
+for n in 2 4; do
+    ${mpirun%-np 2} -np $n "$build/mixprec" $lm --save "$dir/lm$n.st" > "$dir/lm$n.txt" 2>&1 ||
+        { cat "$dir/lm$n.txt"; fail=1; }
+    cmp -s "$dir/lm1.st" "$dir/lm$n.st" ||
+        { echo "dist_test.sh: tied GPT on $n ranks (--deterministic) differs from one process"; fail=1; }
+done
+
 # faults. A rank killed mid-run: mpirun stops the others within seconds and
 # the last checkpoint (written atomically) loads. A rank that stops
 # answering (SIGSTOP): the others give up after --dist-timeout, saying so.
@@ -133,7 +164,7 @@ case "$out" in
 *) echo "dist_test.sh: batch 33 on 2 ranks should be refused, got: $out"; fail=1 ;;
 esac
 if [ $fail = 0 ]; then
-    echo "dist_test.sh: mpirun -np 2 mixprec train: rank 0 alone prints and writes, --deterministic reproducible and resumed from 2 ranks on 4 as one process, --shard-optimizer the same, --allreduce bfloat16 trains, other data on a rank and batch 33 refused, a rank failing alone stops the job ($(( $(date +%s) - t0 )) s in all)"
+    echo "dist_test.sh: mpirun -np 2 mixprec train: rank 0 alone prints and writes, --deterministic reproducible and resumed from 2 ranks on 4 as one process, --shard-optimizer the same, a tied-embedding GPT on 1, 2 and 4 ranks the same, --allreduce bfloat16 trains, other data on a rank and batch 33 refused, a rank failing alone stops the job ($(( $(date +%s) - t0 )) s in all)"
 else
     echo "dist_test.sh: FAILED"
 fi
