@@ -105,6 +105,13 @@ for n in 2 4; do
         { echo "dist_test.sh: tied GPT on $n ranks (--deterministic) differs from one process"; fail=1; }
 done
 
+# examples/data_parallel.c, a loop of one's own: runs, rank 0 alone prints
+if [ -x "$build/examples/data_parallel" ]; then
+    out=$($mpirun "$build/examples/data_parallel" 20 2>&1) || { echo "$out"; fail=1; }
+    [ "$(echo "$out" | grep -c '(2 ranks)')" = 3 ] ||
+        { echo "dist_test.sh: examples/data_parallel should print 3 lines from rank 0: $out"; fail=1; }
+fi
+
 # faults. A rank killed mid-run: mpirun stops the others within seconds and
 # the last checkpoint (written atomically) loads. A rank that stops
 # answering (SIGSTOP): the others give up after --dist-timeout, saying so.
