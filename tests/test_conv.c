@@ -9,7 +9,18 @@
  * K u / (1 - K u), u = 2^-24 (Higham, Accuracy and Stability, 3.1). Inputs
  * are rounded to their dtype first and the reference uses the rounded
  * values, so the inputs' own precision does not enter. A low-precision
- * output adds its unit roundoff times |result|. */
+ * output adds its unit roundoff times |result|.
+ *
+ * Channel counts that are multiples of 16 (and inputs of fewer than 16
+ * channels) take the direct kernels on AVX-512 (conv_direct_avx512.c),
+ * which sum in another order: the forward and data gradient along the
+ * taps as the GEMM does, the filter gradient per image, then per fixed
+ * chunk of images, then over the chunks. Any order of summing K terms in
+ * float32 is a binary tree of at most K-1 additions on each path, so the
+ * error is again at most gamma_{K-1} sum |terms| <= gamma_K sum |terms|
+ * (Higham, 4.2), and the bounds above hold for both paths. The direct
+ * cases run once on the active ISA and once on the portable GEMM
+ * (MP_ISA_SCALAR), so both paths meet the reference. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,8 +128,8 @@ static void run_case(const conv_case *k, mp_dtype t, mp_dtype yt)
     double *xe, *we, *dye;
     void *x = random_in(t, nx, 1, &xe), *w = random_in(t, nw, 2, &we),
          *dy = random_in(t, ny, 3, &dye);
-    float bias[64];
-    for (int i = 0; i < 64; i++) bias[i] = 0.125f * (float)(i % 5) - 0.25f;
+    float bias[128];
+    for (int i = 0; i < 128; i++) bias[i] = 0.125f * (float)(i % 5) - 0.25f;
     double *ref = calloc((size_t)(nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw)), 8),
            *mag = calloc((size_t)(nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw)), 8);
     float *got = malloc((size_t)(nx > ny ? (nx > nw ? nx : nw) : (ny > nw ? ny : nw)) * 4);
@@ -213,6 +224,70 @@ static void test_low_precision_outputs(void **state)
     }
 }
 
+/* Shapes of the direct kernels: c and o multiples of 16 (o = 48 and 80: a
+ * chunk of 3 vectors, and 64 + 16), c = 1 and 3 (an image), strides 1
+ * and 2, both paddings, kernels 1/3/5 and even 4, odd sizes, rows wider
+ * than one tile (ow > 28 for o = 16), batch 1. */
+static const conv_case direct_cases[] = {
+    {2, 9, 11, 16, 3, 3, 16, 1, 1, 1, 1, true},   {1, 9, 11, 16, 3, 3, 16, 1, 1, 1, 1, false},
+    {2, 7, 31, 16, 3, 3, 16, 1, 1, 1, 1, true},   {3, 13, 9, 32, 3, 3, 32, 2, 2, 1, 1, true},
+    {2, 13, 9, 32, 3, 3, 48, 2, 2, 1, 1, false},  {1, 8, 7, 16, 1, 1, 32, 2, 2, 1, 1, true},
+    {2, 7, 7, 64, 3, 3, 64, 1, 1, 1, 1, true},    {2, 9, 9, 32, 5, 5, 80, 1, 1, 1, 1, true},
+    {1, 11, 10, 16, 5, 5, 16, 2, 2, 1, 1, false}, {2, 9, 9, 16, 4, 4, 32, 1, 1, 1, 1, true},
+    {2, 9, 10, 16, 3, 3, 16, 2, 1, 1, 1, true},   {2, 10, 9, 1, 3, 3, 16, 1, 1, 1, 1, true},
+    {1, 9, 9, 3, 3, 3, 32, 2, 2, 1, 1, false},    {2, 6, 6, 16, 3, 3, 16, 1, 1, 2, 2, true},
+};
+
+static void test_direct_kernels(void **state)
+{
+    (void)state;
+    for (int scalar = 0; scalar < 2; scalar++) {
+        if (scalar) assert_int_equal(mp_isa_set(MP_ISA_SCALAR), MP_OK);
+        for (size_t i = 0; i < sizeof direct_cases / sizeof direct_cases[0]; i++) {
+            run_case(&direct_cases[i], MP_F32, MP_F32);
+            run_case(&direct_cases[i], MP_BF16, MP_BF16);
+            run_case(&direct_cases[i], MP_F16, MP_F32);
+            run_case(&direct_cases[i], MP_F8E4M3, MP_F32);
+        }
+        mp_isa_reset();
+    }
+}
+
+/* The direct kernels give the same bits on 1 and 2 threads: every output
+ * is summed in an order fixed by the shape (threads take whole images, or
+ * whole chunks of images for the filter gradient). */
+static void test_direct_thread_count(void **state)
+{
+    (void)state;
+    const conv_case k = {5, 14, 14, 32, 3, 3, 32, 1, 1, 1, 1, true};
+    mp_conv_geom g = geom_of(&k);
+    int64_t nx = g.n * g.h * g.w * g.c, ny = g.n * g.oh * g.ow * g.o, nw = g.kh * g.kw * g.c * g.o;
+    double *xe, *we, *dye;
+    float *x = random_in(MP_F32, nx, 1, &xe), *w = random_in(MP_F32, nw, 2, &we),
+          *dy = random_in(MP_F32, ny, 3, &dye);
+    float *out[2][3];
+    for (int t = 0; t < 2; t++) {
+        mp_set_num_threads(t + 1);
+        out[t][0] = malloc((size_t)ny * 4);
+        out[t][1] = malloc((size_t)nw * 4);
+        out[t][2] = malloc((size_t)nx * 4);
+        assert_int_equal(
+            mp_conv2d_forward(&g, x, MP_F32, w, MP_F32, NULL, MP_ACT_NONE, out[t][0], MP_F32),
+            MP_OK);
+        assert_int_equal(mp_conv2d_backward_filter(&g, x, MP_F32, dy, MP_F32, out[t][1], false),
+                         MP_OK);
+        assert_int_equal(mp_conv2d_backward_data(&g, dy, MP_F32, w, MP_F32, out[t][2], MP_F32),
+                         MP_OK);
+    }
+    mp_set_num_threads(0);
+    assert_memory_equal(out[0][0], out[1][0], (size_t)ny * 4);
+    assert_memory_equal(out[0][1], out[1][1], (size_t)nw * 4);
+    assert_memory_equal(out[0][2], out[1][2], (size_t)nx * 4);
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < 3; i++) free(out[t][i]);
+    free(x), free(w), free(dy), free(xe), free(we), free(dye);
+}
+
 /* Keras's sizes: `same` is ceil(in / stride) with the odd pad after;
  * `valid` is floor((in - span) / stride) + 1. */
 static void test_geometry(void **state)
@@ -241,6 +316,8 @@ int main(void)
         cmocka_unit_test(test_float32),
         cmocka_unit_test(test_low_precision_inputs),
         cmocka_unit_test(test_low_precision_outputs),
+        cmocka_unit_test(test_direct_kernels),
+        cmocka_unit_test(test_direct_thread_count),
     };
     return cmocka_run_group_tests_name("conv", tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "kernels/conv.h"
+#include "kernels/conv_direct.h"
 #include "kernels/gemm_internal.h"
 
 static int64_t out_size(int64_t in, int64_t k, int64_t stride, int64_t dil, bool same,
@@ -47,6 +48,7 @@ static float alpha_of(const mp_conv_geom *g) { return g->alpha != 0.0f ? g->alph
 mp_status mp_conv2d_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *w,
                             mp_dtype wt, const float *bias, mp_activation act, void *y, mp_dtype yt)
 {
+    if (mp_conv_direct_ok(g)) return mp_conv_direct_forward(g, x, xt, w, wt, bias, act, y, yt);
     const gemm_gather patches = {GATHER_PATCHES, g};
     const int64_t m = g->n * g->oh * g->ow, k = g->kh * g->kw * g->c;
     gemm_operand a = {x, xt, 0, 0, &patches};
@@ -58,6 +60,7 @@ mp_status mp_conv2d_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, c
 mp_status mp_conv2d_backward_filter(const mp_conv_geom *g, const void *x, mp_dtype xt,
                                     const void *dy, mp_dtype dyt, float *dw, bool accumulate)
 {
+    if (mp_conv_direct_ok(g)) return mp_conv_direct_filter(g, x, xt, dy, dyt, dw, accumulate);
     const gemm_gather patches_t = {GATHER_PATCHES_T, g};
     const int64_t m = g->kh * g->kw * g->c, k = g->n * g->oh * g->ow;
     gemm_operand a = {x, xt, 0, 0, &patches_t};
@@ -108,7 +111,10 @@ static mp_status backward_data_phases(const mp_conv_geom *g, const void *dy, mp_
                                   kernel_t = {GATHER_KERNEL_T, &p};
                 gemm_operand a = {dy, dyt, 0, 0, &dy_patches}, b = {k, wt, 0, 0, &kernel_t};
                 gemm_epilogue e = {alpha_of(g), 0.0f, sub, dxt, g->c, NULL, MP_ACT_NONE, false};
-                mp_status s = mp_gemm_run(p.n * p.h * p.w, g->c, p.kh * p.kw * g->o, &a, &b, &e);
+                mp_status s =
+                    mp_conv_direct_ok(&p) && g->c % 16 == 0
+                        ? mp_conv_direct_data(&p, dy, dyt, k, wt, sub, dxt)
+                        : mp_gemm_run(p.n * p.h * p.w, g->c, p.kh * p.kw * g->o, &a, &b, &e);
                 if (s) return s;
             }
             for (int64_t n = 0; n < p.n; n++) /* scatter the phase into dx */
@@ -127,6 +133,8 @@ mp_status mp_conv2d_backward_data(const mp_conv_geom *g, const void *dy, mp_dtyp
 {
     if ((g->sh > 1 || g->sw > 1) && g->dh == 1 && g->dw == 1)
         return backward_data_phases(g, dy, dyt, w, wt, dx, dxt);
+    if (g->sh == 1 && g->sw == 1 && g->c % 16 == 0 && mp_conv_direct_ok(g))
+        return mp_conv_direct_data(g, dy, dyt, w, wt, dx, dxt);
     const gemm_gather dy_patches = {GATHER_DY_PATCHES, g}, kernel_t = {GATHER_KERNEL_T, g};
     const int64_t m = g->n * g->h * g->w, k = g->kh * g->kw * g->o;
     gemm_operand a = {dy, dyt, 0, 0, &dy_patches};

@@ -1,0 +1,31 @@
+/* conv_direct.h - direct convolution kernels for channel counts that are
+ * multiples of 16 (conv_direct_avx512.c): the output pixels of a row are the
+ * microkernel's M and the output channels its N, read straight from a
+ * zero-padded copy of one image in float32, so no patch element is gathered
+ * per product. conv.c takes this path where mp_conv_direct_ok says so and
+ * the implicit GEMM otherwise. */
+#ifndef MP_CONV_DIRECT_H
+#define MP_CONV_DIRECT_H
+
+#include "kernels/conv.h"
+
+/* Whether the direct kernels take this geometry on this CPU: AVX-512 active,
+ * c a multiple of 16 or below 16 (an image's few colour channels), o a
+ * multiple of 16, dilation 1, strides 1 or 2. */
+bool mp_conv_direct_ok(const mp_conv_geom *g);
+
+/* As mp_conv2d_forward. */
+mp_status mp_conv_direct_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *w,
+                                 mp_dtype wt, const float *bias, mp_activation act, void *y,
+                                 mp_dtype yt);
+/* As mp_conv2d_backward_filter. */
+mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *dy,
+                                mp_dtype dyt, float *dw, bool accumulate);
+/* The data gradient of a stride-1 convolution (g->sh == g->sw == 1, and c
+ * a multiple of 16: it is the output's channel count there), as
+ * mp_conv2d_backward_data: a forward convolution of dy with the kernel
+ * flipped and its channel axes swapped. */
+mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt, const void *w,
+                              mp_dtype wt, void *dx, mp_dtype dxt);
+
+#endif

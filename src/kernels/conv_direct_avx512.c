@@ -1,0 +1,456 @@
+/* conv_direct_avx512.c - direct convolution for channel counts that are
+ * multiples of 16 (the body of a ResNet): forward, filter gradient and the
+ * data gradient of a stride-1 convolution, in float32 FMA on AVX-512.
+ *
+ * Each image is first copied, widened exactly to float32 and zero-padded,
+ * into channel blocks of 16: buf[cb][rows][cols][16]. In that layout the
+ * 16 channels of block cb at a pixel are 64 consecutive bytes and pixels
+ * are a fixed 64 bytes apart, so a microkernel reads its operands at
+ * constant offsets from one pointer:
+ *   forward  a tile of MR consecutive output pixels of a row (the GEMM's M)
+ *            times NV*16 output channels (N) in MR*NV zmm accumulators; per
+ *            input channel one row of the packed weights [tap][16][NV*16]
+ *            (NV loads) and one broadcast of each pixel's input (a memory
+ *            operand of the FMA). No patch is gathered.
+ *   filter   per kernel tap, CR input channels x NV*16 output channels, summed
+ *            over one image's output pixels in registers; an image's sums
+ *            are added to the partial sum of a fixed chunk of images, and the
+ *            chunks are added in order at the end.
+ *   data     stride 1: the forward of dy with the kernel flipped and its two
+ *            channel axes swapped (padding KH-1-pt). conv.c runs a strided
+ *            convolution's data gradient as stride-1 phases.
+ * Every output element is summed in one fixed order (taps, then channels;
+ * for the filter: pixels of an image, images of a chunk, chunks) that does
+ * not depend on the thread count: threads take whole images (forward) or
+ * whole chunks (filter), and the number of chunks depends only on the
+ * shape. */
+#include <string.h>
+
+#include "kernels/conv_direct.h"
+#include "kernels/gemm_avx512_common.h"
+
+#if MP_X86
+
+bool mp_conv_direct_ok(const mp_conv_geom *g)
+{
+    return mp_isa_active() >= MP_ISA_AVX512 && (g->c % 16 == 0 || g->c < 16) && g->o % 16 == 0 &&
+           g->dh == 1 && g->dw == 1 && (g->sh == 1 || g->sh == 2) && (g->sw == 1 || g->sw == 2);
+}
+
+/* Scratch slots (see mp_scratch): per thread the padded image and a
+ * widened row; on the calling thread the packed weights and tap offsets, and
+ * the filter gradient's partial sums. */
+enum { SLOT_IMAGE = 9, SLOT_ROW = 10, SLOT_W = 11, SLOT_TAPS = 12, SLOT_PART = 13 };
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static float alpha_of(const mp_conv_geom *g) { return g->alpha != 0.0f ? g->alpha : 1.0f; }
+
+/* A forward convolution as the kernels see it: source image [n, h, w, c],
+ * output [n, oh, ow, o], kernel kh x kw with strides sh, sw; padding pt, pl
+ * (negative: the window starts inside the image). */
+typedef struct {
+    const void *x;
+    mp_dtype xt;
+    int64_t n, h, w, c, oh, ow, o, kh, kw, sh, sw, pt, pl;
+} spec;
+
+/* Image n of s->x, widened to float32, as buf[c/16][hp][wp][16] with buf
+ * row r, column q holding source pixel (r - pt, q - pl), zero outside the
+ * image. row: w*c floats of scratch for a widened source row. */
+MP_TARGET_AVX512 static void pad_image(const spec *s, int64_t n, int64_t hp, int64_t wp, float *row,
+                                       float *buf)
+{
+    const int64_t nb = cdiv(s->c, 16), plane = hp * wp * 16;
+    const __mmask16 m = (__mmask16)(s->c < 16 ? (1u << s->c) - 1u : 0xFFFFu);
+    const size_t es = mp_dtype_size(s->xt);
+    for (int64_t r = 0; r < hp; r++) {
+        const int64_t ih = r - s->pt;
+        if (ih < 0 || ih >= s->h) {
+            for (int64_t b = 0; b < nb; b++) memset(buf + b * plane + r * wp * 16, 0, wp * 64);
+            continue;
+        }
+        const char *src = (const char *)s->x + (size_t)(((n * s->h + ih) * s->w) * s->c) * es;
+        const float *f = (const float *)src;
+        if (s->xt != MP_F32) {
+            mp_convert(row, MP_F32, src, s->xt, (size_t)(s->w * s->c));
+            f = row;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            float *o = buf + b * plane + r * wp * 16;
+            for (int64_t q = 0; q < wp; q++) {
+                const int64_t iw = q - s->pl;
+                __m512 v = iw < 0 || iw >= s->w ? _mm512_setzero_ps()
+                                                : _mm512_maskz_loadu_ps(m, f + iw * s->c + b * 16);
+                _mm512_store_ps(o + q * 16, v);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* t[MR][NV*16] = sum over ntap taps and 16 channels of x[tap][i][c] *
+ * w[tap][c][:], with x[tap][i][c] at x + xoff[tap] + i*SW*16 + c. */
+#define FWD_KERNEL(SW, NV, MR)                                                                     \
+    MP_TARGET_AVX512 static void fwd_##SW##_##NV##_##MR(int64_t ntap, int cn, const int64_t *xoff, \
+                                                        const float *x, const float *w, float *t)  \
+    {                                                                                              \
+        __m512 acc[MR][NV];                                                                        \
+        _Pragma("GCC unroll 28") for (int i = 0; i < MR; i++)                                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();  \
+        for (int64_t tap = 0; tap < ntap; tap++) {                                                 \
+            const float *xp = x + xoff[tap];                                                       \
+            for (int c = 0; c < cn; c++) {                                                         \
+                __m512 wv[NV];                                                                     \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) wv[v] =                       \
+                    _mm512_load_ps(w + v * 16);                                                    \
+                _Pragma("GCC unroll 28") for (int i = 0; i < MR; i++)                              \
+                {                                                                                  \
+                    const __m512 xb = _mm512_set1_ps(xp[i * SW * 16]);                             \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][v] =               \
+                        _mm512_fmadd_ps(xb, wv[v], acc[i][v]);                                     \
+                }                                                                                  \
+                xp++;                                                                              \
+                w += NV * 16;                                                                      \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 28") for (int i = 0; i < MR; i++)                                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                                   \
+                _mm512_store_ps(t + (i * NV + v) * 16, acc[i][v]);                                 \
+    }
+
+typedef void (*fwd_fn)(int64_t ntap, int cn, const int64_t *xoff, const float *x, const float *w,
+                       float *t);
+
+/* The widest tile per NV: MR*NV accumulators plus NV weight vectors fit the
+ * 32 zmm registers. */
+enum { MR1 = 28, MR2 = 14, MR3 = 9, MR4 = 7 };
+
+#define MRS_7(F, S, N) F(S, N, 1) F(S, N, 2) F(S, N, 3) F(S, N, 4) F(S, N, 5) F(S, N, 6) F(S, N, 7)
+#define MRS_9(F, S, N) MRS_7(F, S, N) F(S, N, 8) F(S, N, 9)
+#define MRS_14(F, S, N) MRS_9(F, S, N) F(S, N, 10) F(S, N, 11) F(S, N, 12) F(S, N, 13) F(S, N, 14)
+#define MRS_28(F, S, N)                                                                            \
+    MRS_14(F, S, N)                                                                                \
+    F(S, N, 15)                                                                                    \
+    F(S, N, 16) F(S, N, 17) F(S, N, 18) F(S, N, 19) F(S, N, 20) F(S, N, 21) F(S, N, 22)            \
+        F(S, N, 23) F(S, N, 24) F(S, N, 25) F(S, N, 26) F(S, N, 27) F(S, N, 28)
+#define ALL_KERNELS(F, S) MRS_28(F, S, 1) MRS_14(F, S, 2) MRS_9(F, S, 3) MRS_7(F, S, 4)
+
+ALL_KERNELS(FWD_KERNEL, 1)
+ALL_KERNELS(FWD_KERNEL, 2)
+
+#define FWD_ENTRY(S, N, M) fwd_##S##_##N##_##M,
+static const fwd_fn fwd_s1_1[MR1] = {MRS_28(FWD_ENTRY, 1, 1)};
+static const fwd_fn fwd_s1_2[MR2] = {MRS_14(FWD_ENTRY, 1, 2)};
+static const fwd_fn fwd_s1_3[MR3] = {MRS_9(FWD_ENTRY, 1, 3)};
+static const fwd_fn fwd_s1_4[MR4] = {MRS_7(FWD_ENTRY, 1, 4)};
+static const fwd_fn fwd_s2_1[MR1] = {MRS_28(FWD_ENTRY, 2, 1)};
+static const fwd_fn fwd_s2_2[MR2] = {MRS_14(FWD_ENTRY, 2, 2)};
+static const fwd_fn fwd_s2_3[MR3] = {MRS_9(FWD_ENTRY, 2, 3)};
+static const fwd_fn fwd_s2_4[MR4] = {MRS_7(FWD_ENTRY, 2, 4)};
+static const fwd_fn *const fwd_table[2][4] = {{fwd_s1_1, fwd_s1_2, fwd_s1_3, fwd_s1_4},
+                                              {fwd_s2_1, fwd_s2_2, fwd_s2_3, fwd_s2_4}};
+static const int mr_max[4] = {MR1, MR2, MR3, MR4};
+
+/* Output channels in chunks of at most 4 vectors: chunk q starts at
+ * 64*q and has nv vectors. */
+static int chunk_nv(int64_t o, int64_t q) { return (int)min64(4, o / 16 - 4 * q); }
+
+/* Row tiling of chunk nv: tiles of mr pixels (the last may overrun ow). */
+static void tiling(int64_t ow, int nv, int64_t *ntile, int64_t *mr)
+{
+    *ntile = cdiv(ow, mr_max[nv - 1]);
+    *mr = cdiv(ow, *ntile);
+}
+
+/* Packs w as the chunks' [tap][16][nv*16] panels in float32: element (tap =
+ * (kh, kw, cb), c, j) is kernel entry [kh][kw][cb*16 + c][o0 + j] of the
+ * spec's kernel, which is w itself, or, when flip, w of the convolution
+ * being differentiated ([kh][kw][o][c] stored as [KH-1-kh][KW-1-kw][c][o]).
+ * wf: the kernel widened to float32 (w itself when float32). */
+static void pack_weights(const spec *s, const float *wf, bool flip, float *dst)
+{
+    const int64_t taps = s->kh * s->kw, C = s->c, O = s->o;
+    for (int64_t q = 0; q * 64 < O; q++) {
+        const int nv = chunk_nv(O, q);
+        float *p = dst + taps * C * 64 * q;
+        for (int64_t t = 0; t < taps; t++)
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t j = 0; j < nv * 16; j++) {
+                    const int64_t o = 64 * q + j;
+                    int64_t src;
+                    if (!flip) {
+                        src = (t * C + c) * O + o;
+                    } else {
+                        const int64_t kh = t / s->kw, kw = t % s->kw;
+                        src = (((s->kh - 1 - kh) * s->kw + (s->kw - 1 - kw)) * O + o) * C + c;
+                    }
+                    *p++ = wf[src];
+                }
+    }
+}
+
+/* The kernel as float32: w itself, or widened into scratch; NULL if out of
+ * memory. */
+static const float *widen_kernel(const void *w, mp_dtype wt, int64_t n, float *tmp)
+{
+    if (wt == MP_F32) return w;
+    mp_convert(tmp, MP_F32, w, wt, (size_t)n);
+    return tmp;
+}
+
+static mp_status run_forward(const spec *s, const void *w, mp_dtype wt, bool flip,
+                             const gemm_epilogue *e)
+{
+    const int64_t taps = s->kh * s->kw, nw = taps * s->c * s->o, nb = cdiv(s->c, 16);
+    const int64_t ntap = taps * nb;
+    const int cn = (int)min64(s->c, 16);
+    const int64_t nq = cdiv(s->o, 64);
+    int64_t cover = 0;
+    for (int64_t q = 0; q < nq; q++) {
+        int64_t nt, mr;
+        tiling(s->ow, chunk_nv(s->o, q), &nt, &mr);
+        if (nt * mr > cover) cover = nt * mr;
+    }
+    const int64_t hp = (s->oh - 1) * s->sh + s->kh, wp = (cover - 1) * s->sw + s->kw;
+    float *wbuf = mp_scratch(SLOT_W, (size_t)(2 * nw) * sizeof(float));
+    int64_t *xoff = mp_scratch(SLOT_TAPS, (size_t)ntap * sizeof(int64_t));
+    if (!wbuf || !xoff) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
+    pack_weights(s, widen_kernel(w, wt, nw, wbuf + nw), flip, wbuf);
+    for (int64_t kh = 0, t = 0; kh < s->kh; kh++)
+        for (int64_t kw = 0; kw < s->kw; kw++)
+            for (int64_t b = 0; b < nb; b++, t++) xoff[t] = b * hp * wp * 16 + (kh * wp + kw) * 16;
+
+    const double flops = 2.0 * (double)(s->n * s->oh * s->ow) * (double)(s->o * taps * s->c);
+    int nt = flops < 4e6 ? 1 : mp_num_threads();
+    if (nt > s->n) nt = (int)s->n;
+    const fwd_fn *const *table = fwd_table[s->sw - 1];
+    const size_t image = (size_t)(nb * hp * wp * 16) * sizeof(float);
+    bool ok = true;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(&& : ok)
+    for (int64_t n = 0; n < s->n; n++) {
+        float *buf = mp_scratch(SLOT_IMAGE, image);
+        float *row = mp_scratch(SLOT_ROW, (size_t)(s->w * s->c) * sizeof(float));
+        if (!buf || !row) {
+            ok = false;
+            continue;
+        }
+        _Alignas(64) float tile[MR1 * 16];
+        pad_image(s, n, hp, wp, row, buf);
+        for (int64_t q = 0; q < nq; q++) {
+            const int nv = chunk_nv(s->o, q);
+            int64_t ntile, mr;
+            tiling(s->ow, nv, &ntile, &mr);
+            const fwd_fn kern = table[nv - 1][mr - 1];
+            const float *wq = wbuf + taps * s->c * 64 * q;
+            for (int64_t oy = 0; oy < s->oh; oy++)
+                for (int64_t tt = 0; tt < ntile; tt++) {
+                    const int64_t ox = tt * mr;
+                    kern(ntap, cn, xoff, buf + (oy * s->sh * wp + ox * s->sw) * 16, wq, tile);
+                    mp_gemm_epilogue_avx512(e, tile, nv * 16, (n * s->oh + oy) * s->ow + ox, 64 * q,
+                                            min64(mr, s->ow - ox), nv * 16);
+                }
+        }
+    }
+    if (!ok) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for a padded image");
+    return MP_OK;
+}
+
+mp_status mp_conv_direct_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *w,
+                                 mp_dtype wt, const float *bias, mp_activation act, void *y,
+                                 mp_dtype yt)
+{
+    const spec s = {x,    xt,    g->n,  g->h,  g->w,  g->c,  g->oh, g->ow,
+                    g->o, g->kh, g->kw, g->sh, g->sw, g->pt, g->pl};
+    const gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, g->o, bias, act, false};
+    return run_forward(&s, w, wt, false, &e);
+}
+
+mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt, const void *w,
+                              mp_dtype wt, void *dx, mp_dtype dxt)
+{
+    /* dx[ih] = sum_kh dy[ih + pt - kh] w[kh] = sum_kh' dy[ih - (KH-1-pt) + kh'] w[KH-1-kh'] */
+    const spec s = {dy,
+                    dyt,
+                    g->n,
+                    g->oh,
+                    g->ow,
+                    g->o,
+                    g->h,
+                    g->w,
+                    g->c,
+                    g->kh,
+                    g->kw,
+                    1,
+                    1,
+                    g->kh - 1 - g->pt,
+                    g->kw - 1 - g->pl};
+    const gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false};
+    return run_forward(&s, w, wt, true, &e);
+}
+
+/* ---------------------------------------------------------------- filter */
+
+/* p[r][j] (row stride ldp; first: =, else +=) gets sum over the oh x ow
+ * output pixels of x[pixel][r] * dy[pixel][j], r < CR, j < NV*16: x of
+ * output pixel (y, z) at x + y*xrs + z*SW*16, dy at dy + y*dyrs + z*dps. */
+#define FILT_KERNEL(SW, NV, CR)                                                                    \
+    MP_TARGET_AVX512 static void filt_##SW##_##NV##_##CR(                                          \
+        int64_t oh, int64_t ow, const float *x, int64_t xrs, const float *dy, int64_t dyrs,        \
+        int64_t dps, float *p, int64_t ldp, int first)                                             \
+    {                                                                                              \
+        __m512 acc[CR][NV];                                                                        \
+        _Pragma("GCC unroll 16") for (int r = 0; r < CR; r++)                                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();  \
+        for (int64_t y = 0; y < oh; y++) {                                                         \
+            const float *xp = x + y * xrs, *dp = dy + y * dyrs;                                    \
+            for (int64_t z = 0; z < ow; z++) {                                                     \
+                __m512 dv[NV];                                                                     \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) dv[v] =                       \
+                    _mm512_loadu_ps(dp + v * 16);                                                  \
+                _Pragma("GCC unroll 16") for (int r = 0; r < CR; r++)                              \
+                {                                                                                  \
+                    const __m512 xb = _mm512_set1_ps(xp[r]);                                       \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] =               \
+                        _mm512_fmadd_ps(xb, dv[v], acc[r][v]);                                     \
+                }                                                                                  \
+                xp += SW * 16;                                                                     \
+                dp += dps;                                                                         \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 16") for (int r = 0; r < CR; r++)                                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                                   \
+        {                                                                                          \
+            float *o = p + r * ldp + v * 16;                                                       \
+            _mm512_storeu_ps(o, first ? acc[r][v] : _mm512_add_ps(_mm512_loadu_ps(o), acc[r][v])); \
+        }                                                                                          \
+    }
+
+typedef void (*filt_fn)(int64_t oh, int64_t ow, const float *x, int64_t xrs, const float *dy,
+                        int64_t dyrs, int64_t dps, float *p, int64_t ldp, int first);
+
+/* Input channels per call, so that CR*NV accumulators stay in registers
+ * with enough independent chains. */
+static const int filt_cr[4] = {16, 8, 4, 4};
+FILT_KERNEL(1, 1, 16)
+FILT_KERNEL(1, 2, 8)
+FILT_KERNEL(1, 3, 4)
+FILT_KERNEL(1, 4, 4)
+FILT_KERNEL(2, 1, 16)
+FILT_KERNEL(2, 2, 8)
+FILT_KERNEL(2, 3, 4)
+FILT_KERNEL(2, 4, 4)
+FILT_KERNEL(1, 1, 1)
+FILT_KERNEL(1, 2, 1)
+FILT_KERNEL(1, 3, 1)
+FILT_KERNEL(1, 4, 1)
+FILT_KERNEL(2, 1, 1)
+FILT_KERNEL(2, 2, 1)
+FILT_KERNEL(2, 3, 1)
+FILT_KERNEL(2, 4, 1)
+/* [stride - 1][channels below 16: one at a time][nv - 1] */
+static const filt_fn filt_table[2][2][4] = {{{filt_1_1_16, filt_1_2_8, filt_1_3_4, filt_1_4_4},
+                                             {filt_1_1_1, filt_1_2_1, filt_1_3_1, filt_1_4_1}},
+                                            {{filt_2_1_16, filt_2_2_8, filt_2_3_4, filt_2_4_4},
+                                             {filt_2_1_1, filt_2_2_1, filt_2_3_1, filt_2_4_1}}};
+
+/* Images per partial sum: a fixed count of chunks from the shape alone, so
+ * the summation order does not depend on the thread count; capped so the
+ * partial sums stay under 8M floats. */
+static int64_t filter_chunks(int64_t n, int64_t nw)
+{
+    int64_t c = min64(n, 16), cap = ((int64_t)8 << 20) / nw;
+    return c < cap ? c : (cap < 1 ? 1 : cap);
+}
+
+mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *dy,
+                                mp_dtype dyt, float *dw, bool accumulate)
+{
+    const spec s = {x,    xt,    g->n,  g->h,  g->w,  g->c,  g->oh, g->ow,
+                    g->o, g->kh, g->kw, g->sh, g->sw, g->pt, g->pl};
+    const int64_t nw = g->kh * g->kw * g->c * g->o, nch = filter_chunks(g->n, nw);
+    const int64_t hp = (g->oh - 1) * g->sh + g->kh, wp = (g->ow - 1) * g->sw + g->kw;
+    const int64_t plane = hp * wp * 16, npix = g->oh * g->ow;
+    float *part = mp_scratch(SLOT_PART, (size_t)(nch * nw) * sizeof(float));
+    if (!part) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the filter's partial sums");
+    const double flops = 2.0 * (double)(g->n * npix) * (double)nw;
+    int nt = flops < 4e6 ? 1 : mp_num_threads();
+    if (nt > nch) nt = (int)nch;
+    const filt_fn *table = filt_table[g->sw - 1][g->c < 16];
+    const size_t image = (size_t)(cdiv(g->c, 16) * plane) * sizeof(float);
+    const size_t dyes = mp_dtype_size(dyt);
+    bool ok = true;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(&& : ok)
+    for (int64_t j = 0; j < nch; j++) {
+        float *buf = mp_scratch(SLOT_IMAGE, image);
+        float *row = mp_scratch(SLOT_ROW, (size_t)(g->w * g->c + npix * g->o) * sizeof(float));
+        if (!buf || !row) {
+            ok = false;
+            continue;
+        }
+        float *p = part + j * nw;
+        const int64_t n0 = g->n * j / nch, n1 = g->n * (j + 1) / nch;
+        for (int64_t n = n0; n < n1; n++) {
+            pad_image(&s, n, hp, wp, row, buf);
+            const char *dyn = (const char *)dy + (size_t)(n * npix * g->o) * dyes;
+            const float *dyf = (const float *)dyn;
+            if (dyt != MP_F32) {
+                float *t = row + g->w * g->c;
+                mp_convert(t, MP_F32, dyn, dyt, (size_t)(npix * g->o));
+                dyf = t;
+            }
+            for (int64_t q = 0; q * 64 < g->o; q++) {
+                const int nv = chunk_nv(g->o, q), cr = g->c < 16 ? 1 : filt_cr[nv - 1];
+                for (int64_t kh = 0; kh < g->kh; kh++)
+                    for (int64_t kw = 0; kw < g->kw; kw++)
+                        for (int64_t c = 0; c < g->c; c += cr) {
+                            const float *xb = buf + (c / 16) * plane + (kh * wp + kw) * 16 + c % 16;
+                            float *pp = p + ((kh * g->kw + kw) * g->c + c) * g->o + 64 * q;
+                            table[nv - 1](g->oh, g->ow, xb, g->sh * wp * 16, dyf + 64 * q,
+                                          g->ow * g->o, g->o, pp, g->o, n == n0);
+                        }
+            }
+        }
+    }
+    if (!ok) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for a padded image");
+    /* the chunks in order, then the epilogue's alpha*sum (+ dw) */
+    const float alpha = alpha_of(g);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < nw; i++) {
+        float v = part[i];
+        for (int64_t j = 1; j < nch; j++) v += part[j * nw + i];
+        v = alpha * v;
+        dw[i] = accumulate ? v + dw[i] : v;
+    }
+    return MP_OK;
+}
+
+#else
+
+bool mp_conv_direct_ok(const mp_conv_geom *g)
+{
+    (void)g;
+    return false;
+}
+mp_status mp_conv_direct_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *w,
+                                 mp_dtype wt, const float *bias, mp_activation act, void *y,
+                                 mp_dtype yt)
+{
+    (void)g, (void)x, (void)xt, (void)w, (void)wt, (void)bias, (void)act, (void)y, (void)yt;
+    return mp_set_error(MP_ERR_UNSUPPORTED, "conv: no direct kernels on this CPU");
+}
+mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *dy,
+                                mp_dtype dyt, float *dw, bool accumulate)
+{
+    (void)g, (void)x, (void)xt, (void)dy, (void)dyt, (void)dw, (void)accumulate;
+    return mp_set_error(MP_ERR_UNSUPPORTED, "conv: no direct kernels on this CPU");
+}
+mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt, const void *w,
+                              mp_dtype wt, void *dx, mp_dtype dxt)
+{
+    (void)g, (void)dy, (void)dyt, (void)w, (void)wt, (void)dx, (void)dxt;
+    return mp_set_error(MP_ERR_UNSUPPORTED, "conv: no direct kernels on this CPU");
+}
+
+#endif
