@@ -115,6 +115,10 @@ static inline void
 mp_activate_row(mp_activation a, const float *x, float *y, size_t n)
 {
     switch (a) {
+    case MP_ACT_RELU: /* a select, not a branch: signs are random */
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) y[i] = mp_activate(MP_ACT_RELU, x[i]);
+        break;
     case MP_ACT_GELU_TANH:
 #pragma omp simd
         for (size_t i = 0; i < n; i++) y[i] = mp_gelu_tanh(x[i]);

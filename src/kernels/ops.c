@@ -83,6 +83,9 @@ ACT_CLONES static void activation_grad_chunk(mp_activation act, const float *s, 
     if (act == MP_ACT_GELU_TANH) { /* the costly one: a loop that vectorizes */
 #pragma omp simd
         for (size_t i = 0; i < len; i++) dx[i] = g[i] * act_d(MP_ACT_GELU_TANH, s[i]);
+    } else if (act == MP_ACT_RELU) { /* a select, not a branch on random signs */
+#pragma omp simd
+        for (size_t i = 0; i < len; i++) dx[i] = g[i] * act_d(MP_ACT_RELU, s[i]);
     } else {
         for (size_t i = 0; i < len; i++) dx[i] = g[i] * act_d(act, s[i]);
     }
