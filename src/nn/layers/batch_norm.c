@@ -53,6 +53,79 @@ enum {
     PARTIAL_DOUBLES = 1 << 20 /* their float64 partials at most */
 };
 
+/* The row loops for each vector width the CPU may have (chosen once at
+ * load; -O2 leaves loops of unknown length scalar otherwise); the same
+ * arithmetic in each (ISO C: no FMA contraction), and each channel's sums
+ * run over the rows in order, so the same bits on every path. */
+#if MP_X86 && defined(__GNUC__) && !defined(__clang__)
+#define BN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BN_CLONES
+#endif
+
+/* s1 += x - k, s2 += (x - k)^2 per channel, over nr rows of u. */
+BN_CLONES static void sums_x(const float *u, int64_t nr, int64_t cols, const float *k, double *p1,
+                             double *p2)
+{
+    for (int64_t i = 0; i < nr; i++) {
+        const float *ui = u + i * cols;
+#pragma omp simd
+        for (int64_t c = 0; c < cols; c++) {
+            double d = (double)ui[c] - (double)k[c];
+            p1[c] += d;
+            p2[c] += d * d;
+        }
+    }
+}
+
+/* s1 += dy, s2 += dy * xhat, xhat = (x - k) * r in float32. */
+BN_CLONES static void sums_dy(const float *u, const float *g, int64_t nr, int64_t cols,
+                              const float *k, const float *r, double *p1, double *p2)
+{
+    for (int64_t i = 0; i < nr; i++) {
+        const float *ui = u + i * cols, *gi = g + i * cols;
+#pragma omp simd
+        for (int64_t c = 0; c < cols; c++) {
+            float xh = (ui[c] - k[c]) * r[c];
+            p1[c] += gi[c];
+            p2[c] += (double)gi[c] * xh;
+        }
+    }
+}
+
+/* The three forms of channel_map on n = nr * cols values (see there). */
+BN_CLONES static void map_rows(const float *u, const float *g, int64_t nr, int64_t cols,
+                               const float *k, const float *r, const float *a, const float *b,
+                               const float *e, float *y)
+{
+    for (int64_t i = 0; i < nr; i++) {
+        const float *ui = u ? u + i * cols : NULL, *gi = g ? g + i * cols : NULL;
+        float *yi = y + i * cols;
+        if (!g) {
+#pragma omp simd
+            for (int64_t c = 0; c < cols; c++) yi[c] = (ui[c] - k[c]) * a[c] + b[c];
+        } else if (!u) {
+#pragma omp simd
+            for (int64_t c = 0; c < cols; c++) yi[c] = a[c] * gi[c];
+        } else {
+#pragma omp simd
+            for (int64_t c = 0; c < cols; c++) {
+                float xh = (ui[c] - k[c]) * r[c];
+                yi[c] = a[c] * (gi[c] - b[c] - xh * e[c]);
+            }
+        }
+    }
+}
+
+/* n values of type t at element off of p as float32: in place when they
+ * are float32, decoded into buf otherwise. */
+static const float *as_f32(const void *p, mp_dtype t, size_t off, size_t n, float *buf)
+{
+    if (t == MP_F32) return (const float *)p + off;
+    mp_convert(buf, MP_F32, (const char *)p + off * mp_dtype_size(t), t, n);
+    return buf;
+}
+
 /* Rows decoded at a time: whole rows, about CHUNK values. */
 static int64_t chunk_rows(int64_t cols) { return cols >= CHUNK ? 1 : CHUNK / cols; }
 
@@ -77,7 +150,6 @@ static mp_status channel_sums(const void *x, mp_dtype xt, const void *dy, mp_dty
     nb = (rows + brows - 1) / brows;
     double *part = mp_scratch(5, (size_t)(nb * 2 * cols) * sizeof *part);
     if (!part) return MP_ERR_NOMEM;
-    const size_t xs = mp_dtype_size(xt), gs = dy ? mp_dtype_size(dyt) : 0;
     int nomem = 0;
 #pragma omp parallel for schedule(static) if (nb > 1) reduction(|| : nomem)
     for (int64_t b = 0; b < nb; b++) {
@@ -93,25 +165,11 @@ static mp_status channel_sums(const void *x, mp_dtype xt, const void *dy, mp_dty
         for (int64_t r0 = b * brows; r0 < end; r0 += rc) {
             const int64_t nr = end - r0 < rc ? end - r0 : rc;
             const size_t off = (size_t)(r0 * cols), n = (size_t)(nr * cols);
-            mp_convert(u, MP_F32, (const char *)x + off * xs, xt, n);
-            if (dy) mp_convert(g, MP_F32, (const char *)dy + off * gs, dyt, n);
-            for (int64_t i = 0; i < nr; i++) {
-                const float *ui = u + i * cols;
-                if (!dy) {
-                    for (int64_t c = 0; c < cols; c++) {
-                        double d = (double)ui[c] - (double)k[c];
-                        p1[c] += d;
-                        p2[c] += d * d;
-                    }
-                } else {
-                    const float *gi = g + i * cols;
-                    for (int64_t c = 0; c < cols; c++) {
-                        float xh = (ui[c] - k[c]) * r[c];
-                        p1[c] += gi[c];
-                        p2[c] += (double)gi[c] * xh;
-                    }
-                }
-            }
+            const float *xf = as_f32(x, xt, off, n, u);
+            if (!dy)
+                sums_x(xf, nr, cols, k, p1, p2);
+            else
+                sums_dy(xf, as_f32(dy, dyt, off, n, g), nr, cols, k, r, p1, p2);
         }
     }
     if (nomem) return MP_ERR_NOMEM;
@@ -136,7 +194,7 @@ static mp_status channel_map(const void *x, mp_dtype xt, const void *dy, mp_dtyp
                              const float *e, void *y, mp_dtype yt, int64_t rows, int64_t cols)
 {
     const int64_t rc = chunk_rows(cols), nc = (rows + rc - 1) / rc;
-    const size_t xs = mp_dtype_size(xt), gs = dy ? mp_dtype_size(dyt) : 0, ys = mp_dtype_size(yt);
+    const size_t ys = mp_dtype_size(yt);
     int nomem = 0;
 #pragma omp parallel for schedule(static) if (rows * cols > 65536) reduction(|| : nomem)
     for (int64_t ch = 0; ch < nc; ch++) {
@@ -148,23 +206,12 @@ static mp_status channel_map(const void *x, mp_dtype xt, const void *dy, mp_dtyp
         }
         const int64_t r0 = ch * rc, nr = rows - r0 < rc ? rows - r0 : rc;
         const size_t off = (size_t)(r0 * cols), n = (size_t)(nr * cols);
-        if (x) mp_convert(u, MP_F32, (const char *)x + off * xs, xt, n);
-        if (dy) mp_convert(g, MP_F32, (const char *)dy + off * gs, dyt, n);
-        for (int64_t i = 0; i < nr; i++) {
-            float *ui = u + i * cols;
-            const float *gi = dy ? g + i * cols : NULL;
-            if (!dy) {
-                for (int64_t c = 0; c < cols; c++) ui[c] = (ui[c] - k[c]) * a[c] + b[c];
-            } else if (!x) {
-                for (int64_t c = 0; c < cols; c++) ui[c] = a[c] * gi[c];
-            } else {
-                for (int64_t c = 0; c < cols; c++) {
-                    float xh = (ui[c] - k[c]) * r[c];
-                    ui[c] = a[c] * (gi[c] - b[c] - xh * e[c]);
-                }
-            }
-        }
-        mp_convert((char *)y + off * ys, yt, u, MP_F32, n);
+        const float *xf = x ? as_f32(x, xt, off, n, u) : NULL;
+        const float *gf = dy ? as_f32(dy, dyt, off, n, g) : NULL;
+        /* into y when it is float32, else into u (after x was read) */
+        float *o = yt == MP_F32 ? (float *)y + off : u;
+        map_rows(xf, gf, nr, cols, k, r, a, b, e, o);
+        if (yt != MP_F32) mp_convert((char *)y + off * ys, yt, u, MP_F32, n);
     }
     return nomem ? MP_ERR_NOMEM : MP_OK;
 }
