@@ -63,9 +63,15 @@ enum {
 #define BN_CLONES
 #endif
 
+#if defined(__GNUC__)
+#define BN_INLINE __attribute__((always_inline)) static inline
+#else
+#define BN_INLINE static inline
+#endif
+
 /* s1 += x - k, s2 += (x - k)^2 per channel, over nr rows of u. */
-BN_CLONES static void sums_x(const float *u, int64_t nr, int64_t cols, const float *k, double *p1,
-                             double *p2)
+BN_INLINE void sums_x_rows(const float *u, int64_t nr, int64_t cols, const float *k, double *p1,
+                           double *p2)
 {
     for (int64_t i = 0; i < nr; i++) {
         const float *ui = u + i * cols;
@@ -79,8 +85,8 @@ BN_CLONES static void sums_x(const float *u, int64_t nr, int64_t cols, const flo
 }
 
 /* s1 += dy, s2 += dy * xhat, xhat = (x - k) * r in float32. */
-BN_CLONES static void sums_dy(const float *u, const float *g, int64_t nr, int64_t cols,
-                              const float *k, const float *r, double *p1, double *p2)
+BN_INLINE void sums_dy_rows(const float *u, const float *g, int64_t nr, int64_t cols,
+                            const float *k, const float *r, double *p1, double *p2)
 {
     for (int64_t i = 0; i < nr; i++) {
         const float *ui = u + i * cols, *gi = g + i * cols;
@@ -94,9 +100,8 @@ BN_CLONES static void sums_dy(const float *u, const float *g, int64_t nr, int64_
 }
 
 /* The three forms of channel_map on n = nr * cols values (see there). */
-BN_CLONES static void map_rows(const float *u, const float *g, int64_t nr, int64_t cols,
-                               const float *k, const float *r, const float *a, const float *b,
-                               const float *e, float *y)
+BN_INLINE void map_rows_of(const float *u, const float *g, int64_t nr, int64_t cols, const float *k,
+                           const float *r, const float *a, const float *b, const float *e, float *y)
 {
     for (int64_t i = 0; i < nr; i++) {
         const float *ui = u ? u + i * cols : NULL, *gi = g ? g + i * cols : NULL;
@@ -115,6 +120,40 @@ BN_CLONES static void map_rows(const float *u, const float *g, int64_t nr, int64
             }
         }
     }
+}
+
+/* The loops above with the channel counts of a ResNet as constants (whole
+ * vectors, no remainder per row), any other count as it comes. */
+#define BY_COLS(f, ...)                                                                            \
+    switch (cols) {                                                                                \
+    case 16:                                                                                       \
+        f(__VA_ARGS__, 16);                                                                        \
+        break;                                                                                     \
+    case 32:                                                                                       \
+        f(__VA_ARGS__, 32);                                                                        \
+        break;                                                                                     \
+    case 64:                                                                                       \
+        f(__VA_ARGS__, 64);                                                                        \
+        break;                                                                                     \
+    default:                                                                                       \
+        f(__VA_ARGS__, cols);                                                                      \
+    }
+#define SUMS_X(u, nr, k, p1, p2, cc) sums_x_rows(u, nr, cc, k, p1, p2)
+#define SUMS_DY(u, g, nr, k, r, p1, p2, cc) sums_dy_rows(u, g, nr, cc, k, r, p1, p2)
+#define MAP_ROWS(u, g, nr, k, r, a, b, e, y, cc) map_rows_of(u, g, nr, cc, k, r, a, b, e, y)
+
+BN_CLONES static void sums_x(const float *u, int64_t nr, int64_t cols, const float *k, double *p1,
+                             double *p2){BY_COLS(SUMS_X, u, nr, k, p1, p2)}
+
+BN_CLONES static void sums_dy(const float *u, const float *g, int64_t nr, int64_t cols,
+                              const float *k, const float *r, double *p1,
+                              double *p2){BY_COLS(SUMS_DY, u, g, nr, k, r, p1, p2)}
+
+BN_CLONES
+    static void map_rows(const float *u, const float *g, int64_t nr, int64_t cols, const float *k,
+                         const float *r, const float *a, const float *b, const float *e, float *y)
+{
+    BY_COLS(MAP_ROWS, u, g, nr, k, r, a, b, e, y)
 }
 
 /* n values of type t at element off of p as float32: in place when they
