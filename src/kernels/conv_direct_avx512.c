@@ -90,11 +90,13 @@ MP_TARGET_AVX512 static void pad_image(const spec *s, int64_t n, int64_t hp, int
 
 /* ---------------------------------------------------------------- forward */
 
-/* t[MR][NV*16] = sum over ntap taps and 16 channels of x[tap][i][c] *
- * w[tap][c][:], with x[tap][i][c] at x + xoff[tap] + i*SW*16 + c. */
+/* t[MR][NV*16] (row stride ldt) = sum over ntap taps and cn channels of
+ * x[tap][i][c] * w[tap][c][:], with x[tap][i][c] at x + xoff[tap] +
+ * i*SW*16 + c. */
 #define FWD_KERNEL(SW, NV, MR)                                                                     \
     MP_TARGET_AVX512 static void fwd_##SW##_##NV##_##MR(int64_t ntap, int cn, const int64_t *xoff, \
-                                                        const float *x, const float *w, float *t)  \
+                                                        const float *x, const float *w, float *t,  \
+                                                        int64_t ldt)                               \
     {                                                                                              \
         __m512 acc[MR][NV];                                                                        \
         _Pragma("GCC unroll 28") for (int i = 0; i < MR; i++)                                      \
@@ -117,11 +119,11 @@ MP_TARGET_AVX512 static void pad_image(const spec *s, int64_t n, int64_t hp, int
         }                                                                                          \
         _Pragma("GCC unroll 28") for (int i = 0; i < MR; i++)                                      \
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                                   \
-                _mm512_store_ps(t + (i * NV + v) * 16, acc[i][v]);                                 \
+                _mm512_storeu_ps(t + i * ldt + v * 16, acc[i][v]);                                 \
     }
 
 typedef void (*fwd_fn)(int64_t ntap, int cn, const int64_t *xoff, const float *x, const float *w,
-                       float *t);
+                       float *t, int64_t ldt);
 
 /* The widest tile per NV: MR*NV accumulators plus NV weight vectors fit the
  * 32 zmm registers. */
@@ -133,8 +135,9 @@ enum { MR1 = 28, MR2 = 14, MR3 = 9, MR4 = 7 };
 #define MRS_28(F, S, N)                                                                            \
     MRS_14(F, S, N)                                                                                \
     F(S, N, 15)                                                                                    \
-    F(S, N, 16) F(S, N, 17) F(S, N, 18) F(S, N, 19) F(S, N, 20) F(S, N, 21) F(S, N, 22)            \
-        F(S, N, 23) F(S, N, 24) F(S, N, 25) F(S, N, 26) F(S, N, 27) F(S, N, 28)
+    F(S, N, 16)                                                                                    \
+    F(S, N, 17) F(S, N, 18) F(S, N, 19) F(S, N, 20) F(S, N, 21) F(S, N, 22) F(S, N, 23)            \
+        F(S, N, 24) F(S, N, 25) F(S, N, 26) F(S, N, 27) F(S, N, 28)
 #define ALL_KERNELS(F, S) MRS_28(F, S, 1) MRS_14(F, S, 2) MRS_9(F, S, 3) MRS_7(F, S, 4)
 
 ALL_KERNELS(FWD_KERNEL, 1)
@@ -227,6 +230,9 @@ static mp_status run_forward(const spec *s, const void *w, mp_dtype wt, bool fli
     if (nt > s->n) nt = (int)s->n;
     const fwd_fn *const *table = fwd_table[s->sw - 1];
     const size_t image = (size_t)(nb * hp * wp * 16) * sizeof(float);
+    /* float32 out with nothing to apply: tiles go straight to y */
+    const bool plain = e->c_type == MP_F32 && e->alpha == 1.0f && e->beta == 0.0f && !e->bias &&
+                       e->act == MP_ACT_NONE;
     bool ok = true;
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(&& : ok)
     for (int64_t n = 0; n < s->n; n++) {
@@ -246,10 +252,15 @@ static mp_status run_forward(const spec *s, const void *w, mp_dtype wt, bool fli
             const float *wq = wbuf + taps * s->c * 64 * q;
             for (int64_t oy = 0; oy < s->oh; oy++)
                 for (int64_t tt = 0; tt < ntile; tt++) {
-                    const int64_t ox = tt * mr;
-                    kern(ntap, cn, xoff, buf + (oy * s->sh * wp + ox * s->sw) * 16, wq, tile);
-                    mp_gemm_epilogue_avx512(e, tile, nv * 16, (n * s->oh + oy) * s->ow + ox, 64 * q,
-                                            min64(mr, s->ow - ox), nv * 16);
+                    const int64_t ox = tt * mr, pix = (n * s->oh + oy) * s->ow + ox;
+                    const float *xt = buf + (oy * s->sh * wp + ox * s->sw) * 16;
+                    if (plain && ox + mr <= s->ow) { /* a whole tile: into y */
+                        kern(ntap, cn, xoff, xt, wq, (float *)e->c + pix * e->ldc + 64 * q, e->ldc);
+                        continue;
+                    }
+                    kern(ntap, cn, xoff, xt, wq, tile, nv * 16);
+                    mp_gemm_epilogue_avx512(e, tile, nv * 16, pix, 64 * q, min64(mr, s->ow - ox),
+                                            nv * 16);
                 }
         }
     }
