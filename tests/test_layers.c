@@ -168,6 +168,38 @@ static void test_reshape_is_a_view(void **state)
 
 /* Add sums any number of inputs left to right in the compute dtype and gives
  * each the output's gradient. */
+/* Add hands its gradient on without a copy (the inputs' gradients are views
+ * of it, mp_model_share_grad); a second contribution to such an input sums
+ * into a buffer of its own and leaves the shared one as it was: with d
+ * feeding s = d + d and t = s + d, d's gradient is (dy + dy) + dy, and s's
+ * and t's stay dy. */
+static void test_add_shared_grad(void **state)
+{
+    (void)state;
+    mp_model *m = mp_model_new(2);
+    mp_node x = mp_input(m, 1, (int64_t[]){8}, NULL);
+    mp_node d = mp_dense(m, x, 8, MP_ACT_NONE, NULL);
+    mp_node s = mp_add(m, d, d, NULL);
+    mp_node t = mp_add(m, s, d, NULL);
+    assert_int_equal(mp_model_build(m, t, 2), MP_OK);
+    float xv[16], dy[16], want[16];
+    fill(xv, 16, 7);
+    fill(dy, 16, 8);
+    mp_tensor tx, tdy;
+    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){2, 8}, xv);
+    mp_tensor_wrap(&tdy, MP_F32, 2, (int64_t[]){2, 8}, dy);
+    const mp_tensor *y;
+    for (int pass = 0; pass < 2; pass++) { /* a second step starts clean */
+        assert_int_equal(mp_model_forward(m, &tx, true, &y), MP_OK);
+        assert_int_equal(mp_model_backward(m, &tdy, false), MP_OK);
+        for (int i = 0; i < 16; i++) want[i] = (dy[i] + dy[i]) + dy[i];
+        assert_memory_equal(mp_model_node_grad(m, t)->data, dy, sizeof dy);
+        assert_memory_equal(mp_model_node_grad(m, s)->data, dy, sizeof dy);
+        assert_memory_equal(mp_model_node_grad(m, d)->data, want, sizeof want);
+    }
+    mp_model_free(m);
+}
+
 static void test_add_many(void **state)
 {
     (void)state;
@@ -613,6 +645,7 @@ int main(void)
         cmocka_unit_test(test_initializers),
         cmocka_unit_test(test_reshape_is_a_view),
         cmocka_unit_test(test_add_many),
+        cmocka_unit_test(test_add_shared_grad),
         cmocka_unit_test(test_errors_name_layer_and_field),
         cmocka_unit_test(test_policy_through_config),
         cmocka_unit_test(test_v1_checkpoint_resumes_bit_exactly),

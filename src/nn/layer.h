@@ -180,7 +180,9 @@ mp_status mp_layer_input_grad_done(mp_model *m, mp_layer *l, int j, const mp_ten
 mp_status mp_layer_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void *a,
                         mp_dtype at, int64_t lda, const void *b, mp_dtype bt, int64_t ldb,
                         float beta, void *c, mp_dtype ct, int64_t ldc, const float *bias);
-/* Hand g on to input j unchanged (identity layers); data inputs ignore it. */
+/* Hand g on to input j unchanged (identity layers); data inputs ignore it.
+ * g must stay as it is until backward ends (the layer's own gradient):
+ * the input's gradient may become a view of it (mp_model_share_grad). */
 mp_status mp_layer_pass_grad(mp_model *m, mp_layer *l, int j, const mp_tensor *g);
 
 /* ----------------------------------------------------------- JSON fields */

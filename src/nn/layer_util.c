@@ -109,7 +109,7 @@ mp_status mp_layer_input_grad_done(mp_model *m, mp_layer *l, int j, const mp_ten
 mp_status mp_layer_pass_grad(mp_model *m, mp_layer *l, int j, const mp_tensor *g)
 {
     if (mp_layer_input_is_data(m, l, j)) return MP_OK;
-    return mp_model_add_grad(m, l->inputs[j], g->data, g->dtype);
+    return mp_model_share_grad(m, l->inputs[j], g);
 }
 
 /* ----------------------------------------------------------- JSON fields */

@@ -418,7 +418,7 @@ mp_status mp_model_forward(mp_model *m, const mp_tensor *x, bool training, const
     mp_status s = MP_OK;
     for (int i = 0; i < m->nlayers && !s; i++) {
         mp_layer *l = &m->layers[i];
-        l->has_out = l->has_grad = false;
+        l->has_out = l->has_grad = l->grad_shared = false;
         if (!l->reachable) continue;
         if (!(s = l->ops->forward(m, l, training))) l->has_out = true;
         mp_arena_reset(m->tmp);
@@ -436,6 +436,16 @@ mp_status mp_model_add_grad(mp_model *m, int node, const void *g, mp_dtype gt)
     mp_layer *l = &m->layers[node];
     if (!l->ops->backward) return MP_OK; /* no gradient for data */
     size_t n = (size_t)layer_numel(l, m->batch);
+    if (l->has_grad && l->grad_shared) { /* the sum into a buffer of its own */
+        mp_tensor t;
+        if (mp_layer_alloc(m, l, m->ws, l->out_dtype, &t))
+            return mp_set_error(MP_ERR_NOMEM, "model: workspace exhausted in backward (%s)",
+                                mp_last_error());
+        mp_op_add(l->grad.data, l->grad.dtype, g, gt, t.data, t.dtype, n);
+        l->grad = t;
+        l->grad_shared = false;
+        return MP_OK;
+    }
     if (l->has_grad) {
         mp_op_accumulate(l->grad.data, l->grad.dtype, g, gt, n);
         return MP_OK;
@@ -445,6 +455,20 @@ mp_status mp_model_add_grad(mp_model *m, int node, const void *g, mp_dtype gt)
                             mp_last_error());
     mp_convert(l->grad.data, l->out_dtype, g, gt, n);
     l->has_grad = true;
+    return MP_OK;
+}
+
+mp_status mp_model_share_grad(mp_model *m, int node, const mp_tensor *g)
+{
+    mp_layer *l = &m->layers[node];
+    if (!l->ops->backward) return MP_OK; /* no gradient for data */
+    if (l->has_grad || g->dtype != l->out_dtype || g->ndim != l->ndim + 1 ||
+        g->shape[0] != m->batch ||
+        memcmp(g->shape + 1, l->shape, (size_t)l->ndim * sizeof(int64_t)))
+        return mp_model_add_grad(m, node, g->data, g->dtype);
+    l->grad = *g;
+    l->grad.owns_data = false;
+    l->has_grad = l->grad_shared = true;
     return MP_OK;
 }
 
@@ -471,7 +495,7 @@ static mp_status begin_backward(mp_model *m)
     mp_arena_reset(m->ws);
     mp_arena_reset(m->tmp);
     for (int i = 0; i < m->nlayers; i++) {
-        m->layers[i].has_grad = false;
+        m->layers[i].has_grad = m->layers[i].grad_shared = false;
         if (m->layers[i].out_dropped) m->layers[i].has_out = false; /* gradients go there now */
     }
     return MP_OK;

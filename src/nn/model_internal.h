@@ -33,6 +33,10 @@ struct mp_layer {
     mp_tensor out;  /* output (activation arena, or a view) */
     mp_tensor grad; /* gradient w.r.t. the output (workspace arena) */
     bool has_out, has_grad;
+    /* grad is another node's gradient, shared as it was passed through
+     * unchanged (mp_model_share_grad): read-only, replaced on a second
+     * contribution */
+    bool grad_shared;
     /* its output lives only through the forward (layer.h, mp_output_use) */
     bool out_dropped;
     /* a dropped output whose backward reads its sign (y > 0) reads it from
@@ -144,5 +148,11 @@ size_t mp_layer_grad_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
 size_t mp_layer_temp_bytes(const mp_model *m, const mp_layer *l, int64_t batch);
 /* Add g (any dtype) to the gradient of node `node`. */
 mp_status mp_model_add_grad(mp_model *m, int node, const void *g, mp_dtype gt);
+/* The same for a gradient g that stays unchanged in the workspace arena
+ * until backward ends (a layer's own gradient passed through): node's
+ * gradient becomes a view of it when it is the first contribution in the
+ * node's dtype and shape, so no copy is made; a later contribution then
+ * sums into a new buffer (the same bits as a copy accumulated in place). */
+mp_status mp_model_share_grad(mp_model *m, int node, const mp_tensor *g);
 
 #endif
