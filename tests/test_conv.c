@@ -255,12 +255,10 @@ static void test_direct_kernels(void **state)
 
 /* The direct kernels give the same bits on 1 and 2 threads: every output
  * is summed in an order fixed by the shape (threads take whole images, or
- * whole chunks of images for the filter gradient). */
-static void test_direct_thread_count(void **state)
+ * whole chunks of images for the filter gradient); stride 1 and 2. */
+static void direct_thread_count(const conv_case *k)
 {
-    (void)state;
-    const conv_case k = {5, 14, 14, 32, 3, 3, 32, 1, 1, 1, 1, true};
-    mp_conv_geom g = geom_of(&k);
+    mp_conv_geom g = geom_of(k);
     int64_t nx = g.n * g.h * g.w * g.c, ny = g.n * g.oh * g.ow * g.o, nw = g.kh * g.kw * g.c * g.o;
     double *xe, *we, *dye;
     float *x = random_in(MP_F32, nx, 1, &xe), *w = random_in(MP_F32, nw, 2, &we),
@@ -286,6 +284,15 @@ static void test_direct_thread_count(void **state)
     for (int t = 0; t < 2; t++)
         for (int i = 0; i < 3; i++) free(out[t][i]);
     free(x), free(w), free(dy), free(xe), free(we), free(dye);
+}
+
+static void test_direct_thread_count(void **state)
+{
+    (void)state;
+    const conv_case k1 = {5, 14, 14, 32, 3, 3, 32, 1, 1, 1, 1, true},
+                    k2 = {5, 15, 14, 16, 3, 3, 32, 2, 2, 1, 1, true};
+    direct_thread_count(&k1);
+    direct_thread_count(&k2);
 }
 
 /* Keras's sizes: `same` is ceil(in / stride) with the odd pad after;

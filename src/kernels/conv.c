@@ -111,10 +111,7 @@ static mp_status backward_data_phases(const mp_conv_geom *g, const void *dy, mp_
                                   kernel_t = {GATHER_KERNEL_T, &p};
                 gemm_operand a = {dy, dyt, 0, 0, &dy_patches}, b = {k, wt, 0, 0, &kernel_t};
                 gemm_epilogue e = {alpha_of(g), 0.0f, sub, dxt, g->c, NULL, MP_ACT_NONE, false};
-                mp_status s =
-                    mp_conv_direct_ok(&p) && g->c % 16 == 0
-                        ? mp_conv_direct_data(&p, dy, dyt, k, wt, sub, dxt)
-                        : mp_gemm_run(p.n * p.h * p.w, g->c, p.kh * p.kw * g->o, &a, &b, &e);
+                mp_status s = mp_gemm_run(p.n * p.h * p.w, g->c, p.kh * p.kw * g->o, &a, &b, &e);
                 if (s) return s;
             }
             for (int64_t n = 0; n < p.n; n++) /* scatter the phase into dx */
@@ -131,10 +128,10 @@ static mp_status backward_data_phases(const mp_conv_geom *g, const void *dy, mp_
 mp_status mp_conv2d_backward_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt,
                                   const void *w, mp_dtype wt, void *dx, mp_dtype dxt)
 {
+    if (g->c % 16 == 0 && mp_conv_direct_ok(g))
+        return mp_conv_direct_data(g, dy, dyt, w, wt, dx, dxt);
     if ((g->sh > 1 || g->sw > 1) && g->dh == 1 && g->dw == 1)
         return backward_data_phases(g, dy, dyt, w, wt, dx, dxt);
-    if (g->sh == 1 && g->sw == 1 && g->c % 16 == 0 && mp_conv_direct_ok(g))
-        return mp_conv_direct_data(g, dy, dyt, w, wt, dx, dxt);
     const gemm_gather dy_patches = {GATHER_DY_PATCHES, g}, kernel_t = {GATHER_KERNEL_T, g};
     const int64_t m = g->n * g->h * g->w, k = g->kh * g->kw * g->o;
     gemm_operand a = {dy, dyt, 0, 0, &dy_patches};

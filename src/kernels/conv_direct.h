@@ -21,10 +21,10 @@ mp_status mp_conv_direct_forward(const mp_conv_geom *g, const void *x, mp_dtype 
 /* As mp_conv2d_backward_filter. */
 mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *dy,
                                 mp_dtype dyt, float *dw, bool accumulate);
-/* The data gradient of a stride-1 convolution (g->sh == g->sw == 1, and c
- * a multiple of 16: it is the output's channel count there), as
- * mp_conv2d_backward_data: a forward convolution of dy with the kernel
- * flipped and its channel axes swapped. */
+/* As mp_conv2d_backward_data, where c is also a multiple of 16 (the
+ * output's channel count there): per phase of the stride, a forward
+ * convolution of dy with the phase's taps of the kernel, flipped and its
+ * channel axes swapped. */
 mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt, const void *w,
                               mp_dtype wt, void *dx, mp_dtype dxt);
 

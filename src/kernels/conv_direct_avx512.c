@@ -53,7 +53,20 @@ typedef struct {
     const void *x;
     mp_dtype xt;
     int64_t n, h, w, c, oh, ow, o, kh, kw, sh, sw, pt, pl;
+    /* where output pixel (n, y, z) goes: pixel (y0 + y*ys, z0 + z*zs) of an
+     * [n, yh, yw, o] tensor (a strided data gradient's phase; else the
+     * output itself: yh = oh, yw = ow, y0 = z0 = 0, ys = zs = 1) */
+    int64_t yh, yw, y0, z0, ys, zs;
 } spec;
+
+/* The spec's kernel [kh][kw][c][o] as entries of the kernel w being
+ * differentiated ([KH][kwo][o][c]): entry (i, j) is w's (r0 + (kh-1-i)*rs,
+ * c0 + (kw-1-j)*cs), flipped, its channel axes swapped, every rs-th row and
+ * cs-th column from (r0, c0) (a phase of a strided convolution). NULL:
+ * the kernel is w itself. */
+typedef struct {
+    int64_t kwo, r0, c0, rs, cs;
+} kernel_map;
 
 /* Image n of s->x, widened to float32, as buf[c/16][hp][wp][16] with buf
  * row r, column q holding source pixel (r - pt, q - pl), zero outside the
@@ -136,8 +149,10 @@ enum { MR1 = 28, MR2 = 14, MR3 = 9, MR4 = 7 };
     MRS_14(F, S, N)                                                                                \
     F(S, N, 15)                                                                                    \
     F(S, N, 16)                                                                                    \
-    F(S, N, 17) F(S, N, 18) F(S, N, 19) F(S, N, 20) F(S, N, 21) F(S, N, 22) F(S, N, 23)            \
-        F(S, N, 24) F(S, N, 25) F(S, N, 26) F(S, N, 27) F(S, N, 28)
+    F(S, N, 17)                                                                                    \
+    F(S, N, 18)                                                                                    \
+    F(S, N, 19) F(S, N, 20) F(S, N, 21) F(S, N, 22) F(S, N, 23) F(S, N, 24) F(S, N, 25)            \
+        F(S, N, 26) F(S, N, 27) F(S, N, 28)
 #define ALL_KERNELS(F, S) MRS_28(F, S, 1) MRS_14(F, S, 2) MRS_9(F, S, 3) MRS_7(F, S, 4)
 
 ALL_KERNELS(FWD_KERNEL, 1)
@@ -172,7 +187,7 @@ static void tiling(int64_t ow, int nv, int64_t *ntile, int64_t *mr)
  * spec's kernel, which is w itself, or, when flip, w of the convolution
  * being differentiated ([kh][kw][o][c] stored as [KH-1-kh][KW-1-kw][c][o]).
  * wf: the kernel widened to float32 (w itself when float32). */
-static void pack_weights(const spec *s, const float *wf, bool flip, float *dst)
+static void pack_weights(const spec *s, const float *wf, const kernel_map *km, float *dst)
 {
     const int64_t taps = s->kh * s->kw, C = s->c, O = s->o;
     for (int64_t q = 0; q * 64 < O; q++) {
@@ -183,11 +198,12 @@ static void pack_weights(const spec *s, const float *wf, bool flip, float *dst)
                 for (int64_t j = 0; j < nv * 16; j++) {
                     const int64_t o = 64 * q + j;
                     int64_t src;
-                    if (!flip) {
+                    if (!km) {
                         src = (t * C + c) * O + o;
                     } else {
-                        const int64_t kh = t / s->kw, kw = t % s->kw;
-                        src = (((s->kh - 1 - kh) * s->kw + (s->kw - 1 - kw)) * O + o) * C + c;
+                        const int64_t r = km->r0 + (s->kh - 1 - t / s->kw) * km->rs;
+                        const int64_t cc = km->c0 + (s->kw - 1 - t % s->kw) * km->cs;
+                        src = ((r * km->kwo + cc) * O + o) * C + c;
                     }
                     *p++ = wf[src];
                 }
@@ -203,10 +219,11 @@ static const float *widen_kernel(const void *w, mp_dtype wt, int64_t n, float *t
     return tmp;
 }
 
-static mp_status run_forward(const spec *s, const void *w, mp_dtype wt, bool flip,
-                             const gemm_epilogue *e)
+/* The convolution of spec s with the packed kernel wbuf (pack_weights),
+ * through epilogue e (whose ldc is the output's channel count). */
+static mp_status run_forward(const spec *s, const float *wbuf, const gemm_epilogue *e)
 {
-    const int64_t taps = s->kh * s->kw, nw = taps * s->c * s->o, nb = cdiv(s->c, 16);
+    const int64_t taps = s->kh * s->kw, nb = cdiv(s->c, 16);
     const int64_t ntap = taps * nb;
     const int cn = (int)min64(s->c, 16);
     const int64_t nq = cdiv(s->o, 64);
@@ -217,10 +234,8 @@ static mp_status run_forward(const spec *s, const void *w, mp_dtype wt, bool fli
         if (nt * mr > cover) cover = nt * mr;
     }
     const int64_t hp = (s->oh - 1) * s->sh + s->kh, wp = (cover - 1) * s->sw + s->kw;
-    float *wbuf = mp_scratch(SLOT_W, (size_t)(2 * nw) * sizeof(float));
     int64_t *xoff = mp_scratch(SLOT_TAPS, (size_t)ntap * sizeof(int64_t));
-    if (!wbuf || !xoff) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
-    pack_weights(s, widen_kernel(w, wt, nw, wbuf + nw), flip, wbuf);
+    if (!xoff) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
     for (int64_t kh = 0, t = 0; kh < s->kh; kh++)
         for (int64_t kw = 0; kw < s->kw; kw++)
             for (int64_t b = 0; b < nb; b++, t++) xoff[t] = b * hp * wp * 16 + (kh * wp + kw) * 16;
@@ -233,6 +248,7 @@ static mp_status run_forward(const spec *s, const void *w, mp_dtype wt, bool fli
     /* float32 out with nothing to apply: tiles go straight to y */
     const bool plain = e->c_type == MP_F32 && e->alpha == 1.0f && e->beta == 0.0f && !e->bias &&
                        e->act == MP_ACT_NONE;
+    const size_t ys = mp_dtype_size(e->c_type);
     bool ok = true;
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(&& : ok)
     for (int64_t n = 0; n < s->n; n++) {
@@ -250,18 +266,24 @@ static mp_status run_forward(const spec *s, const void *w, mp_dtype wt, bool fli
             tiling(s->ow, nv, &ntile, &mr);
             const fwd_fn kern = table[nv - 1][mr - 1];
             const float *wq = wbuf + taps * s->c * 64 * q;
-            for (int64_t oy = 0; oy < s->oh; oy++)
+            for (int64_t oy = 0; oy < s->oh; oy++) {
+                /* the output row as a matrix of pixels: row i at c + i*ldc */
+                gemm_epilogue er = *e;
+                er.c = (char *)e->c +
+                       (size_t)(((n * s->yh + s->y0 + oy * s->ys) * s->yw + s->z0) * e->ldc) * ys;
+                er.ldc = s->zs * e->ldc;
                 for (int64_t tt = 0; tt < ntile; tt++) {
-                    const int64_t ox = tt * mr, pix = (n * s->oh + oy) * s->ow + ox;
+                    const int64_t ox = tt * mr;
                     const float *xt = buf + (oy * s->sh * wp + ox * s->sw) * 16;
                     if (plain && ox + mr <= s->ow) { /* a whole tile: into y */
-                        kern(ntap, cn, xoff, xt, wq, (float *)e->c + pix * e->ldc + 64 * q, e->ldc);
+                        kern(ntap, cn, xoff, xt, wq, (float *)er.c + ox * er.ldc + 64 * q, er.ldc);
                         continue;
                     }
                     kern(ntap, cn, xoff, xt, wq, tile, nv * 16);
-                    mp_gemm_epilogue_avx512(e, tile, nv * 16, pix, 64 * q, min64(mr, s->ow - ox),
+                    mp_gemm_epilogue_avx512(&er, tile, nv * 16, ox, 64 * q, min64(mr, s->ow - ox),
                                             nv * 16);
                 }
+            }
         }
     }
     if (!ok) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for a padded image");
@@ -272,33 +294,60 @@ mp_status mp_conv_direct_forward(const mp_conv_geom *g, const void *x, mp_dtype 
                                  mp_dtype wt, const float *bias, mp_activation act, void *y,
                                  mp_dtype yt)
 {
-    const spec s = {x,    xt,    g->n,  g->h,  g->w,  g->c,  g->oh, g->ow,
-                    g->o, g->kh, g->kw, g->sh, g->sw, g->pt, g->pl};
+    const spec s = {x,     xt,    g->n,  g->h,  g->w,  g->c,  g->oh, g->ow, g->o, g->kh, g->kw,
+                    g->sh, g->sw, g->pt, g->pl, g->oh, g->ow, 0,     0,     1,    1};
     const gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, g->o, bias, act, false};
-    return run_forward(&s, w, wt, false, &e);
+    const int64_t nw = g->kh * g->kw * g->c * g->o;
+    float *wbuf = mp_scratch(SLOT_W, (size_t)(2 * nw) * sizeof(float));
+    if (!wbuf) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
+    pack_weights(&s, widen_kernel(w, wt, nw, wbuf + nw), NULL, wbuf);
+    return run_forward(&s, wbuf, &e);
 }
 
+/* The data gradient one phase (ph, pw) at a time: the input pixels (ph +
+ * sh*a, pw + sw*b) take gradient only from the kernel rows kh0 + j*sh and
+ * columns kw0 + l*sw (kh0 = (ph + pt) mod sh), from output row a + (ph + pt
+ * - kh0)/sh - j: a stride-1 data gradient with that sub-kernel, which is the
+ * forward of dy with the sub-kernel flipped (padding its size - 1 - its
+ * offset), written straight into dx's phase pixels. Stride 1: one phase,
+ * dx[ih] = sum_kh dy[ih + pt - kh] w[kh] = sum_kh' dy[ih - (KH-1-pt) + kh']
+ * w[KH-1-kh']. No product with a structural zero is computed. */
 mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt, const void *w,
                               mp_dtype wt, void *dx, mp_dtype dxt)
 {
-    /* dx[ih] = sum_kh dy[ih + pt - kh] w[kh] = sum_kh' dy[ih - (KH-1-pt) + kh'] w[KH-1-kh'] */
-    const spec s = {dy,
-                    dyt,
-                    g->n,
-                    g->oh,
-                    g->ow,
-                    g->o,
-                    g->h,
-                    g->w,
-                    g->c,
-                    g->kh,
-                    g->kw,
-                    1,
-                    1,
-                    g->kh - 1 - g->pt,
-                    g->kw - 1 - g->pl};
+    const int64_t nw = g->kh * g->kw * g->c * g->o;
+    float *wbuf = mp_scratch(SLOT_W, (size_t)(2 * nw) * sizeof(float));
+    if (!wbuf) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
+    const float *wf = widen_kernel(w, wt, nw, wbuf + nw);
     const gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false};
-    return run_forward(&s, w, wt, true, &e);
+    const size_t pixel = (size_t)g->c * mp_dtype_size(dxt);
+    for (int64_t ph = 0; ph < g->sh && ph < g->h; ph++)
+        for (int64_t pw = 0; pw < g->sw && pw < g->w; pw++) {
+            const int64_t hh = cdiv(g->h - ph, g->sh), ww = cdiv(g->w - pw, g->sw);
+            const int64_t kh0 = (ph + g->pt) % g->sh, kw0 = (pw + g->pl) % g->sw;
+            const int64_t pkh = kh0 < g->kh ? cdiv(g->kh - kh0, g->sh) : 0;
+            const int64_t pkw = kw0 < g->kw ? cdiv(g->kw - kw0, g->sw) : 0;
+            if (pkh == 0 || pkw == 0) { /* no tap reaches these pixels */
+#pragma omp parallel for schedule(static) if (g->n * hh * ww > 4096)
+                for (int64_t n = 0; n < g->n; n++)
+                    for (int64_t a = 0; a < hh; a++)
+                        for (int64_t b = 0; b < ww; b++)
+                            memset((char *)dx + (size_t)((n * g->h + ph + a * g->sh) * g->w + pw +
+                                                         b * g->sw) *
+                                                    pixel,
+                                   0, pixel);
+                continue;
+            }
+            const int64_t ppt = (ph + g->pt - kh0) / g->sh, ppl = (pw + g->pl - kw0) / g->sw;
+            const spec s = {dy,  dyt,   g->n, g->oh, g->ow,         g->o,          hh,   ww,   g->c,
+                            pkh, pkw,   1,    1,     pkh - 1 - ppt, pkw - 1 - ppl, g->h, g->w, ph,
+                            pw,  g->sh, g->sw};
+            const kernel_map km = {g->kw, kh0, kw0, g->sh, g->sw};
+            pack_weights(&s, wf, &km, wbuf);
+            mp_status st = run_forward(&s, wbuf, &e);
+            if (st) return st;
+        }
+    return MP_OK;
 }
 
 /* ---------------------------------------------------------------- filter */
@@ -378,8 +427,8 @@ static int64_t filter_chunks(int64_t n, int64_t nw)
 mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *dy,
                                 mp_dtype dyt, float *dw, bool accumulate)
 {
-    const spec s = {x,    xt,    g->n,  g->h,  g->w,  g->c,  g->oh, g->ow,
-                    g->o, g->kh, g->kw, g->sh, g->sw, g->pt, g->pl};
+    const spec s = {x,     xt,    g->n,  g->h,  g->w,  g->c,  g->oh, g->ow, g->o, g->kh, g->kw,
+                    g->sh, g->sw, g->pt, g->pl, g->oh, g->ow, 0,     0,     1,    1};
     const int64_t nw = g->kh * g->kw * g->c * g->o, nch = filter_chunks(g->n, nw);
     const int64_t hp = (g->oh - 1) * g->sh + g->kh, wp = (g->ow - 1) * g->sw + g->kw;
     const int64_t plane = hp * wp * 16, npix = g->oh * g->ow;
