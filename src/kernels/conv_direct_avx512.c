@@ -151,8 +151,9 @@ enum { MR1 = 28, MR2 = 14, MR3 = 9, MR4 = 7 };
     F(S, N, 16)                                                                                    \
     F(S, N, 17)                                                                                    \
     F(S, N, 18)                                                                                    \
-    F(S, N, 19) F(S, N, 20) F(S, N, 21) F(S, N, 22) F(S, N, 23) F(S, N, 24) F(S, N, 25)            \
-        F(S, N, 26) F(S, N, 27) F(S, N, 28)
+    F(S, N, 19)                                                                                    \
+    F(S, N, 20) F(S, N, 21) F(S, N, 22) F(S, N, 23) F(S, N, 24) F(S, N, 25) F(S, N, 26)            \
+        F(S, N, 27) F(S, N, 28)
 #define ALL_KERNELS(F, S) MRS_28(F, S, 1) MRS_14(F, S, 2) MRS_9(F, S, 3) MRS_7(F, S, 4)
 
 ALL_KERNELS(FWD_KERNEL, 1)
@@ -440,6 +441,9 @@ mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype x
     const filt_fn *table = filt_table[g->sw - 1][g->c < 16];
     const size_t image = (size_t)(cdiv(g->c, 16) * plane) * sizeof(float);
     const size_t dyes = mp_dtype_size(dyt);
+    /* rows per band: its input rows and output gradient in about 24 KiB */
+    const int64_t band_bytes = (g->sh * wp * cdiv(g->c, 16) * 16 + g->ow * g->o) * 4;
+    const int64_t band = band_bytes > 0 ? (int64_t)1 + (24 << 10) / band_bytes : 1;
     bool ok = true;
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(&& : ok)
     for (int64_t j = 0; j < nch; j++) {
@@ -460,16 +464,24 @@ mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype x
                 mp_convert(t, MP_F32, dyn, dyt, (size_t)(npix * g->o));
                 dyf = t;
             }
-            for (int64_t q = 0; q * 64 < g->o; q++) {
-                const int nv = chunk_nv(g->o, q), cr = g->c < 16 ? 1 : filt_cr[nv - 1];
-                for (int64_t kh = 0; kh < g->kh; kh++)
-                    for (int64_t kw = 0; kw < g->kw; kw++)
-                        for (int64_t c = 0; c < g->c; c += cr) {
-                            const float *xb = buf + (c / 16) * plane + (kh * wp + kw) * 16 + c % 16;
-                            float *pp = p + ((kh * g->kw + kw) * g->c + c) * g->o + 64 * q;
-                            table[nv - 1](g->oh, g->ow, xb, g->sh * wp * 16, dyf + 64 * q,
-                                          g->ow * g->o, g->o, pp, g->o, n == n0);
-                        }
+            /* a band of output rows at a time through every tap, so that its
+             * input rows and output gradient stay in L1 */
+            for (int64_t y0 = 0; y0 < g->oh; y0 += band) {
+                const int64_t nr = min64(band, g->oh - y0);
+                const int first = n == n0 && y0 == 0;
+                for (int64_t q = 0; q * 64 < g->o; q++) {
+                    const int nv = chunk_nv(g->o, q), cr = g->c < 16 ? 1 : filt_cr[nv - 1];
+                    for (int64_t kh = 0; kh < g->kh; kh++)
+                        for (int64_t kw = 0; kw < g->kw; kw++)
+                            for (int64_t c = 0; c < g->c; c += cr) {
+                                const float *xb = buf + (c / 16) * plane +
+                                                  ((y0 * g->sh + kh) * wp + kw) * 16 + c % 16;
+                                float *pp = p + ((kh * g->kw + kw) * g->c + c) * g->o + 64 * q;
+                                table[nv - 1](nr, g->ow, xb, g->sh * wp * 16,
+                                              dyf + y0 * g->ow * g->o + 64 * q, g->ow * g->o, g->o,
+                                              pp, g->o, first);
+                            }
+                }
             }
         }
     }
