@@ -152,8 +152,9 @@ enum { MR1 = 28, MR2 = 14, MR3 = 9, MR4 = 7 };
     F(S, N, 17)                                                                                    \
     F(S, N, 18)                                                                                    \
     F(S, N, 19)                                                                                    \
-    F(S, N, 20) F(S, N, 21) F(S, N, 22) F(S, N, 23) F(S, N, 24) F(S, N, 25) F(S, N, 26)            \
-        F(S, N, 27) F(S, N, 28)
+    F(S, N, 20)                                                                                    \
+    F(S, N, 21) F(S, N, 22) F(S, N, 23) F(S, N, 24) F(S, N, 25) F(S, N, 26) F(S, N, 27)            \
+        F(S, N, 28)
 #define ALL_KERNELS(F, S) MRS_28(F, S, 1) MRS_14(F, S, 2) MRS_9(F, S, 3) MRS_7(F, S, 4)
 
 ALL_KERNELS(FWD_KERNEL, 1)
@@ -402,14 +403,50 @@ FILT_KERNEL(2, 1, 16)
 FILT_KERNEL(2, 2, 8)
 FILT_KERNEL(2, 3, 4)
 FILT_KERNEL(2, 4, 4)
-FILT_KERNEL(1, 1, 1)
-FILT_KERNEL(1, 2, 1)
-FILT_KERNEL(1, 3, 1)
-FILT_KERNEL(1, 4, 1)
-FILT_KERNEL(2, 1, 1)
-FILT_KERNEL(2, 2, 1)
-FILT_KERNEL(2, 3, 1)
-FILT_KERNEL(2, 4, 1)
+/* One input channel (images of fewer than 16 channels): as FILT_KERNEL with
+ * CR = 1, the pixels of a row dealt to 4 partial sums (4 independent FMA
+ * chains instead of 1), added as (s0 + s1) + (s2 + s3) at the end. */
+#define FILT1_KERNEL(SW, NV)                                                                       \
+    MP_TARGET_AVX512 static void filt_##SW##_##NV##_1(                                             \
+        int64_t oh, int64_t ow, const float *x, int64_t xrs, const float *dy, int64_t dyrs,        \
+        int64_t dps, float *p, int64_t ldp, int first)                                             \
+    {                                                                                              \
+        (void)ldp;                                                                                 \
+        __m512 acc[4][NV];                                                                         \
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)                                        \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[u][v] = _mm512_setzero_ps();  \
+        for (int64_t y = 0; y < oh; y++) {                                                         \
+            const float *xp = x + y * xrs, *dp = dy + y * dyrs;                                    \
+            int64_t z = 0;                                                                         \
+            for (; z + 4 <= ow; z += 4) _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)        \
+                {                                                                                  \
+                    const __m512 xb = _mm512_set1_ps(xp[(z + u) * SW * 16]);                       \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[u][v] =               \
+                        _mm512_fmadd_ps(xb, _mm512_loadu_ps(dp + (z + u) * dps + v * 16),          \
+                                        acc[u][v]);                                                \
+                }                                                                                  \
+            for (; z < ow; z++) {                                                                  \
+                const __m512 xb = _mm512_set1_ps(xp[z * SW * 16]);                                 \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[0][v] =                   \
+                    _mm512_fmadd_ps(xb, _mm512_loadu_ps(dp + z * dps + v * 16), acc[0][v]);        \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                                       \
+        {                                                                                          \
+            const __m512 t = _mm512_add_ps(_mm512_add_ps(acc[0][v], acc[1][v]),                    \
+                                           _mm512_add_ps(acc[2][v], acc[3][v]));                   \
+            float *o = p + v * 16;                                                                 \
+            _mm512_storeu_ps(o, first ? t : _mm512_add_ps(_mm512_loadu_ps(o), t));                 \
+        }                                                                                          \
+    }
+FILT1_KERNEL(1, 1)
+FILT1_KERNEL(1, 2)
+FILT1_KERNEL(1, 3)
+FILT1_KERNEL(1, 4)
+FILT1_KERNEL(2, 1)
+FILT1_KERNEL(2, 2)
+FILT1_KERNEL(2, 3)
+FILT1_KERNEL(2, 4)
 /* [stride - 1][channels below 16: one at a time][nv - 1] */
 static const filt_fn filt_table[2][2][4] = {{{filt_1_1_16, filt_1_2_8, filt_1_3_4, filt_1_4_4},
                                              {filt_1_1_1, filt_1_2_1, filt_1_3_1, filt_1_4_1}},
