@@ -1,6 +1,7 @@
 /* conv.c - 2-D convolution (NHWC, kernel [kh, kw, c, o]) forward, filter
  * gradient and data gradient, each one GEMM over gathered operands (see
- * conv.h for the three products). */
+ * conv.h for the three products), or the direct kernels where they apply
+ * (conv_direct.h). */
 #include <string.h>
 
 #include "kernels/conv.h"

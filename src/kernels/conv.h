@@ -11,7 +11,13 @@
  *             that divides exactly and lies in the output (a transposed convolution)
  *
  * Each output element is one dot product summed in the GEMM's fixed order,
- * so results do not depend on the thread count. */
+ * so results do not depend on the thread count.
+ *
+ * On AVX-512, channel counts that are multiples of 16 (inputs of fewer than
+ * 16 channels too: an image) with dilation 1 and strides 1 or 2 take direct
+ * kernels instead (conv_direct.h): the same three products, every input
+ * dtype widened exactly to float32, each element summed in an order fixed
+ * by the shape. */
 #ifndef MP_CONV_H
 #define MP_CONV_H
 
