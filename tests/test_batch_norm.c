@@ -882,6 +882,84 @@ static void test_thread_count_independent(void **state)
 #endif
 }
 
+/* ---------------------------------------------------------- relu fusion */
+
+/* x -> identity -> bn -> relu, the relu fused into the batch norm
+ * (mp_layer.relu_fused), or kept apart by a second identity between them:
+ * the same output, input gradient, gamma/beta gradients and moving
+ * statistics bit for bit, in training and inference, under each policy;
+ * the fused batch norm reports no output of its own, and the activation
+ * arena still holds exactly what the plan says. */
+static mp_model *relu_model(const char *policy, bool apart, mp_node *pre, mp_node *bn)
+{
+    mp_model *m = mp_model_new_with_policy(3, policy);
+    mp_batch_norm_options bo = mp_batch_norm_options_default();
+    bo.momentum = 0.5f;
+    mp_node x = mp_input(m, 3, (int64_t[]){4, 4, 32}, NULL);
+    *pre = x = mp_activation_layer(m, x, MP_ACT_NONE, NULL);
+    *bn = x = mp_batch_norm(m, x, &bo, &(mp_layer_options){.name = "bn"});
+    if (apart) x = mp_activation_layer(m, x, MP_ACT_NONE, NULL);
+    x = mp_activation_layer(m, x, MP_ACT_RELU, NULL);
+    assert_int_equal(mp_model_build(m, x, 64), MP_OK);
+    return m;
+}
+
+static void test_relu_fusion(void **state)
+{
+    (void)state;
+    const char *const policies[] = {"float32", "mixed_bfloat16", "mixed_float16"};
+    const int64_t batch = 64, n = batch * 4 * 4 * 32;
+    float *x = make_data(batch * 16, 32, 4), *dy = malloc((size_t)n * sizeof *dy);
+    test_rng r = {11};
+    fill(dy, n, &r, -1, 1);
+    mp_tensor in, dyt;
+    mp_tensor_wrap(&in, MP_F32, 4, (int64_t[]){batch, 4, 4, 32}, x);
+    mp_tensor_wrap(&dyt, MP_F32, 4, (int64_t[]){batch, 4, 4, 32}, dy);
+    for (int pi = 0; pi < 3; pi++) {
+        void *out[2][2], *dx[2];
+        float stats[2][4][32];
+        size_t es = 0;
+        for (int k = 0; k < 2; k++) {
+            mp_node pre, bn;
+            mp_model *m = relu_model(policies[pi], k == 1, &pre, &bn);
+            randomize(m, 5);
+            const mp_tensor *y;
+            for (int train = 0; train < 2; train++) { /* inference, then a training step */
+                assert_int_equal(mp_model_forward(m, &in, train, &y), MP_OK);
+                es = mp_dtype_size(y->dtype);
+                out[k][train] = malloc((size_t)n * es);
+                memcpy(out[k][train], y->data, (size_t)n * es);
+            }
+            assert_true((mp_model_node_output(m, bn) == NULL) == (k == 0));
+            size_t planned = 0;
+            for (int i = 0; i < mp_model_num_layers(m); i++) {
+                mp_layer_info li;
+                assert_int_equal(mp_model_layer_info(m, i, batch, &li), MP_OK);
+                planned += li.saved_bytes;
+            }
+            assert_int_equal(planned, mp_model_activation_bytes(m));
+            assert_int_equal(mp_model_backward(m, &dyt, false), MP_OK);
+            const mp_tensor *g = mp_model_node_grad(m, pre);
+            dx[k] = malloc((size_t)n * es);
+            memcpy(dx[k], g->data, (size_t)n * es);
+            memcpy(stats[k][0], param(m, "bn.gamma")->grad, sizeof stats[k][0]);
+            memcpy(stats[k][1], param(m, "bn.beta")->grad, sizeof stats[k][1]);
+            memcpy(stats[k][2], param(m, "bn.moving_mean")->master, sizeof stats[k][2]);
+            memcpy(stats[k][3], param(m, "bn.moving_variance")->master, sizeof stats[k][3]);
+            mp_model_free(m);
+        }
+        for (int train = 0; train < 2; train++)
+            if (memcmp(out[0][train], out[1][train], (size_t)n * es))
+                fail_msg("%s: fused output differs (training %d)", policies[pi], train);
+        if (memcmp(dx[0], dx[1], (size_t)n * es))
+            fail_msg("%s: fused input gradient differs", policies[pi]);
+        assert_memory_equal(stats[0], stats[1], sizeof stats[0]);
+        for (int k = 0; k < 2; k++) free(out[k][0]), free(out[k][1]), free(dx[k]);
+    }
+    free(x);
+    free(dy);
+}
+
 /* --------------------------------------------------- out of scratch */
 
 /* With 4096 channels the per-channel buffers exceed a 64 KiB scratch limit:
@@ -949,6 +1027,7 @@ int main(void)
         cmocka_unit_test(test_config_round_trip),
         cmocka_unit_test(test_summary_counts_state),
         cmocka_unit_test(test_thread_count_independent),
+        cmocka_unit_test(test_relu_fusion),
         cmocka_unit_test(test_out_of_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

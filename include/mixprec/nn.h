@@ -435,7 +435,9 @@ size_t mp_model_workspace_bytes(const mp_model *m);
 /* The tensor a node produced in the last forward (NULL if none). An output
  * no backward reads in full (a relu Dense or LayerNormalization whose
  * consumers are all float8 layers, which keep its codes) lives only until
- * the backward begins: NULL after it. */
+ * the backward begins: NULL after it. A BatchNormalization whose only
+ * consumer is a relu Activation writes its result rectified for that
+ * Activation (one pass less each way) and reports none of its own: NULL. */
 const mp_tensor *mp_model_node_output(const mp_model *m, mp_node node);
 /* The gradient reaching a node in the last backward (NULL if none). */
 const mp_tensor *mp_model_node_grad(const mp_model *m, mp_node node);

@@ -89,6 +89,12 @@ struct mp_layer_ops {
      * j (x > 0) for its producer's backward, which then keeps no mask:
      * one code an element, cast so when the plan asks (NULL: never) */
     bool (*sign_input)(const mp_model *m, const mp_layer *l, int j);
+    /* optional, relu fusion (model.c plans it): whether the layer is a relu
+     * and nothing else (an Activation), and whether a layer of this kind
+     * can write its result rectified for such a consumer and take that
+     * consumer's gradient (see mp_layer.relu_fused) */
+    bool (*is_relu)(const mp_layer *l);
+    bool fuses_relu;
 };
 
 /* ------------------------------------------------------------- registry */

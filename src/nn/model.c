@@ -261,6 +261,29 @@ static void plan_dropped_outputs(mp_model *m)
     }
 }
 
+/* Relu fusion (mp_layer.relu_fused): a producer of a fusing kind whose
+ * one consumer, once, is a relu in its dtype, neither being the model's
+ * output or dropped. */
+static void plan_relu_fusion(mp_model *m)
+{
+    for (int i = 0; i < m->nlayers; i++) m->layers[i].relu_fused = m->layers[i].relu_view = false;
+    for (int i = 0; i < m->nlayers; i++) {
+        mp_layer *a = &m->layers[i];
+        if (!a->reachable || !a->ops->is_relu || !a->ops->is_relu(a) || a->ninputs != 1) continue;
+        mp_layer *b = &m->layers[a->inputs[0]];
+        if (!b->ops->fuses_relu || b->index == m->output || b->out_dropped || a->out_dropped ||
+            b->out_dtype != a->out_dtype || a->policy.compute != a->out_dtype ||
+            b->policy.compute != b->out_dtype)
+            continue;
+        int uses = 0;
+        for (int k = 0; k < m->nlayers; k++)
+            for (int j = 0; m->layers[k].reachable && j < m->layers[k].ninputs; j++)
+                uses += m->layers[k].inputs[j] == b->index;
+        if (uses != 1) continue;
+        b->relu_fused = a->relu_view = true;
+    }
+}
+
 mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
 {
     if (sticky(m)) return m->err;
@@ -290,6 +313,7 @@ mp_status mp_model_build(mp_model *m, mp_node output, int64_t max_batch)
     m->max_batch = max_batch;
     mp_float8_model_plan(m);
     plan_dropped_outputs(m);
+    plan_relu_fusion(m);
     for (int i = 0; i < m->nlayers; i++)
         if (mp_model_init_params(m, &m->layers[i])) return m->err;
     if (mp_float8_model_setup(m)) return mp_model_fail(m, MP_ERR_NOMEM, "%s", mp_last_error());
@@ -420,7 +444,7 @@ mp_status mp_model_forward(mp_model *m, const mp_tensor *x, bool training, const
         mp_layer *l = &m->layers[i];
         l->has_out = l->has_grad = l->grad_shared = false;
         if (!l->reachable) continue;
-        if (!(s = l->ops->forward(m, l, training))) l->has_out = true;
+        if (!(s = l->ops->forward(m, l, training))) l->has_out = !l->relu_fused;
         mp_arena_reset(m->tmp);
     }
     m->x = NULL;

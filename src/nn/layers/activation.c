@@ -57,8 +57,16 @@ static mp_status activation_build(mp_model *m, mp_layer *l)
     return MP_OK;
 }
 
+/* A relu and nothing else: its producer may fuse it (mp_layer.relu_fused). */
+static bool activation_is_relu(const mp_layer *l)
+{
+    const activation_config *c = l->config;
+    return c->act == MP_ACT_RELU;
+}
+
 static size_t activation_saved_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 {
+    if (l->relu_view) return 0; /* a view of the producer's rectified result */
     size_t out = arena_bytes((size_t)layer_numel(l, batch) * mp_dtype_size(l->policy.compute));
     return out + (keeps_input(m, l) ? mp_layer_kept_input_bytes(m, l, 0, batch) : 0);
 }
@@ -69,6 +77,11 @@ static mp_status activation_forward(mp_model *m, mp_layer *l, bool training)
     const activation_config *c = l->config;
     activation_state *st = l->state;
     mp_dtype ct = l->policy.compute;
+    if (l->relu_view) { /* the producer rectified it already */
+        l->out = mp_layer_csrc(m, l, 0)->out;
+        l->out.owns_data = false;
+        return MP_OK;
+    }
     mp_tensor x;
     bool keep = keeps_input(m, l);
     if (mp_layer_input_compute(m, l, 0, keep, &x)) return MP_ERR_NOMEM;
@@ -90,7 +103,7 @@ static mp_status activation_backward(mp_model *m, mp_layer *l, bool accumulate)
     mp_dtype ct = l->policy.compute;
     const mp_tensor *g = &l->grad;
     if (mp_layer_input_is_data(m, l, 0)) return MP_OK;
-    if (c->act == MP_ACT_NONE) return mp_layer_pass_grad(m, l, 0, g);
+    if (c->act == MP_ACT_NONE || l->relu_view) return mp_layer_pass_grad(m, l, 0, g);
     mp_tensor dx;
     bool direct;
     if (mp_layer_input_grad(m, l, 0, &dx, &direct)) return MP_ERR_NOMEM;
@@ -139,6 +152,7 @@ const mp_layer_ops mp_activation_ops = {
     .to_json = activation_to_json,
     .from_json = activation_from_json,
     .softmax_logits = activation_logits,
+    .is_relu = activation_is_relu,
 };
 
 mp_node mp_activation_layer(mp_model *m, mp_node x, mp_activation act, const mp_layer_options *o)

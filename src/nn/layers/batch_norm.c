@@ -11,10 +11,17 @@
  *
  * The per-channel sums run over a fixed partition of the rows (independent
  * of the thread count) whose float64 partials are added in block order, so
- * results do not depend on how many threads run. */
+ * results do not depend on how many threads run.
+ *
+ * A following relu Activation that is our only consumer is fused (model.c,
+ * mp_layer.relu_fused): the forward writes the output rectified (the
+ * Activation views it) and the backward multiplies the gradient it gets by
+ * relu's derivative at that output while reading it: one pass less each
+ * way, the same bits. */
 #include <math.h>
 #include <string.h>
 
+#include "kernels/activation.h"
 #include "nn/layer.h"
 
 typedef mp_batch_norm_options batch_norm_config;
@@ -101,12 +108,17 @@ BN_INLINE void sums_dy_rows(const float *u, const float *g, int64_t nr, int64_t 
 
 /* The three forms of channel_map on n = nr * cols values (see there). */
 BN_INLINE void map_rows_of(const float *u, const float *g, int64_t nr, int64_t cols, const float *k,
-                           const float *r, const float *a, const float *b, const float *e, float *y)
+                           const float *r, const float *a, const float *b, const float *e, float *y,
+                           bool relu)
 {
     for (int64_t i = 0; i < nr; i++) {
         const float *ui = u ? u + i * cols : NULL, *gi = g ? g + i * cols : NULL;
         float *yi = y + i * cols;
-        if (!g) {
+        if (!g && relu) {
+#pragma omp simd
+            for (int64_t c = 0; c < cols; c++)
+                yi[c] = mp_activate(MP_ACT_RELU, (ui[c] - k[c]) * a[c] + b[c]);
+        } else if (!g) {
 #pragma omp simd
             for (int64_t c = 0; c < cols; c++) yi[c] = (ui[c] - k[c]) * a[c] + b[c];
         } else if (!u) {
@@ -140,20 +152,34 @@ BN_INLINE void map_rows_of(const float *u, const float *g, int64_t nr, int64_t c
     }
 #define SUMS_X(u, nr, k, p1, p2, cc) sums_x_rows(u, nr, cc, k, p1, p2)
 #define SUMS_DY(u, g, nr, k, r, p1, p2, cc) sums_dy_rows(u, g, nr, cc, k, r, p1, p2)
-#define MAP_ROWS(u, g, nr, k, r, a, b, e, y, cc) map_rows_of(u, g, nr, cc, k, r, a, b, e, y)
+#define MAP_ROWS(u, g, nr, k, r, a, b, e, y, relu, cc)                                             \
+    map_rows_of(u, g, nr, cc, k, r, a, b, e, y, relu)
 
 BN_CLONES static void sums_x(const float *u, int64_t nr, int64_t cols, const float *k, double *p1,
-                             double *p2){BY_COLS(SUMS_X, u, nr, k, p1, p2)}
+                             double *p2)
+{
+    BY_COLS(SUMS_X, u, nr, k, p1, p2);
+}
 
 BN_CLONES static void sums_dy(const float *u, const float *g, int64_t nr, int64_t cols,
-                              const float *k, const float *r, double *p1,
-                              double *p2){BY_COLS(SUMS_DY, u, g, nr, k, r, p1, p2)}
-
-BN_CLONES
-    static void map_rows(const float *u, const float *g, int64_t nr, int64_t cols, const float *k,
-                         const float *r, const float *a, const float *b, const float *e, float *y)
+                              const float *k, const float *r, double *p1, double *p2)
 {
-    BY_COLS(MAP_ROWS, u, g, nr, k, r, a, b, e, y)
+    BY_COLS(SUMS_DY, u, g, nr, k, r, p1, p2);
+}
+
+BN_CLONES static void map_rows(const float *u, const float *g, int64_t nr, int64_t cols,
+                               const float *k, const float *r, const float *a, const float *b,
+                               const float *e, float *y, bool relu)
+{
+    BY_COLS(MAP_ROWS, u, g, nr, k, r, a, b, e, y, relu);
+}
+
+/* o = g * relu'(z) from the rectified output z, as mp_op_activation_grad
+ * computes it (a product: -0 and NaN alike); o may be g. */
+BN_CLONES static void relu_grad(const float *g, const float *z, size_t n, float *o)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) o[i] = g[i] * (z[i] > 0.0f ? 1.0f : 0.0f);
 }
 
 /* n values of type t at element off of p as float32: in place when they
@@ -163,6 +189,18 @@ static const float *as_f32(const void *p, mp_dtype t, size_t off, size_t n, floa
     if (t == MP_F32) return (const float *)p + off;
     mp_convert(buf, MP_F32, (const char *)p + off * mp_dtype_size(t), t, n);
     return buf;
+}
+
+/* n values of the gradient dy at element off as float32, times relu's
+ * derivative at the rectified output z (type zt) when z is not NULL (a
+ * fused relu): into g, zb decoding z. */
+static const float *grad_f32(const void *dy, mp_dtype dyt, const void *z, mp_dtype zt, size_t off,
+                             size_t n, float *g, float *zb)
+{
+    const float *gf = as_f32(dy, dyt, off, n, g);
+    if (!z) return gf;
+    relu_grad(gf, as_f32(z, zt, off, n, zb), n, g);
+    return g;
 }
 
 /* Rows decoded at a time: whole rows, about CHUNK values. */
@@ -177,8 +215,8 @@ static int64_t chunk_rows(int64_t cols) { return cols >= CHUNK ? 1 : CHUNK / col
  * Each block of rows sums into its own partials; the blocks are fixed by
  * the shape alone and added in order, so the result is deterministic. */
 static mp_status channel_sums(const void *x, mp_dtype xt, const void *dy, mp_dtype dyt,
-                              const float *k, const float *r, int64_t rows, int64_t cols,
-                              double *s1, double *s2)
+                              const void *z, const float *k, const float *r, int64_t rows,
+                              int64_t cols, double *s1, double *s2)
 {
     int64_t nb = rows * cols / BLOCK_ELEMS;
     if (nb > MAX_BLOCKS) nb = MAX_BLOCKS;
@@ -194,7 +232,8 @@ static mp_status channel_sums(const void *x, mp_dtype xt, const void *dy, mp_dty
     for (int64_t b = 0; b < nb; b++) {
         float *u = mp_scratch(3, (size_t)(rc * cols) * sizeof *u);
         float *g = dy ? mp_scratch(4, (size_t)(rc * cols) * sizeof *g) : NULL;
-        if (!u || (dy && !g)) {
+        float *zb = z && xt != MP_F32 ? mp_scratch(14, (size_t)(rc * cols) * sizeof *zb) : NULL;
+        if (!u || (dy && !g) || (z && xt != MP_F32 && !zb)) {
             nomem = 1;
             continue;
         }
@@ -208,7 +247,7 @@ static mp_status channel_sums(const void *x, mp_dtype xt, const void *dy, mp_dty
             if (!dy)
                 sums_x(xf, nr, cols, k, p1, p2);
             else
-                sums_dy(xf, as_f32(dy, dyt, off, n, g), nr, cols, k, r, p1, p2);
+                sums_dy(xf, grad_f32(dy, dyt, z, xt, off, n, g, zb), nr, cols, k, r, p1, p2);
         }
     }
     if (nomem) return MP_ERR_NOMEM;
@@ -224,13 +263,15 @@ static mp_status channel_sums(const void *x, mp_dtype xt, const void *dy, mp_dty
 }
 
 /* Row-parallel elementwise pass over [rows, cols], per channel c:
- *   dy == NULL: y = (x - k) * a + b                        (normalize)
+ *   dy == NULL: y = (x - k) * a + b                        (normalize;
+ *               relu: rectified, as mp_activate)
  *   else:       y = a * (dy - b - xhat * e), xhat = (x - k) * r (input
  *               gradient; x == NULL: y = a * dy, constant statistics)
  * float32 arithmetic, each output rounded once to yt. */
 static mp_status channel_map(const void *x, mp_dtype xt, const void *dy, mp_dtype dyt,
-                             const float *k, const float *r, const float *a, const float *b,
-                             const float *e, void *y, mp_dtype yt, int64_t rows, int64_t cols)
+                             const void *z, const float *k, const float *r, const float *a,
+                             const float *b, const float *e, void *y, mp_dtype yt, int64_t rows,
+                             int64_t cols, bool relu)
 {
     const int64_t rc = chunk_rows(cols), nc = (rows + rc - 1) / rc;
     const size_t ys = mp_dtype_size(yt);
@@ -239,17 +280,18 @@ static mp_status channel_map(const void *x, mp_dtype xt, const void *dy, mp_dtyp
     for (int64_t ch = 0; ch < nc; ch++) {
         float *u = mp_scratch(3, (size_t)(rc * cols) * sizeof *u);
         float *g = dy ? mp_scratch(4, (size_t)(rc * cols) * sizeof *g) : NULL;
-        if (!u || (dy && !g)) {
+        float *zb = z && yt != MP_F32 ? mp_scratch(14, (size_t)(rc * cols) * sizeof *zb) : NULL;
+        if (!u || (dy && !g) || (z && yt != MP_F32 && !zb)) {
             nomem = 1;
             continue;
         }
         const int64_t r0 = ch * rc, nr = rows - r0 < rc ? rows - r0 : rc;
         const size_t off = (size_t)(r0 * cols), n = (size_t)(nr * cols);
         const float *xf = x ? as_f32(x, xt, off, n, u) : NULL;
-        const float *gf = dy ? as_f32(dy, dyt, off, n, g) : NULL;
+        const float *gf = dy ? grad_f32(dy, dyt, z, yt, off, n, g, zb) : NULL;
         /* into y when it is float32, else into u (after x was read) */
         float *o = yt == MP_F32 ? (float *)y + off : u;
-        map_rows(xf, gf, nr, cols, k, r, a, b, e, o);
+        map_rows(xf, gf, nr, cols, k, r, a, b, e, o, relu);
         if (yt != MP_F32) mp_convert((char *)y + off * ys, yt, u, MP_F32, n);
     }
     return nomem ? MP_ERR_NOMEM : MP_OK;
@@ -307,7 +349,7 @@ static mp_status batch_norm_forward(mp_model *m, mp_layer *l, bool training)
     st->batch_stats = training;
     if (training) {
         mp_convert(shift, MP_F32, st->in.data, ct, (size_t)ch); /* the first row */
-        if (channel_sums(st->in.data, ct, NULL, MP_F32, shift, NULL, rows, ch, s1, s2))
+        if (channel_sums(st->in.data, ct, NULL, MP_F32, NULL, shift, NULL, rows, ch, s1, s2))
             return mp_layer_nomem(l, "its reduction buffers");
         for (int64_t j = 0; j < ch; j++) { /* s1, s2 become the mean and variance */
             double d = s1[j] / (double)rows, var = s2[j] / (double)rows - d * d;
@@ -327,8 +369,8 @@ static mp_status batch_norm_forward(mp_model *m, mp_layer *l, bool training)
         a[j] = gm ? gm->master[j] * st->rstd[j] : st->rstd[j];
         b[j] = bt ? bt->master[j] : 0.0f;
     }
-    if (channel_map(st->in.data, ct, NULL, MP_F32, st->mean, NULL, a, b, NULL, l->out.data, ct,
-                    rows, ch))
+    if (channel_map(st->in.data, ct, NULL, MP_F32, NULL, st->mean, NULL, a, b, NULL, l->out.data,
+                    ct, rows, ch, l->relu_fused))
         return mp_layer_nomem(l, "a conversion buffer");
     /* the moving statistics follow once nothing can fail: a failed pass
      * leaves them as they were */
@@ -352,10 +394,13 @@ static mp_status batch_norm_backward(mp_model *m, mp_layer *l, bool accumulate)
     if (!s1) return mp_layer_nomem(l, "its reduction buffers");
     double *s2 = s1 + ch;
     float *a = (float *)(s2 + ch), *b = a + ch, *e = b + ch;
+    /* a fused relu (mp_layer.relu_fused): the gradient is the relu's, dy
+     * is that times relu'(z) at our rectified output z */
+    const void *z = l->relu_fused ? l->out.data : NULL;
     /* s1 = sum dy (dbeta), s2 = sum dy * xhat (dgamma) */
     const bool sums = gm || bt || st->batch_stats;
-    if (sums && channel_sums(st->in.data, ct, l->grad.data, l->grad.dtype, st->mean, st->rstd, rows,
-                             ch, s1, s2))
+    if (sums && channel_sums(st->in.data, ct, l->grad.data, l->grad.dtype, z, st->mean, st->rstd,
+                             rows, ch, s1, s2))
         return mp_layer_nomem(l, "its reduction buffers");
     for (int64_t j = 0; j < ch && gm; j++)
         gm->grad[j] = (float)((accumulate ? (double)gm->grad[j] : 0.0) + s2[j]);
@@ -372,8 +417,8 @@ static mp_status batch_norm_backward(mp_model *m, mp_layer *l, bool accumulate)
     mp_tensor dx;
     bool direct;
     if (mp_layer_input_grad(m, l, 0, &dx, &direct)) return MP_ERR_NOMEM;
-    if (channel_map(st->batch_stats ? st->in.data : NULL, ct, l->grad.data, l->grad.dtype, st->mean,
-                    st->rstd, a, b, e, dx.data, ct, rows, ch))
+    if (channel_map(st->batch_stats ? st->in.data : NULL, ct, l->grad.data, l->grad.dtype, z,
+                    st->mean, st->rstd, a, b, e, dx.data, ct, rows, ch, false))
         return mp_layer_nomem(l, "a conversion buffer");
     return mp_layer_input_grad_done(m, l, 0, &dx, direct);
 }
@@ -425,6 +470,7 @@ const mp_layer_ops mp_batch_norm_ops = {
     .saved_bytes = batch_norm_saved_bytes,
     .to_json = batch_norm_to_json,
     .from_json = batch_norm_from_json,
+    .fuses_relu = true,
 };
 
 mp_node mp_batch_norm(mp_model *m, mp_node x, const mp_batch_norm_options *bn,
