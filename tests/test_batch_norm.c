@@ -888,7 +888,7 @@ static void test_thread_count_independent(void **state)
  * (mp_layer.relu_fused), or kept apart by a second identity between them:
  * the same output, input gradient, gamma/beta gradients and moving
  * statistics bit for bit, in training and inference, under each policy;
- * the fused batch norm reports no output of its own, and the activation
+ * the fused batch norm reports no output or gradient of its own, and the activation
  * arena still holds exactly what the plan says. */
 static mp_model *relu_model(const char *policy, bool apart, mp_node *pre, mp_node *bn)
 {
@@ -939,6 +939,7 @@ static void test_relu_fusion(void **state)
             }
             assert_int_equal(planned, mp_model_activation_bytes(m));
             assert_int_equal(mp_model_backward(m, &dyt, false), MP_OK);
+            assert_true((mp_model_node_grad(m, bn) == NULL) == (k == 0));
             const mp_tensor *g = mp_model_node_grad(m, pre);
             dx[k] = malloc((size_t)n * es);
             memcpy(dx[k], g->data, (size_t)n * es);

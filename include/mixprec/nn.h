@@ -437,9 +437,11 @@ size_t mp_model_workspace_bytes(const mp_model *m);
  * consumers are all float8 layers, which keep its codes) lives only until
  * the backward begins: NULL after it. A BatchNormalization whose only
  * consumer is a relu Activation writes its result rectified for that
- * Activation (one pass less each way) and reports none of its own: NULL. */
+ * Activation (one pass less each way) and reports none of its own: NULL
+ * (and NULL for its gradient, mp_model_node_grad). */
 const mp_tensor *mp_model_node_output(const mp_model *m, mp_node node);
-/* The gradient reaching a node in the last backward (NULL if none). */
+/* The gradient reaching a node in the last backward (NULL if none, or for
+ * a BatchNormalization with its relu fused: see mp_model_node_output). */
 const mp_tensor *mp_model_node_grad(const mp_model *m, mp_node node);
 
 /* Incremental decoding (text generation with a key/value cache). m is a

@@ -39,10 +39,11 @@ struct mp_layer {
     bool grad_shared;
     /* relu fusion (model.c, plan_relu_fusion): a layer whose kind fuses
      * relu (ops->fuses_relu) and whose only consumer is a relu (ops->is_relu)
-     * writes its result rectified, reports no output of its own
-     * (mp_model_node_output: NULL), and applies relu's derivative to the
-     * gradient it gets; that consumer (relu_view) views the result and hands
-     * its gradient on unchanged. The same bits as the two passes. */
+     * writes its result rectified, reports no output or gradient of its own
+     * (mp_model_node_output, mp_model_node_grad: NULL) and applies relu's
+     * derivative to the gradient it gets; that consumer (relu_view) views
+     * the result and hands its gradient on unchanged. The same bits as the
+     * two passes. */
     bool relu_fused, relu_view;
     /* its output lives only through the forward (layer.h, mp_output_use) */
     bool out_dropped;

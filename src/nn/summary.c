@@ -217,7 +217,9 @@ const mp_tensor *mp_model_node_output(const mp_model *m, mp_node node)
 
 const mp_tensor *mp_model_node_grad(const mp_model *m, mp_node node)
 {
-    if (node < 0 || node >= m->nlayers || !m->layers[node].has_grad) return NULL;
+    /* a fused relu's producer holds the relu's gradient, not its own */
+    if (node < 0 || node >= m->nlayers || !m->layers[node].has_grad || m->layers[node].relu_fused)
+        return NULL;
     return &m->layers[node].grad;
 }
 
