@@ -200,6 +200,65 @@ static void test_add_shared_grad(void **state)
     mp_model_free(m);
 }
 
+/* Add followed by a relu Activation, its only consumer: the relu is fused
+ * (mp_layer.relu_fused). Against the same model with an identity between
+ * them, which keeps them apart: the same output, weight gradients and
+ * input gradient bit for bit under each policy; the fused Add reports no
+ * output or gradient of its own. Inputs: two Dense layers off one identity
+ * (whose gradient is the sum of both paths). */
+static void test_add_relu_fusion(void **state)
+{
+    (void)state;
+    const char *const policies[] = {"float32", "mixed_bfloat16", "mixed_float16"};
+    float xv[32 * 12], dy[32 * 24];
+    fill(xv, 32 * 12, 3);
+    fill(dy, 32 * 24, 4);
+    mp_tensor tx, tdy;
+    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){32, 12}, xv);
+    mp_tensor_wrap(&tdy, MP_F32, 2, (int64_t[]){32, 24}, dy);
+    for (int pi = 0; pi < 3; pi++) {
+        void *out[2], *dx[2], *dw[2];
+        size_t es = 0, nw = 0;
+        for (int k = 0; k < 2; k++) {
+            mp_model *m = mp_model_new_with_policy(9, policies[pi]);
+            mp_node x = mp_input(m, 1, (int64_t[]){12}, NULL);
+            mp_node pre = mp_activation_layer(m, x, MP_ACT_NONE, NULL);
+            mp_node d1 = mp_dense(m, pre, 24, MP_ACT_NONE, &(mp_layer_options){.name = "d1"});
+            mp_node d2 = mp_dense(m, pre, 24, MP_ACT_NONE, &(mp_layer_options){.name = "d2"});
+            mp_node s = mp_add(m, d1, d2, NULL), y = s;
+            if (k == 1) y = mp_activation_layer(m, y, MP_ACT_NONE, NULL);
+            y = mp_activation_layer(m, y, MP_ACT_RELU, NULL);
+            assert_int_equal(mp_model_build(m, y, 32), MP_OK);
+            const mp_tensor *o;
+            assert_int_equal(mp_model_forward(m, &tx, true, &o), MP_OK);
+            es = mp_dtype_size(o->dtype);
+            out[k] = malloc(32 * 24 * es);
+            memcpy(out[k], o->data, 32 * 24 * es);
+            assert_true((mp_model_node_output(m, s) == NULL) == (k == 0));
+            assert_int_equal(mp_model_backward(m, &tdy, false), MP_OK);
+            assert_true((mp_model_node_grad(m, s) == NULL) == (k == 0));
+            dx[k] = malloc(32 * 12 * es);
+            memcpy(dx[k], mp_model_node_grad(m, pre)->data, 32 * 12 * es);
+            nw = 0;
+            for (int i = 0; i < mp_model_num_params(m); i++) nw += mp_model_get_param(m, i)->n;
+            dw[k] = malloc(nw * sizeof(float));
+            for (int i = 0, at = 0; i < mp_model_num_params(m); i++) {
+                const mp_model_param *p = mp_model_get_param(m, i);
+                memcpy((float *)dw[k] + at, p->grad, p->n * sizeof(float));
+                at += (int)p->n;
+            }
+            mp_model_free(m);
+        }
+        if (memcmp(out[0], out[1], 32 * 24 * es))
+            fail_msg("%s: fused add + relu output differs", policies[pi]);
+        if (memcmp(dx[0], dx[1], 32 * 12 * es))
+            fail_msg("%s: fused add + relu input gradient differs", policies[pi]);
+        if (memcmp(dw[0], dw[1], nw * sizeof(float)))
+            fail_msg("%s: fused add + relu weight gradients differ", policies[pi]);
+        for (int k = 0; k < 2; k++) free(out[k]), free(dx[k]), free(dw[k]);
+    }
+}
+
 static void test_add_many(void **state)
 {
     (void)state;
@@ -646,6 +705,7 @@ int main(void)
         cmocka_unit_test(test_reshape_is_a_view),
         cmocka_unit_test(test_add_many),
         cmocka_unit_test(test_add_shared_grad),
+        cmocka_unit_test(test_add_relu_fusion),
         cmocka_unit_test(test_errors_name_layer_and_field),
         cmocka_unit_test(test_policy_through_config),
         cmocka_unit_test(test_v1_checkpoint_resumes_bit_exactly),

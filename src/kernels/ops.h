@@ -37,6 +37,10 @@ void mp_op_softmax_grad(const void *y, mp_dtype yt, const void *dy, mp_dtype dyt
 /* y = a + b. */
 void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt,
                size_t n);
+/* y = relu(a + b) in one pass: the bits of mp_op_add followed by
+ * mp_op_activation(MP_ACT_RELU), relu commuting with the rounding to yt. */
+void mp_op_add_relu(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt,
+                    size_t n);
 /* dst += src (one rounding to dst's dtype). */
 void mp_op_accumulate(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n);
 /* y = x * mask * scale where mask is 0/1 bytes. */

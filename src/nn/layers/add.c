@@ -1,6 +1,8 @@
 /* add.c - Add: the elementwise sum of two or more inputs of one shape (the
  * residual connection), in the compute dtype; each input gets the output's
- * gradient. */
+ * gradient. A relu Activation that is its only consumer is fused
+ * (mp_layer.relu_fused): the last sum is written rectified, and backward
+ * hands on the gradient times relu's derivative. */
 #include <string.h>
 
 #include "kernels/ops.h"
@@ -37,11 +39,14 @@ static mp_status add_forward(mp_model *m, mp_layer *l, bool training)
         return MP_ERR_NOMEM;
     if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
     size_t n = (size_t)mp_tensor_numel(&l->out);
-    mp_op_add(a.data, ct, b.data, ct, l->out.data, ct, n);
+    /* the last sum rectified when a relu is fused */
+    (l->relu_fused && l->ninputs == 2 ? mp_op_add_relu : mp_op_add)(a.data, ct, b.data, ct,
+                                                                    l->out.data, ct, n);
     for (int j = 2; j < l->ninputs; j++) { /* one rounding per term, left to right */
         mp_arena_release(m->tmp, mark);
         if (mp_layer_input_compute(m, l, j, false, &b)) return MP_ERR_NOMEM;
-        mp_op_add(l->out.data, ct, b.data, ct, l->out.data, ct, n);
+        (l->relu_fused && j == l->ninputs - 1 ? mp_op_add_relu : mp_op_add)(l->out.data, ct, b.data,
+                                                                            ct, l->out.data, ct, n);
     }
     return MP_OK;
 }
@@ -50,7 +55,17 @@ static mp_status add_backward(mp_model *m, mp_layer *l, bool accumulate)
 {
     (void)accumulate;
     mp_status s = MP_OK;
-    for (int j = 0; j < l->ninputs && !s; j++) s = mp_layer_pass_grad(m, l, j, &l->grad);
+    const mp_tensor *g = &l->grad;
+    mp_tensor t;
+    if (l->relu_fused) { /* the relu's gradient times its derivative at our output */
+        t = l->grad;     /* in place when it is ours, else in the budget of ours */
+        if (l->grad_shared && mp_layer_alloc(m, l, m->ws, l->grad.dtype, &t))
+            return mp_layer_nomem(l, "its gradient");
+        mp_op_activation_grad(MP_ACT_RELU, l->out.data, l->out.dtype, g->data, g->dtype, t.data,
+                              t.dtype, (size_t)mp_tensor_numel(&l->out));
+        g = &t;
+    }
+    for (int j = 0; j < l->ninputs && !s; j++) s = mp_layer_pass_grad(m, l, j, g);
     return s;
 }
 
@@ -63,6 +78,7 @@ const mp_layer_ops mp_add_ops = {
     .forward = add_forward,
     .backward = add_backward,
     .saved_bytes = add_saved_bytes,
+    .fuses_relu = true,
 };
 
 mp_node mp_add_n(mp_model *m, int n, const mp_node *inputs, const mp_layer_options *o)
