@@ -165,7 +165,15 @@ bench-deps:
 	@sh scripts/deps.sh bench
 
 # Peers are loaded with dlopen at run time when installed; OpenBLAS runs with
-# its own kernel choice for this CPU.
+# the fastest core type bench_gemm finds for this CPU (its own choice or an
+# AVX-512 OPENBLAS_CORETYPE, each tried in a child process; it says which).
+# bench_gemm.o sees <dnnl.h> (types only) when it is there: the stamp holds
+# the peer headers present, so installing or removing one rebuilds it.
+PEER_HEADERS := $(wildcard /usr/include/dnnl.h /usr/include/dnnl_types.h)
+PEER_STAMP := $(BUILD)/.peer-headers
+$(shell mkdir -p $(BUILD); [ "$$(cat $(PEER_STAMP) 2>/dev/null)" = "$(PEER_HEADERS)" ] || echo "$(PEER_HEADERS)" > $(PEER_STAMP))
+$(BUILD)/obj/bench/bench_gemm.o: $(PEER_STAMP) $(PEER_HEADERS)
+
 $(BUILD)/bench_gemm: $(BUILD)/obj/bench/bench_gemm.o $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS_ALL) -ldl
 

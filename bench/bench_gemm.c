@@ -16,6 +16,7 @@
 
 #include "core/internal.h"
 #include "bench_util.h"
+#include "openblas_core.h"
 
 #if __has_include(<dnnl.h>)
 #include <dnnl.h> /* types only: the functions come from dlsym */
@@ -94,16 +95,12 @@ static sgemm_fn p_sgemm;
 
 static void load_openblas(int threads)
 {
-    const char *names[] = {"libopenblas.so.0", "libopenblas.so",
-                           "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"};
-    for (int i = 0; i < 3 && !p_sgemm; i++) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!h) continue;
-        *(void **)&p_sgemm = dlsym(h, "cblas_sgemm");
-        void (*set_threads)(int);
-        *(void **)&set_threads = dlsym(h, "openblas_set_num_threads");
-        if (set_threads) set_threads(threads);
-    }
+    void *h = dlopen_openblas();
+    if (!h) return;
+    *(void **)&p_sgemm = dlsym(h, "cblas_sgemm");
+    void (*set_threads)(int);
+    *(void **)&set_threads = dlsym(h, "openblas_set_num_threads");
+    if (set_threads) set_threads(threads);
 }
 
 static void openblas_run(bool ta, bool tb, int m, int n, int k, const float *a, int lda,
@@ -288,12 +285,19 @@ static void time_jobs(const job *jobs, int nj, double budget, double *gflops)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     const int threads = mp_num_threads();
+    if (argc == 2 && !strcmp(argv[1], "--openblas-probe")) return openblas_probe(threads);
+    if (argc > 1) {
+        fprintf(stderr, "usage: bench_gemm\n");
+        return 2;
+    }
 #ifdef _OPENMP
     omp_set_num_threads(threads);
 #endif
+    coretype_try tries[4];
+    int best_core = -1, ntries = choose_openblas_coretype(tries, 4, &best_core);
     double pk_f32 = measure_peak(0, threads), pk_bf16 = measure_peak(1, threads);
     load_openblas(threads);
 #if HAVE_DNNL_H
@@ -394,8 +398,13 @@ int main(void)
         pk_bf16 = pk_f32;
         printf("(mp bf16 runs on %s: its fraction is of the FMA peak)\n", di.kernel[di.chosen]);
     }
-    printf("peers: openblas %s, onednn %s\n", p_sgemm ? "yes" : "not found",
-           have_dnnl ? "yes" : "not found");
+    printf("peers: openblas %s, onednn %s\n",
+           p_sgemm ? "yes" : "not found (apt-get install -y libopenblas0-pthread)",
+           have_dnnl     ? "yes"
+           : HAVE_DNNL_H ? "not found (apt-get install -y libdnnl-dev)"
+                         : "left out: bench_gemm was built without <dnnl.h> "
+                           "(apt-get install -y libdnnl-dev, then make bench-gemm rebuilds it)");
+    print_openblas_coretypes(tries, ntries, best_core);
     printf("GFLOP/s (fraction of the matching peak); ratios are mixprec / peer\n");
     printf("%-26s %13s %13s %7s %7s %9s %9s %9s %9s %9s\n", "shape", "mp f32", "mp bf16", "mp f16",
            "mp fp8", "openblas", "dnnl f32", "dnnl bf16", "f32/oblas", "bf16/dnnl");
