@@ -9,6 +9,7 @@
 #   make bench-diag      what --diagnostics 1 and 100 cost a training step
 #   make bench-gpt       gpt_mini: tokens/s against Keras, attention kernel, generation
 #   make bench-mpi       data parallel: 1 rank x 2 threads vs 2 ranks x 1, overlap, bytes
+#   make bench-peers     the seed step next to Keras/TensorFlow and PyTorch, one run
 #   make demo            the main job
 #   make lm              a GPT-style model on English text (fortunes), float32 vs mixed_bfloat16
 #   make install PREFIX=/usr/local
@@ -71,7 +72,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: bench-mpi lm test-mpi test-browser bench-diag deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: bench-peers bench-mpi lm test-mpi test-browser bench-diag deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -191,9 +192,11 @@ $(BUILD)/examples/%: $(BUILD)/obj/examples/%.o $(STATIC)
 examples: $(EXAMPLES)
 
 $(BUILD)/bench_step: $(BUILD)/obj/bench/bench_step.o $(STATIC)
-	$(CC) -o $@ $^ $(LDLIBS_ALL)
+	$(CC) -o $@ $^ $(LDLIBS_ALL) -ldl
 
-# PyTorch's step is measured in the same run when python3-torch is installed.
+# PyTorch's step is measured in the same run when python3-torch is installed
+# (OpenBLAS, which it calls for float32 products, at its best core type as in
+# bench-gemm).
 bench-step: $(BUILD)/bench_step
 	$(BUILD)/bench_step
 
@@ -245,6 +248,13 @@ keras-venv:
 	  else rm -rf $(KERAS_VENV); \
 	    echo "mixprec: could not install tensorflow-cpu/keras (build/venv-keras.log): Keras will be n/a"; fi; \
 	fi
+
+# The seed step in float32 and mixed_bfloat16 next to Keras 3/TensorFlow
+# (bench/step_keras.py, from the virtual environment above) and PyTorch from
+# Debian (bench/step_torch.py, apt-get install -y python3-torch), ratios of
+# the one run; a missing peer is reported as missing (~3 minutes).
+bench-peers: $(BUILD)/bench_step keras-venv
+	$(BUILD)/bench_step --peers --keras-python $(KERAS_VENV)/bin/python
 
 bench-conv: $(BUILD)/bench_conv keras-venv
 	$(BUILD)/bench_conv --keras-python $(KERAS_VENV)/bin/python

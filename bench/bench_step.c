@@ -5,14 +5,25 @@
  * mixed_float8 (its middle Dense in float8, the first and last in bfloat16)
  * also gets the float8 recipe's own work timed apart: the amax and scaled
  * casts (to fp8 and back to bfloat16) of one step: kernel, input twice,
- * output gradient. */
+ * output gradient.
+ *
+ * `bench_step --peers [--keras-python PATH]` (make bench-peers) measures
+ * instead float32 and mixed_bfloat16 side by side with Keras 3 on TensorFlow
+ * (bench/step_keras.py from the virtual environment under build/) and
+ * PyTorch (bench/step_torch.py under Debian's /usr/bin/python3), all with
+ * our thread count, and prints the ratios of that one run; a peer that is
+ * not installed is reported as missing, with how to install it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
 
 #include "mixprec.h"
 #include "bench_util.h"
+#include "openblas_core.h"
 
 #define REPS 10
 #define WARMUP 3
@@ -95,14 +106,185 @@ static double fp8_extra_ms(int64_t batch)
     return median(t, REPS);
 }
 
-int main(void)
+/* ------------------------------------------------------------------ peers */
+
+/* Median ms of the seed step per policy: [0] float32, [1] mixed_bfloat16
+ * (PyTorch: bf16 autocast); 0 where not measured. */
+typedef struct {
+    double ms[2];
+    char version[128];
+    char why[256]; /* why it is missing */
+} peer_result;
+
+/* Keras 3 on TensorFlow: bench/step_keras.py under `python`. */
+static peer_result run_keras(const char *python, int threads)
 {
+    peer_result r;
+    memset(&r, 0, sizeof r);
+    if (access(python, X_OK)) {
+        snprintf(r.why, sizeof r.why,
+                 "missing: %s not found (make keras-venv installs tensorflow-cpu and keras from "
+                 "PyPI into build/venv-keras)",
+                 python);
+        return r;
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "env OMP_NUM_THREADS=%d TF_CPP_MIN_LOG_LEVEL=2 KERAS_BACKEND=tensorflow '%s' "
+             "bench/step_keras.py --threads %d 2>&1",
+             threads, python, threads);
+    snprintf(r.why, sizeof r.why, "missing: bench/step_keras.py printed nothing");
+    FILE *py = popen(cmd, "r");
+    if (!py) return r;
+    char line[4096];
+    while (fgets(line, sizeof line, py)) {
+        if (line[0] != '{') {
+            if (line[0] != '\n' && !r.ms[0] && !r.ms[1]) {
+                line[strcspn(line, "\n")] = 0;
+                snprintf(r.why, sizeof r.why, "missing: step_keras.py said: %.200s", line);
+            }
+            continue;
+        }
+        json_t *j = json_loads(line, 0, NULL);
+        const char *pol = j ? json_string_value(json_object_get(j, "policy")) : NULL;
+        if (pol) {
+            int p = !strcmp(pol, "float32") ? 0 : !strcmp(pol, "mixed_bfloat16") ? 1 : -1;
+            if (p >= 0) r.ms[p] = json_number_value(json_object_get(j, "median_ms"));
+            const char *kv = json_string_value(json_object_get(j, "keras"));
+            const char *tv = json_string_value(json_object_get(j, "tensorflow"));
+            snprintf(r.version, sizeof r.version, "Keras %s, TensorFlow %s, jit_compile %s",
+                     kv ? kv : "?", tv ? tv : "?",
+                     json_is_true(json_object_get(j, "jit_compile")) ? "on" : "off");
+        }
+        json_decref(j);
+    }
+    pclose(py);
+    return r;
+}
+
+/* PyTorch from Debian (python3-torch): bench/step_torch.py. */
+static peer_result run_torch(int threads)
+{
+    peer_result r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.why, sizeof r.why,
+             "missing: /usr/bin/python3 cannot import torch (apt-get install -y python3-torch)");
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1")) return r;
+    char cmd[256];
+    /* OPENBLAS_CORETYPE as main chose it: PyTorch's float32 products are
+     * OpenBLAS's */
+    snprintf(cmd, sizeof cmd,
+             "env -u OPENBLAS_L2_SIZE GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+             "/usr/bin/python3 bench/step_torch.py %d 2>/dev/null",
+             threads);
+    FILE *py = popen(cmd, "r");
+    if (!py) return r;
+    char line[256] = "", ver[64] = "?";
+    if (fgets(line, sizeof line, py) &&
+        sscanf(line, "torch_f32_ms=%lf torch_bf16_ms=%lf torch_version=%63s", &r.ms[0], &r.ms[1],
+               ver) >= 2)
+        snprintf(r.version, sizeof r.version, "PyTorch %s (python3-torch), bf16 autocast", ver);
+    else
+        snprintf(r.why, sizeof r.why, "missing: bench/step_torch.py printed no timings");
+    pclose(py);
+    return r;
+}
+
+static int peers_main(const char *keras_python, const coretype_try *tries, int ntries,
+                      int best_core)
+{
+    const char *policies[2] = {"float32", "mixed_bfloat16"};
+    const int threads = mp_num_threads();
+    char cpu[384];
+    bench_cpu_model(cpu, sizeof cpu);
+    double load[3] = {0};
+    if (getloadavg(load, 3) < 0) load[0] = -1;
+    printf("seed MLP 784-4096-4096-10 training step (relu, float32 softmax, sparse categorical "
+           "cross-entropy, Adam 1e-3), batch 1024, %d threads each\n",
+           threads);
+    printf("cpu: %s\nmixprec path %s; load average before: %.2f\n", cpu,
+           mp_isa_name(mp_isa_active()), load[0]);
+    mp_gemm_dispatch_report(stdout);
+    print_openblas_coretypes(tries, ntries, best_core);
+    printf(
+        "median ms/step after warm-up (mixprec: %d steps after %d warm-up; peers: 10 after 3)\n\n",
+        REPS, WARMUP);
+    double mp[2];
+    bench_watch w = bench_watch_start();
+    for (int p = 0; p < 2; p++) {
+        mp[p] = run(policies[p], 1024, REPS, WARMUP).ms;
+        printf("  mixprec %-15s %8.1f ms/step\n", policies[p], mp[p]);
+        fflush(stdout);
+    }
+    bench_watch_report(w, "mixprec");
+    w = bench_watch_start();
+    peer_result pr[2] = {run_keras(keras_python, threads), run_torch(threads)};
+    bench_watch_report(w, "the peers");
+    const char *names[2] = {"Keras/TF", "PyTorch"};
+    for (int i = 0; i < 2; i++)
+        printf("  %-8s %s\n", names[i],
+               pr[i].ms[0] > 0 || pr[i].ms[1] > 0 ? pr[i].version : pr[i].why);
+    printf("\nms/step; speedup = peer ms / mixprec ms (above 1: mixprec is faster)\n");
+    printf("%-15s %9s %9s %9s %11s %11s  %s\n", "policy", "mixprec", names[0], names[1],
+           "vs Keras/TF", "vs PyTorch", "fastest peer");
+    char summary[512] = "summary:";
+    for (int p = 0; p < 2; p++) {
+        char col[2][16], ratio[2][16], fastest[64] = "none measured";
+        double best = 0;
+        for (int i = 0; i < 2; i++) {
+            snprintf(col[i], sizeof col[i], "missing");
+            snprintf(ratio[i], sizeof ratio[i], "n/a");
+            if (pr[i].ms[p] <= 0) continue;
+            snprintf(col[i], sizeof col[i], "%.1f", pr[i].ms[p]);
+            snprintf(ratio[i], sizeof ratio[i], "%.2fx", pr[i].ms[p] / mp[p]);
+            if (best == 0 || pr[i].ms[p] < best) {
+                best = pr[i].ms[p];
+                snprintf(fastest, sizeof fastest, "%s (mixprec %.2fx)", names[i], best / mp[p]);
+            }
+        }
+        printf("%-15s %9.1f %9s %9s %11s %11s  %s\n", policies[p], mp[p], col[0], col[1], ratio[0],
+               ratio[1], fastest);
+        size_t n = strlen(summary);
+        const char *tag = p ? "bf16" : "f32";
+        if (best > 0)
+            snprintf(summary + n, sizeof summary - n, " mp_%s_ms=%.1f %s_vs_fastest_peer=%.2f", tag,
+                     mp[p], tag, best / mp[p]);
+        else
+            snprintf(summary + n, sizeof summary - n, " mp_%s_ms=%.1f %s_vs_fastest_peer=n/a", tag,
+                     mp[p], tag);
+    }
+    if (getloadavg(load, 3) < 0) load[0] = -1;
+    printf("(load average after: %.2f)\n%s\n", load[0], summary);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *keras_python = "build/venv-keras/bin/python";
+    bool peers = false;
+    if (argc == 2 && !strcmp(argv[1], "--openblas-probe")) return openblas_probe(mp_num_threads());
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--peers"))
+            peers = true;
+        else if (!strcmp(argv[i], "--keras-python") && i + 1 < argc)
+            keras_python = argv[++i];
+        else {
+            fprintf(stderr, "usage: bench_step [--peers [--keras-python PATH]]\n");
+            return 2;
+        }
+    }
+    /* PyTorch runs its float32 products on OpenBLAS: at its best core type */
+    coretype_try tries[4];
+    int best_core = -1, ntries = choose_openblas_coretype(tries, 4, &best_core);
+    if (peers) return peers_main(keras_python, tries, ntries, best_core);
+
     enum { NP = 4 };
     const char *policies[NP] = {"float32", "mixed_bfloat16", "mixed_float16", "mixed_float8"};
     result r1[NP], r8[NP];
     printf("training step of the seed MLP 784-4096-4096-10 (Adam), %d threads, path %s\n",
            mp_num_threads(), mp_isa_name(mp_isa_active()));
     mp_gemm_dispatch_report(stdout);
+    print_openblas_coretypes(tries, ntries, best_core);
     printf("median of %d steps after %d warm-up steps at batch 1024\n\n", REPS, WARMUP);
     for (int p = 0; p < NP; p++) {
         r1[p] = run(policies[p], 1024, REPS, WARMUP);
@@ -128,7 +310,7 @@ int main(void)
     /* with as many threads as ours */
     char cmd[256];
     snprintf(cmd, sizeof cmd,
-             "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+             "env -u OPENBLAS_L2_SIZE GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
              "/usr/bin/python3 bench/step_torch.py %d 2>/dev/null",
              mp_num_threads());
     FILE *py = popen(cmd, "r");

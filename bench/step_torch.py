@@ -2,7 +2,7 @@
 backward, Adam update) of the seed MLP 784 -> 4096 -> 4096 -> 10 at batch
 1024 in PyTorch, float32 and with bfloat16 autocast, with the thread count given
 (default 2; bench_step passes its own). Prints
-`torch_f32_ms=X torch_bf16_ms=Y` (medians after warm-up)."""
+`torch_f32_ms=X torch_bf16_ms=Y torch_version=V` (medians after warm-up)."""
 import statistics
 import sys
 import time
@@ -37,4 +37,5 @@ def median_step_ms(autocast, reps=10, warmup=3):
     return statistics.median(times)
 
 
-print(f"torch_f32_ms={median_step_ms(False):.2f} torch_bf16_ms={median_step_ms(True):.2f}")
+print(f"torch_f32_ms={median_step_ms(False):.2f} torch_bf16_ms={median_step_ms(True):.2f} "
+      f"torch_version={torch.__version__}")
