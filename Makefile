@@ -196,7 +196,7 @@ $(BUILD)/bench_step: $(BUILD)/obj/bench/bench_step.o $(STATIC)
 
 # PyTorch's step is measured in the same run when python3-torch is installed
 # (OpenBLAS, which it calls for float32 products, at its best core type as in
-# bench-gemm).
+# bench-gemm); then where the step's time goes, per phase and policy.
 bench-step: $(BUILD)/bench_step
 	$(BUILD)/bench_step
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "profile.h"
 
 const mp_convert_kernels *mp_convert_kernels_for(mp_isa isa)
 {
@@ -67,6 +68,7 @@ void mp_convert_isa(mp_isa isa, void *dst, mp_dtype dst_type, const void *src, m
                     size_t n, mp_overflow ov)
 {
     if (n == 0) return;
+    double t0 = mp_prof_leaf_enter();
     const mp_convert_kernels *k = mp_convert_kernels_for(isa);
     if (dst_type == src_type) {
         if (dst != src) memmove(dst, src, n * mp_dtype_size(dst_type));
@@ -83,6 +85,7 @@ void mp_convert_isa(mp_isa isa, void *dst, mp_dtype dst_type, const void *src, m
             encode(k, (char *)dst + i * ds, dst_type, buf, c, ov);
         }
     }
+    mp_prof_leaf_leave(MP_PROF_CONVERT, t0);
 }
 
 void mp_convert_ex(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type, size_t n,

@@ -20,6 +20,7 @@
 #include <omp.h>
 #endif
 
+#include "core/profile.h"
 #include "kernels/gemm_internal.h"
 
 mp_gemm_args mp_gemm_args_default(void)
@@ -291,10 +292,9 @@ mp_status mp_gemm_ex(const mp_gemm_args *g)
     return mp_gemm_run(g->m, g->n, g->k, &a, &b, &e);
 }
 
-mp_status mp_gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
-                      const gemm_operand *b, const gemm_epilogue *e)
+static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
+                          const gemm_operand *b, const gemm_epilogue *e)
 {
-    if (m == 0 || n == 0) return MP_OK;
     gemm_plan pl;
     /* alpha == 0 reads neither A nor B, as in BLAS. */
     const int64_t k = e->alpha == 0.0f ? 0 : kk;
@@ -356,6 +356,16 @@ mp_status mp_gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
     }
     if (!ok) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate packing buffers");
     return MP_OK;
+}
+
+mp_status mp_gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
+                      const gemm_operand *b, const gemm_epilogue *e)
+{
+    if (m == 0 || n == 0) return MP_OK;
+    double t0 = mp_prof_leaf_enter();
+    mp_status s = gemm_run(m, n, kk, a, b, e);
+    mp_prof_leaf_leave(MP_PROF_GEMM, t0);
+    return s;
 }
 
 void mp_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/profile.h"
 #include "kernels/ops.h"
 #include "nn/layer.h"
 #include "nn/quant.h"
@@ -440,6 +441,7 @@ mp_status mp_model_forward(mp_model *m, const mp_tensor *x, bool training, const
     m->batch = x->shape[0];
     m->x = x;
     mp_status s = MP_OK;
+    double t0 = mp_prof_region_enter(MP_PROF_FORWARD);
     for (int i = 0; i < m->nlayers && !s; i++) {
         mp_layer *l = &m->layers[i];
         l->has_out = l->has_grad = l->grad_shared = false;
@@ -447,6 +449,7 @@ mp_status mp_model_forward(mp_model *m, const mp_tensor *x, bool training, const
         if (!(s = l->ops->forward(m, l, training))) l->has_out = !l->relu_fused;
         mp_arena_reset(m->tmp);
     }
+    mp_prof_region_leave(t0);
     m->x = NULL;
     if (s) return s;
     if (training) m->step++;
@@ -525,7 +528,7 @@ static mp_status begin_backward(mp_model *m)
     return MP_OK;
 }
 
-mp_status mp_model_backward(mp_model *m, const mp_tensor *dy, bool accumulate)
+static mp_status model_backward(mp_model *m, const mp_tensor *dy, bool accumulate)
 {
     mp_status s = begin_backward(m);
     if (s) return s;
@@ -539,8 +542,8 @@ mp_status mp_model_backward(mp_model *m, const mp_tensor *dy, bool accumulate)
     return s ? s : run_backward(m, accumulate);
 }
 
-mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float scale,
-                                 bool accumulate, float *loss)
+static mp_status loss_backward(mp_model *m, const mp_loss_spec *spec, float scale, bool accumulate,
+                               float *loss)
 {
     mp_status s = begin_backward(m);
     if (s) return s;
@@ -568,6 +571,23 @@ mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float sc
         s = mp_model_add_grad(m, m->output, g.data, g.dtype);
     }
     return s ? s : run_backward(m, accumulate);
+}
+
+mp_status mp_model_backward(mp_model *m, const mp_tensor *dy, bool accumulate)
+{
+    double t0 = mp_prof_region_enter(MP_PROF_BACKWARD);
+    mp_status s = model_backward(m, dy, accumulate);
+    mp_prof_region_leave(t0);
+    return s;
+}
+
+mp_status mp_model_loss_backward(mp_model *m, const mp_loss_spec *spec, float scale,
+                                 bool accumulate, float *loss)
+{
+    double t0 = mp_prof_region_enter(MP_PROF_BACKWARD);
+    mp_status s = loss_backward(m, spec, scale, accumulate, loss);
+    mp_prof_region_leave(t0);
+    return s;
 }
 
 /* ------------------------------------------------- hooks for train/ */

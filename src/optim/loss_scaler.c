@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "core/profile.h"
 #include "optim_internal.h"
 
 typedef enum {
@@ -198,9 +199,12 @@ void mp_grads_unscale(const mp_param *params, int n_params, float scale, bool *f
 
 bool mp_grads_all_finite(const mp_param *params, int n_params)
 {
-    for (int i = 0; i < n_params && params; i++)
-        if (params[i].grad && scan_scale(params[i].grad, params[i].n, 1.0f)) return false;
-    return true;
+    double t0 = mp_prof_region_enter(MP_PROF_GRAD_CHECK);
+    bool finite = true;
+    for (int i = 0; i < n_params && params && finite; i++)
+        if (params[i].grad && scan_scale(params[i].grad, params[i].n, 1.0f)) finite = false;
+    mp_prof_region_leave(t0);
+    return finite;
 }
 
 float mp_loss_scaler_get_scaled_loss(const mp_loss_scaler *s, float loss)
@@ -218,7 +222,9 @@ mp_status mp_loss_scaler_get_unscaled_gradients(mp_loss_scaler *s, mp_optimizer 
                             "get_unscaled_gradients called twice for one step: the gradients "
                             "are already unscaled (call apply_gradients first)");
     bool found = false;
+    double t0 = mp_prof_region_enter(MP_PROF_GRAD_CHECK);
     mp_grads_unscale(mp_optimizer_params(opt), mp_optimizer_num_params(opt), s->scale, &found);
+    mp_prof_region_leave(t0);
     s->found_inf = found;
     s->ph = PHASE_UNSCALED;
     s->unscaled_for = opt;

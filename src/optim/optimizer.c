@@ -17,6 +17,7 @@
 
 #include <omp.h>
 
+#include "core/profile.h"
 #include "optim_internal.h"
 
 /* Floats per chunk: gradient, master, two moments and the weight copy stay
@@ -389,9 +390,8 @@ static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *
     }
 }
 
-mp_status mp_optimizer_step(mp_optimizer *o)
+static void optimizer_step(mp_optimizer *o)
 {
-    if (!o) return mp_set_error(MP_ERR_INVALID, "mp_optimizer_step: optimizer is NULL");
     const mp_optimizer_config *cfg = &o->cfg;
     mp_step_coefs c = {0};
     c.lr = mp_lr_schedule_at(&cfg->schedule, cfg->learning_rate, o->step);
@@ -437,6 +437,14 @@ mp_status mp_optimizer_step(mp_optimizer *o)
     free(wpart);
     o->num_weights = o->num_grads = NULL;
     o->step++;
+}
+
+mp_status mp_optimizer_step(mp_optimizer *o)
+{
+    if (!o) return mp_set_error(MP_ERR_INVALID, "mp_optimizer_step: optimizer is NULL");
+    double t0 = mp_prof_region_enter(MP_PROF_OPTIMIZER);
+    optimizer_step(o);
+    mp_prof_region_leave(t0);
     return MP_OK;
 }
 
