@@ -48,7 +48,9 @@ static int cmd_info(void)
     printf("\nactive:   %s (best %s; MP_ISA overrides)\n", mp_isa_name(mp_isa_active()),
            mp_isa_name(mp_isa_best()));
     printf("threads:  %d\n", mp_num_threads());
-    return mp_gemm_dispatch_report(stdout) == MP_OK ? 0 : 1;
+    return mp_gemm_dispatch_report(stdout) == MP_OK && mp_kernel_dispatch_report(stdout) == MP_OK
+               ? 0
+               : 1;
 }
 
 static int cmd_formats(void)

@@ -1,5 +1,5 @@
 /* convert.c - mp_convert: bulk conversion between any two dtypes, dispatched
- * to the conversion kernels of the active ISA. Pairs that involve no float32
+ * to the conversion kernels of the path convert_dispatch.c chose. Pairs that involve no float32
  * go through a small float32 buffer: decoding is exact, so the result is
  * still a single rounding. */
 #include <assert.h>
@@ -91,10 +91,11 @@ void mp_convert_isa(mp_isa isa, void *dst, mp_dtype dst_type, const void *src, m
 void mp_convert_ex(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type, size_t n,
                    mp_overflow ov)
 {
-    mp_convert_isa(mp_isa_active(), dst, dst_type, src, src_type, n, ov);
+    if (n == 0) return;
+    mp_convert_isa(mp_convert_path(dst_type, src_type), dst, dst_type, src, src_type, n, ov);
 }
 
 void mp_convert(void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type, size_t n)
 {
-    mp_convert_isa(mp_isa_active(), dst, dst_type, src, src_type, n, MP_OVERFLOW_SATURATE);
+    mp_convert_ex(dst, dst_type, src, src_type, n, MP_OVERFLOW_SATURATE);
 }

@@ -99,6 +99,13 @@ extern const mp_convert_kernels mp_convert_avx512bf16_kernels;
 #endif
 /* Kernels of a given ISA (scalar if the ISA is not compiled in). */
 const mp_convert_kernels *mp_convert_kernels_for(mp_isa isa);
+/* The path whose kernel mp_convert uses for dst <- src: measured once per
+ * process where paths differ (convert_dispatch.c), the active path when
+ * forced or when neither side is float32. */
+mp_isa mp_convert_path(mp_dtype dst, mp_dtype src);
+/* The conversions' measured choice as text; forget it (tests). */
+void mp_convert_dispatch_print(FILE *out);
+void mp_convert_dispatch_reset(void);
 /* mp_convert_ex on an explicit ISA, for tests and benchmarks. */
 void mp_convert_isa(mp_isa isa, void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type,
                     size_t n, mp_overflow ov);

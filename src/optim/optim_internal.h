@@ -24,6 +24,16 @@ typedef void (*mp_sgd_kernel)(const mp_step_coefs *c, float *w, const float *g, 
                               int64_t n);
 typedef void (*mp_adam_kernel)(const mp_step_coefs *c, bool decoupled, float *w, const float *g,
                                float *m, float *v, int64_t n);
+void mp_update_sgd_scalar(const mp_step_coefs *c, float *w, const float *g, float *buf, int64_t n);
+void mp_update_adam_scalar(const mp_step_coefs *c, bool decoupled, float *w, const float *g,
+                           float *m, float *v, int64_t n);
+/* The path whose update kernels the optimizer uses for SGD (sgd true) or
+ * Adam/AdamW: measured once per process (update_dispatch.c), the active
+ * path when forced. Floats per kernel call: CHUNK. */
+mp_isa mp_update_path(bool sgd);
+/* Forget the measured choice (tests). */
+void mp_update_dispatch_reset(void);
+enum { MP_UPDATE_CHUNK = 512 };
 #if MP_X86
 void mp_update_sgd_avx512(const mp_step_coefs *c, float *w, const float *g, float *buf, int64_t n);
 void mp_update_adam_avx512(const mp_step_coefs *c, bool decoupled, float *w, const float *g,

@@ -22,7 +22,7 @@
 
 /* Floats per chunk: gradient, master, two moments and the weight copy stay
  * well inside a 32 KiB L1. */
-#define CHUNK 512
+#define CHUNK MP_UPDATE_CHUNK
 
 struct mp_optimizer {
     mp_optimizer_config cfg;
@@ -213,7 +213,7 @@ static inline float step_grad(const mp_step_coefs *c, float g)
 }
 
 /* The per-element rules of the header, on one chunk of float32 values. */
-static void update_sgd(const mp_step_coefs *c, float *w, const float *g, float *buf, int64_t n)
+void mp_update_sgd_scalar(const mp_step_coefs *c, float *w, const float *g, float *buf, int64_t n)
 {
     for (int64_t j = 0; j < n; j++) {
         float gj = step_grad(c, g[j]);
@@ -227,8 +227,8 @@ static void update_sgd(const mp_step_coefs *c, float *w, const float *g, float *
     }
 }
 
-static void update_adam(const mp_step_coefs *c, bool decoupled, float *w, const float *g, float *m,
-                        float *v, int64_t n)
+void mp_update_adam_scalar(const mp_step_coefs *c, bool decoupled, float *w, const float *g,
+                           float *m, float *v, int64_t n)
 {
     for (int64_t j = 0; j < n; j++) {
         float gj = step_grad(c, g[j]);
@@ -260,7 +260,7 @@ typedef struct {
 
 static kernels kernels_for(mp_isa isa)
 {
-    kernels k = {update_sgd, update_adam};
+    kernels k = {mp_update_sgd_scalar, mp_update_adam_scalar};
 #if MP_X86
     if (isa != MP_ISA_SCALAR) k = (kernels){mp_update_sgd_avx512, mp_update_adam_avx512};
 #else
@@ -415,7 +415,7 @@ static void optimizer_step(mp_optimizer *o)
         c.sqrt_bc2 = (float)sqrt(bc2);
         c.decoupled_decay = 1.0f - c.lr * cfg->weight_decay;
     }
-    const kernels k = kernels_for(mp_isa_active());
+    const kernels k = kernels_for(mp_update_path(cfg->kind == MP_OPTIMIZER_SGD));
     mp_numerics *wpart = NULL, *gpart = NULL;
     int nt = mp_num_threads();
     if (o->num_weights) {

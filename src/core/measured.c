@@ -1,0 +1,330 @@
+/* measured.c - the measured choice of measured.h: timing, the choice and its
+ * cache file. */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/measured.h"
+
+/* Best of TIMING_REPS runs per candidate after an untimed one, candidates
+ * in turns; a later candidate must beat the first (the feature-flag choice)
+ * by TIMING_MARGIN, so that noise rarely flips the choice. */
+enum { TIMING_REPS = 5, CACHE_MAX = 4096 };
+#define TIMING_MARGIN 1.03
+/* Its number goes up whenever a candidate kernel changes. */
+#define CACHE_MAGIC "mixprec kernel choice 1"
+
+enum { IDLE = 0, BUSY = 1, DONE = 2 };
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The CPU model: brand string, CPUID signature and the paths it supports. */
+static uint64_t cpu_key(void)
+{
+    const mp_cpu_features *f = mp_cpu();
+    char s[160];
+    int n = snprintf(s, sizeof s, "%s|%s|%08x|", f->vendor, f->brand, (unsigned)mp_cpu_signature());
+    for (int i = 0; i < MP_ISA_COUNT && n > 0 && n < (int)sizeof s - 1; i++)
+        s[n++] = mp_isa_supported((mp_isa)i) ? '1' : '0';
+    return fnv1a(s, n > 0 && n < (int)sizeof s ? (size_t)n : 0);
+}
+
+/* Rates as the file keeps them: whole thousands of elements per second. */
+static double rounded(double mels)
+{
+    double k = (double)(long long)(mels * 1e3 + 0.5);
+    return (k < 1 ? 1 : k > 1e9 ? 1e9 : k) * 1e-3;
+}
+
+static int pick(const mp_measured_op *op)
+{
+    int best = 0;
+    for (int i = 1; i < op->n; i++)
+        if (op->rate[i] > TIMING_MARGIN * op->rate[best]) best = i;
+    return best;
+}
+
+/* ------------------------------------------------------------ the timing */
+
+static bool measure(mp_measured_group *g, const mp_measured_spec *spec)
+{
+    if (!spec->setup()) return false;
+    for (int o = 0; o < g->nops; o++) {
+        mp_measured_op *op = &g->op[o];
+        double best[MP_MEASURED_MAX];
+        for (int i = 0; i < op->n; i++) best[i] = 1e30;
+        for (int rep = -1; rep < TIMING_REPS; rep++)
+            for (int j = 0; j < op->n; j++) {
+                const int i = (j + rep + 1) % op->n;
+                const double t = spec->time(o, op->isa[i]);
+                if (t < 0) {
+                    spec->teardown();
+                    return false;
+                }
+                if (rep >= 0 && t < best[i]) best[i] = t;
+            }
+        for (int i = 0; i < op->n; i++)
+            op->rate[i] = rounded(g->elements * 1e-6 / (best[i] > 1e-12 ? best[i] : 1e-12));
+        op->chosen = pick(op);
+    }
+    spec->teardown();
+    return true;
+}
+
+/* ------------------------------------------------------------- the cache */
+
+static bool cache_dir(char *dir, size_t len, char *note, size_t nlen)
+{
+    const char *env = getenv("MP_DISPATCH_CACHE");
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int w;
+    if (env && !strcmp(env, "0")) {
+        snprintf(note, nlen, "off (MP_DISPATCH_CACHE=0)");
+        return false;
+    }
+    if (env && *env)
+        w = snprintf(dir, len, "%s", env);
+    else if (xdg && xdg[0] == '/')
+        w = snprintf(dir, len, "%s/mixprec", xdg);
+    else if (home && home[0] == '/')
+        w = snprintf(dir, len, "%s/.cache/mixprec", home);
+    else {
+        snprintf(note, nlen, "off (neither MP_DISPATCH_CACHE, XDG_CACHE_HOME nor HOME is set)");
+        return false;
+    }
+    if (w < 0 || (size_t)w >= len) {
+        snprintf(note, nlen, "off (the cache path is too long)");
+        return false;
+    }
+    return true;
+}
+
+/* The file's text for g: canonical, so a file is valid exactly when it
+ * equals what this function writes for the rates it holds. */
+static int cache_text(char *buf, size_t len, const mp_measured_group *g, uint64_t key)
+{
+    int n = snprintf(buf, len, "%s\nversion %s\ncpu %016llx\n", CACHE_MAGIC, MP_VERSION_STRING,
+                     (unsigned long long)key);
+    for (int o = 0; o < g->nops && n > 0 && (size_t)n < len; o++) {
+        const mp_measured_op *op = &g->op[o];
+        n += snprintf(buf + n, len - (size_t)n, "%s", op->name);
+        for (int i = 0; i < op->n && n > 0 && (size_t)n < len; i++)
+            n += snprintf(buf + n, len - (size_t)n, " %s %lld", mp_isa_name(op->isa[i]),
+                          (long long)(op->rate[i] * 1e3 + 0.5));
+        if (n > 0 && (size_t)n < len)
+            n += snprintf(buf + n, len - (size_t)n, " -> %s\n", mp_isa_name(op->isa[op->chosen]));
+    }
+    if (n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, "check %016llx\n",
+                      (unsigned long long)fnv1a(buf, (size_t)n));
+    return n > 0 && (size_t)n < len ? n : -1;
+}
+
+/* Reads the rates from path; false (the reason in why) unless the file is a
+ * regular file of at most CACHE_MAX bytes equal to what cache_text writes.
+ * Never blocks (a FIFO) and never follows a link at the last component. */
+static bool cache_read(const char *path, uint64_t key, mp_measured_group *g, const char **why)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        *why = errno == ENOENT ? "none yet" : "ignored (cannot be opened)";
+        return false;
+    }
+    struct stat st;
+    char buf[CACHE_MAX + 2], want[CACHE_MAX + 2];
+    size_t n = 0;
+    bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    *why = "ignored (not a regular file)";
+    while (ok && n < CACHE_MAX + 1) {
+        ssize_t r = read(fd, buf + n, CACHE_MAX + 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) *why = "ignored (unreadable)";
+        if (r <= 0) {
+            ok = r == 0;
+            break;
+        }
+        n += (size_t)r;
+    }
+    close(fd);
+    if (!ok) return false;
+    *why = "ignored (too large)";
+    if (n > CACHE_MAX) return false;
+    buf[n] = '\0';
+    *why = "ignored (not this version's format, or corrupt)";
+    if (memchr(buf, '\0', n)) return false;
+    mp_measured_group got = *g;
+    for (int o = 0; o < got.nops; o++) {
+        mp_measured_op *op = &got.op[o];
+        char label[48];
+        snprintf(label, sizeof label, "\n%s ", op->name);
+        const char *p = strstr(buf, label);
+        if (!p) return false;
+        p += strlen(label) - 1;
+        for (int i = 0; i < op->n; i++) {
+            const char *name = mp_isa_name(op->isa[i]);
+            size_t len = strlen(name);
+            if (p[0] != ' ' || strncmp(p + 1, name, len) || p[len + 1] != ' ') return false;
+            p += len + 2;
+            long long v = 0;
+            int digits = 0;
+            for (; *p >= '0' && *p <= '9' && digits < 12; p++, digits++) v = v * 10 + (*p - '0');
+            if (digits == 0 || digits == 12 || v < 1) return false;
+            op->rate[i] = (double)v * 1e-3;
+        }
+        op->chosen = pick(op);
+    }
+    int wn = cache_text(want, sizeof want, &got, key);
+    if (wn < 0 || (size_t)wn != n || memcmp(buf, want, n)) return false;
+    memcpy(g->op, got.op, sizeof g->op);
+    *why = "read";
+    return true;
+}
+
+/* mkdir -p with mode 0700; 0 or an errno. */
+static int make_dirs(const char *dir)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        const char c = *s;
+        *s = '\0';
+        if (mkdir(p, 0700) != 0 && errno != EEXIST) return errno;
+        *s = c;
+        if (c == '\0') break;
+    }
+    return 0;
+}
+
+/* Through a temporary file and a rename: a reader sees the old file or the
+ * new one, never a torn one; 0 or an errno. */
+static int cache_write(const char *dir, const char *path, const char *text, size_t n)
+{
+    char tmp[512 + 8];
+    int err = make_dirs(dir);
+    if (err) return err;
+    snprintf(tmp, sizeof tmp, "%s.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) return errno;
+    size_t off = 0;
+    while (off < n && !err) {
+        ssize_t w = write(fd, text + off, n - off);
+        if (w < 0 && errno != EINTR) err = errno;
+        if (w > 0) off += (size_t)w;
+    }
+    if (!err && fsync(fd) != 0) err = errno;
+    if (close(fd) != 0 && !err) err = errno;
+    if (!err && rename(tmp, path) != 0) err = errno;
+    if (err) unlink(tmp);
+    return err;
+}
+
+/* ---------------------------------------------------------- the decision */
+
+static void decide(mp_measured_group *g, const mp_measured_spec *spec)
+{
+    memset(g->path, 0, sizeof g->path);
+    g->note[0] = '\0';
+    spec->fill(g);
+    bool several = false;
+    for (int o = 0; o < g->nops; o++) several = several || g->op[o].n > 1;
+    if (!several) {
+        g->source = MP_DISPATCH_ONLY;
+        snprintf(g->note, sizeof g->note, "not used (nothing to choose)");
+        return;
+    }
+    const uint64_t key = cpu_key();
+    char dir[400];
+    const char *status = "";
+    if (cache_dir(dir, sizeof dir, g->note, sizeof g->note)) {
+        int w = snprintf(g->path, sizeof g->path, "%s/%s-%016llx-%s", dir, g->file,
+                         (unsigned long long)key, MP_VERSION_STRING);
+        if (w < 0 || (size_t)w >= sizeof g->path - 8) {
+            g->path[0] = '\0';
+            snprintf(g->note, sizeof g->note, "off (the cache path is too long)");
+        } else if (cache_read(g->path, key, g, &status)) {
+            g->source = MP_DISPATCH_CACHED;
+            snprintf(g->note, sizeof g->note, "%s", status);
+            return;
+        }
+    }
+    if (!measure(g, spec)) {
+        /* Out of memory: the feature-flag choice, each op's first candidate. */
+        g->source = MP_DISPATCH_DEFAULT;
+        for (int o = 0; o < g->nops; o++) {
+            memset(g->op[o].rate, 0, sizeof g->op[o].rate);
+            g->op[o].chosen = 0;
+        }
+        snprintf(g->note, sizeof g->note, "not written (timing failed)");
+        return;
+    }
+    g->source = MP_DISPATCH_MEASURED;
+    if (!g->path[0]) return;
+    char text[CACHE_MAX];
+    int n = cache_text(text, sizeof text, g, key);
+    int err = n < 0 ? ENOSPC : cache_write(dir, g->path, text, (size_t)n);
+    snprintf(g->note, sizeof g->note, "%s, %s%s%s", status, err ? "not written (" : "written",
+             err ? strerror(err) : "", err ? ")" : "");
+}
+
+const mp_measured_group *mp_measured_get(mp_measured_group *g, atomic_int *state,
+                                         const mp_measured_spec *spec)
+{
+    if (mp_isa_forced()) return NULL;
+    if (atomic_load_explicit(state, memory_order_acquire) == DONE) return g;
+    int expected = IDLE;
+    if (atomic_compare_exchange_strong(state, &expected, BUSY)) {
+        char saved[512]; /* the timing's own messages are not the caller's */
+        snprintf(saved, sizeof saved, "%s", mp_last_error());
+        decide(g, spec);
+        mp_set_error(MP_OK, "%s", saved);
+        atomic_store_explicit(state, DONE, memory_order_release);
+    } else {
+        while (atomic_load_explicit(state, memory_order_acquire) != DONE) sched_yield();
+    }
+    return g;
+}
+
+void mp_measured_reset(atomic_int *state) { atomic_store(state, IDLE); }
+
+static const char *const source_text[] = {
+    [MP_DISPATCH_ONLY] = "one kernel each",
+    [MP_DISPATCH_FORCED] = "forced by MP_ISA or mp_isa_set, nothing timed",
+    [MP_DISPATCH_MEASURED] = "timed in this process",
+    [MP_DISPATCH_CACHED] = "read from the cache",
+    [MP_DISPATCH_DEFAULT] = "timing failed (out of memory): the feature-flag choice",
+};
+
+void mp_measured_print(FILE *out, const mp_measured_group *g, const char *what)
+{
+    if (!g) {
+        fprintf(out, "%s: path %s (%s)\n", what, mp_isa_name(mp_isa_active()),
+                source_text[MP_DISPATCH_FORCED]);
+        return;
+    }
+    fprintf(out,
+            "%s: the same bits on every path; each timed once (best of %d runs of %.0f "
+            "elements, one thread), the faster kept (the first unless another is %.0f%% faster), "
+            "%s; million elements/s:\n",
+            what, TIMING_REPS, g->elements, (TIMING_MARGIN - 1) * 100, source_text[g->source]);
+    for (int o = 0; o < g->nops; o++) {
+        const mp_measured_op *op = &g->op[o];
+        fprintf(out, "  %-12s", op->name);
+        for (int i = 0; i < op->n; i++)
+            fprintf(out, " %s %.0f%s", mp_isa_name(op->isa[i]), op->rate[i],
+                    i + 1 < op->n ? "," : "");
+        fprintf(out, "  -> %s\n", mp_isa_name(op->isa[op->chosen]));
+    }
+    if (g->path[0] || g->note[0])
+        fprintf(out, "  cache: %s%s%s\n", g->path[0] ? g->path : "", g->path[0] ? ": " : "",
+                g->note);
+}

@@ -1,0 +1,250 @@
+/* test_kernel_choice.c - the measured choice for conversions and optimizer
+ * updates (core/measured.c, core/convert_dispatch.c,
+ * optim/update_dispatch.c): the candidates give the same bits (so the choice
+ * cannot change a result), the choice is a path this CPU supports, a forced
+ * path is used as is, the cache file's round trip, and bad cache files
+ * (garbage, a directory, oversized) ignored and replaced. No assertion
+ * depends on how fast anything runs. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "core/internal.h"
+#include "optim/optim_internal.h"
+
+enum { N = 4099 }; /* not a multiple of any vector width */
+
+static char dir[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    unsetenv("MP_ISA");
+    mp_isa_reset();
+    return test_scratch_dir(dir, sizeof dir, "mp_kernel_choice");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    setenv("MP_DISPATCH_CACHE", "0", 1);
+    return test_remove_tree(dir);
+}
+
+static void fresh(const char *cache)
+{
+    setenv("MP_DISPATCH_CACHE", cache, 1);
+    mp_convert_dispatch_reset();
+    mp_update_dispatch_reset();
+}
+
+/* float32 inputs with every special: zeros, subnormals, the edges of each
+ * format's range, ties, infinities and NaN, then random bits. */
+static void inputs(float *x)
+{
+    const float special[] = {0.0f,      -0.0f,  0x1p-149f,   -0x1p-130f,     0x1p-126f, 65504.0f,
+                             65520.0f,  448.0f, 464.0f,      57344.0f,       3.4e38f,   INFINITY,
+                             -INFINITY, NAN,    1.00390625f, 1.0f + 0x1p-8f, -2.5f};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    test_rng r = {42};
+    for (int i = 0; i < N; i++) x[i] = i < ns ? special[i] : bits_f32(test_rng_u32(&r));
+}
+
+/* mp_convert (the chosen path) against every supported path, both ways, for
+ * each measured pair. */
+static void conversions_same_bits_on_every_path(void **state)
+{
+    (void)state;
+    fresh("0");
+    static float x[N], back[N], ref_back[N];
+    static uint8_t got[N * 2], ref[N * 2];
+    inputs(x);
+    const mp_dtype types[] = {MP_BF16, MP_F16, MP_F8E4M3, MP_F8E5M2};
+    mp_isa isas[MP_ISA_COUNT];
+    int nisa = test_isas(isas);
+    for (int t = 0; t < 4; t++) {
+        const size_t es = mp_dtype_size(types[t]);
+        const mp_isa chosen = mp_convert_path(types[t], MP_F32);
+        assert_true(mp_isa_supported(chosen));
+        assert_true(mp_isa_supported(mp_convert_path(MP_F32, types[t])));
+        mp_convert(got, types[t], x, MP_F32, N);
+        mp_convert(back, MP_F32, got, types[t], N);
+        for (int k = 0; k < nisa; k++) {
+            mp_convert_isa(isas[k], ref, types[t], x, MP_F32, N, MP_OVERFLOW_SATURATE);
+            assert_memory_equal(got, ref, N * es);
+            mp_convert_isa(isas[k], ref_back, MP_F32, got, types[t], N, MP_OVERFLOW_SATURATE);
+            assert_memory_equal(back, ref_back, N * sizeof(float));
+        }
+    }
+}
+
+/* The update rules the choice picks from give the scalar rules' bits. */
+static void updates_same_bits_on_every_path(void **state)
+{
+    (void)state;
+    fresh("0");
+    assert_true(mp_isa_supported(mp_update_path(false)));
+    assert_true(mp_isa_supported(mp_update_path(true)));
+#if MP_X86
+    if (!mp_isa_supported(MP_ISA_AVX512)) skip();
+    static float w[2][N], g[N], m[2][N], v[2][N];
+    test_fill(g, N, 1, -2, 2);
+    mp_step_coefs c = {.lr = 1e-2f,
+                       .gfactor = 0.5f,
+                       .clip_value = 0.75f,
+                       .weight_decay = 0.01f,
+                       .momentum = 0.9f,
+                       .nesterov = true,
+                       .beta1 = 0.9f,
+                       .one_minus_beta1 = 0.1f,
+                       .beta2 = 0.999f,
+                       .one_minus_beta2 = 0.001f,
+                       .eps = 1e-7f,
+                       .step_size = 3e-3f,
+                       .sqrt_bc2 = 0.3f,
+                       .decoupled_decay = 0.999f};
+    for (int decoupled = 0; decoupled < 2; decoupled++) {
+        for (int p = 0; p < 2; p++) {
+            test_fill(w[p], N, 2, -1, 1);
+            test_fill(m[p], N, 3, -0.1, 0.1);
+            test_fill(v[p], N, 4, 0, 0.01);
+        }
+        mp_update_adam_scalar(&c, decoupled, w[0], g, m[0], v[0], N);
+        mp_update_adam_avx512(&c, decoupled, w[1], g, m[1], v[1], N);
+        assert_memory_equal(w[0], w[1], sizeof w[0]);
+        assert_memory_equal(m[0], m[1], sizeof m[0]);
+        assert_memory_equal(v[0], v[1], sizeof v[0]);
+    }
+    mp_update_sgd_scalar(&c, w[0], g, m[0], N);
+    mp_update_sgd_avx512(&c, w[1], g, m[1], N);
+    assert_memory_equal(w[0], w[1], sizeof w[0]);
+    assert_memory_equal(m[0], m[1], sizeof m[0]);
+#endif
+}
+
+static void forced_path_is_used(void **state)
+{
+    (void)state;
+    mp_isa isas[MP_ISA_COUNT];
+    int nisa = test_isas(isas);
+    for (int k = 0; k < nisa; k++) {
+        assert_int_equal(mp_isa_set(isas[k]), MP_OK);
+        fresh("0");
+        assert_int_equal(mp_convert_path(MP_BF16, MP_F32), isas[k]);
+        assert_int_equal(mp_convert_path(MP_F32, MP_F8E5M2), isas[k]);
+        assert_int_equal(mp_update_path(false), isas[k]);
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        assert_int_equal(mp_kernel_dispatch_report(f), MP_OK);
+        fclose(f);
+        assert_non_null(strstr(text, "forced by MP_ISA"));
+        free(text);
+    }
+    mp_isa_reset();
+}
+
+/* The report as text. */
+static char *report(void)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    assert_int_equal(mp_kernel_dispatch_report(f), MP_OK);
+    fclose(f);
+    return text;
+}
+
+static int count(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *p = strstr(s, what); p; p = strstr(p + 1, what)) n++;
+    return n;
+}
+
+/* The one file of each group in the cache directory. */
+static void cache_file(const char *group, char *path, size_t len)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ls %s/%s-* 2>/dev/null | head -1", dir, group);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(path, (int)len, p));
+    pclose(p);
+    path[strcspn(path, "\n")] = 0;
+}
+
+static void cache_round_trip_and_bad_files(void **state)
+{
+    (void)state;
+    mp_isa_reset();
+    fresh(dir);
+    char *t = report();
+    assert_int_equal(count(t, "timed in this process"), 2);
+    assert_int_equal(count(t, "none yet, written"), 2);
+    free(t);
+    char conv[512], upd[512];
+    cache_file("convert", conv, sizeof conv);
+    cache_file("update", upd, sizeof upd);
+    const mp_isa before = mp_convert_path(MP_BF16, MP_F32);
+
+    fresh(dir);
+    t = report();
+    assert_int_equal(count(t, "read from the cache"), 2);
+    free(t);
+    assert_int_equal(mp_convert_path(MP_BF16, MP_F32), before);
+
+    /* garbage, then one changed digit, then oversized: each ignored and
+     * replaced by a fresh measurement */
+    for (int bad = 0; bad < 3; bad++) {
+        FILE *f = fopen(conv, bad == 1 ? "r+" : "w");
+        assert_non_null(f);
+        if (bad == 0) fputs("mixprec kernel choice 1\nnot a rate\n", f);
+        if (bad == 1) {
+            char text[4096];
+            size_t n = fread(text, 1, sizeof text - 1, f);
+            text[n] = 0;
+            char *digit = strstr(text, "f32->bf16");
+            assert_non_null(digit);
+            while (!(digit[0] == ' ' && digit[1] >= '0' && digit[1] <= '9')) digit++;
+            digit++; /* the first digit of the first rate */
+            *digit = *digit == '9' ? '1' : (char)(*digit + 1);
+            rewind(f);
+            fwrite(text, 1, n, f);
+        }
+        if (bad == 2)
+            for (int i = 0; i < 5000; i++) fputc('x', f);
+        fclose(f);
+        fresh(dir);
+        t = report();
+        assert_non_null(strstr(t, "ignored"));
+        assert_int_equal(count(t, "read from the cache"), 1); /* the updates' file */
+        free(t);
+        assert_true(mp_isa_supported(mp_convert_path(MP_BF16, MP_F32)));
+    }
+    /* a directory where the file should be: ignored, not written */
+    assert_int_equal(unlink(upd), 0);
+    assert_int_equal(mkdir(upd, 0700), 0);
+    fresh(dir);
+    t = report();
+    assert_non_null(strstr(t, "not a regular file"));
+    free(t);
+    assert_true(mp_isa_supported(mp_update_path(false)));
+    fresh("0");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(conversions_same_bits_on_every_path),
+        cmocka_unit_test(updates_same_bits_on_every_path),
+        cmocka_unit_test(forced_path_is_used),
+        cmocka_unit_test(cache_round_trip_and_bad_files),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
