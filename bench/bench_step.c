@@ -260,7 +260,7 @@ static peer_result run_torch(int threads)
     memset(&r, 0, sizeof r);
     snprintf(r.why, sizeof r.why,
              "missing: /usr/bin/python3 cannot import torch (apt-get install -y python3-torch)");
-    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1")) return r;
+    if (system("/usr/bin/python3 -c 'import torch.nn' >/dev/null 2>&1")) return r;
     char cmd[256];
     /* OPENBLAS_CORETYPE as main chose it: PyTorch's float32 products are
      * OpenBLAS's */
@@ -276,7 +276,9 @@ static peer_result run_torch(int threads)
                ver) >= 2)
         snprintf(r.version, sizeof r.version, "PyTorch %s (python3-torch), bf16 autocast", ver);
     else
-        snprintf(r.why, sizeof r.why, "missing: bench/step_torch.py printed no timings");
+        snprintf(r.why, sizeof r.why,
+                 "missing: bench/step_torch.py printed no timings (run it by hand to see why; "
+                 "apt-get install -y python3-torch)");
     pclose(py);
     return r;
 }
@@ -311,7 +313,8 @@ static int peers_main(const char *keras_python, const coretype_try *tries, int n
     bench_watch_report(w, "mixprec");
     w = bench_watch_start();
     peer_result pr[2] = {run_keras(keras_python, threads), run_torch(threads)};
-    bench_watch_report(w, "the peers");
+    if (pr[0].ms[0] > 0 || pr[0].ms[1] > 0 || pr[1].ms[0] > 0 || pr[1].ms[1] > 0)
+        bench_watch_report(w, "the peers");
     w = bench_watch_start();
     for (int p = 0; p < 2; p++) {
         result r = run(policies[p], 1024, REPS, WARMUP);
