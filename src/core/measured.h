@@ -28,9 +28,8 @@ typedef struct {
     int chosen;
 } mp_measured_op;
 
-/* A group of operations decided together (one cache file). fill() sets the
- * ops' names and candidates; time(op, cand) runs candidate cand of op once
- * on the group's timing data and returns its seconds (negative: failed). */
+/* A group of operations decided together (one cache file), filled in by
+ * its spec's fill(). */
 typedef struct {
     const char *file; /* the cache file's name part: "convert", "update" */
     int nops;
@@ -41,6 +40,10 @@ typedef struct {
     double elements; /* per timed run */
 } mp_measured_group;
 
+/* fill() sets the group's ops, their candidates and elements; time(op,
+ * isa) runs op's kernel of path isa once on the timing data setup() made
+ * and returns its seconds (negative: failed). The timing calls kernels
+ * directly, never mp_convert: a group's first use must not need itself. */
 typedef struct {
     void (*fill)(mp_measured_group *g);
     bool (*setup)(void);    /* the timing data; false: out of memory */
