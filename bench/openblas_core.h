@@ -124,9 +124,13 @@ static inline void print_openblas_coretypes(const coretype_try *tries, int ntrie
         printf(" %s -> %s %.0f%s", tries[i].want ? tries[i].want : "own choice",
                tries[i].got[0] ? tries[i].got : "(failed)", tries[i].gflops,
                i + 1 < ntries ? "," : "\n");
-    if (best >= 0)
-        printf("openblas runs with %s (core type %s)\n",
-               tries[best].want ? "OPENBLAS_CORETYPE set" : "its own choice", tries[best].got);
+    if (best >= 0) {
+        if (tries[best].want)
+            printf("openblas runs with OPENBLAS_CORETYPE=%s (core type %s)\n", tries[best].want,
+                   tries[best].got);
+        else
+            printf("openblas runs with its own choice (core type %s)\n", tries[best].got);
+    }
 }
 
 #endif
