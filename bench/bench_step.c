@@ -9,32 +9,40 @@
  *
  * `bench_step --peers [--keras-python PATH]` (make bench-peers) measures
  * instead float32 and mixed_bfloat16 side by side with Keras 3 on TensorFlow
- * (bench/step_keras.py from the virtual environment under build/) and
- * PyTorch (bench/step_torch.py under Debian's /usr/bin/python3), all with
- * our thread count, and prints the ratios of that one run; a peer that is
- * not installed is reported as missing, with how to install it. */
+ * (bench/step_keras.py from the virtual environment under build/, XLA off
+ * and on) and PyTorch (bench/step_torch.py under Debian's /usr/bin/python3),
+ * all with our thread count (bench/step_peers.h), and prints the ratios of
+ * that one run, of wall time and of CPU time per step; a peer that is not
+ * installed is reported as missing, with how to install it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "mixprec.h"
 #include "core/profile.h"
 #include "bench_util.h"
 #include "openblas_core.h"
+#include "step_peers.h"
 
 #define REPS 10
 #define WARMUP 3
 
 typedef struct {
     double ms;
-    double t[64]; /* each timed step's ms, in order */
+    double t[64], cpu[64]; /* each timed step's wall and process CPU ms, in order */
     size_t peak[MP_MEM_CATEGORY_COUNT];
     size_t total;
 } result;
+
+/* CPU seconds of this process, all threads. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* Steps at `batch`; the per-category peaks cover build, compile and steps. */
 static result run(const char *policy, int64_t batch, int reps, int warmup)
@@ -49,13 +57,16 @@ static result run(const char *policy, int64_t batch, int reps, int warmup)
     int32_t *y = seed_batch(batch, &x);
     double t[64];
     for (int i = 0; i < warmup + reps && i < 64 + warmup; i++) {
-        double t0 = now();
+        double t0 = now(), c0 = cpu_now();
         mp_step_result sr;
         if (mp_model_train_step(m, &x, y, NULL, &sr)) {
             fprintf(stderr, "bench_step: %s\n", mp_last_error());
             exit(1);
         }
-        if (i >= warmup) t[i - warmup] = 1e3 * (now() - t0);
+        if (i >= warmup) {
+            t[i - warmup] = 1e3 * (now() - t0);
+            r.cpu[i - warmup] = 1e3 * (cpu_now() - c0);
+        }
     }
     memcpy(r.t, t, (size_t)reps * sizeof *t);
     r.ms = median(t, (size_t)reps);
@@ -197,92 +208,6 @@ static void print_phases(const char *const *policies, int np)
     printf("\n");
 }
 
-/* ------------------------------------------------------------------ peers */
-
-/* Median ms of the seed step per policy: [0] float32, [1] mixed_bfloat16
- * (PyTorch: bf16 autocast); 0 where not measured. */
-typedef struct {
-    double ms[2];
-    char version[128];
-    char why[256]; /* why it is missing */
-} peer_result;
-
-/* Keras 3 on TensorFlow: bench/step_keras.py under `python`. */
-static peer_result run_keras(const char *python, int threads)
-{
-    peer_result r;
-    memset(&r, 0, sizeof r);
-    if (access(python, X_OK)) {
-        snprintf(r.why, sizeof r.why,
-                 "missing: %s not found (make keras-venv installs tensorflow-cpu and keras from "
-                 "PyPI into build/venv-keras)",
-                 python);
-        return r;
-    }
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "env OMP_NUM_THREADS=%d TF_CPP_MIN_LOG_LEVEL=2 KERAS_BACKEND=tensorflow '%s' "
-             "bench/step_keras.py --threads %d 2>&1",
-             threads, python, threads);
-    snprintf(r.why, sizeof r.why, "missing: bench/step_keras.py printed nothing");
-    FILE *py = popen(cmd, "r");
-    if (!py) return r;
-    char line[4096];
-    while (fgets(line, sizeof line, py)) {
-        if (line[0] != '{') {
-            if (line[0] != '\n' && !r.ms[0] && !r.ms[1]) {
-                line[strcspn(line, "\n")] = 0;
-                snprintf(r.why, sizeof r.why, "missing: step_keras.py said: %.200s", line);
-            }
-            continue;
-        }
-        json_t *j = json_loads(line, 0, NULL);
-        const char *pol = j ? json_string_value(json_object_get(j, "policy")) : NULL;
-        if (pol) {
-            int p = !strcmp(pol, "float32") ? 0 : !strcmp(pol, "mixed_bfloat16") ? 1 : -1;
-            if (p >= 0) r.ms[p] = json_number_value(json_object_get(j, "median_ms"));
-            const char *kv = json_string_value(json_object_get(j, "keras"));
-            const char *tv = json_string_value(json_object_get(j, "tensorflow"));
-            snprintf(r.version, sizeof r.version, "Keras %s, TensorFlow %s, jit_compile %s",
-                     kv ? kv : "?", tv ? tv : "?",
-                     json_is_true(json_object_get(j, "jit_compile")) ? "on" : "off");
-        }
-        json_decref(j);
-    }
-    pclose(py);
-    return r;
-}
-
-/* PyTorch from Debian (python3-torch): bench/step_torch.py. */
-static peer_result run_torch(int threads)
-{
-    peer_result r;
-    memset(&r, 0, sizeof r);
-    snprintf(r.why, sizeof r.why,
-             "missing: /usr/bin/python3 cannot import torch (apt-get install -y python3-torch)");
-    if (system("/usr/bin/python3 -c 'import torch.nn' >/dev/null 2>&1")) return r;
-    char cmd[256];
-    /* OPENBLAS_CORETYPE as main chose it: PyTorch's float32 products are
-     * OpenBLAS's */
-    snprintf(cmd, sizeof cmd,
-             "env -u OPENBLAS_L2_SIZE GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
-             "/usr/bin/python3 bench/step_torch.py %d 2>/dev/null",
-             threads);
-    FILE *py = popen(cmd, "r");
-    if (!py) return r;
-    char line[256] = "", ver[64] = "?";
-    if (fgets(line, sizeof line, py) &&
-        sscanf(line, "torch_f32_ms=%lf torch_bf16_ms=%lf torch_version=%63s", &r.ms[0], &r.ms[1],
-               ver) >= 2)
-        snprintf(r.version, sizeof r.version, "PyTorch %s (python3-torch), bf16 autocast", ver);
-    else
-        snprintf(r.why, sizeof r.why,
-                 "missing: bench/step_torch.py printed no timings (run it by hand to see why; "
-                 "apt-get install -y python3-torch)");
-    pclose(py);
-    return r;
-}
-
 static int peers_main(const char *keras_python, const coretype_try *tries, int ntries,
                       int best_core)
 {
@@ -302,11 +227,12 @@ static int peers_main(const char *keras_python, const coretype_try *tries, int n
     printf("median ms/step after warm-up (mixprec: %d steps after %d warm-up before the peers "
            "and as many after them, the median of all %d; peers: 10 after 3)\n\n",
            REPS, WARMUP, 2 * REPS);
-    double mp[2], all[2][2 * REPS];
+    double mp[2], all[2][2 * REPS], mp_cpu[2], all_cpu[2][2 * REPS];
     bench_watch w = bench_watch_start();
     for (int p = 0; p < 2; p++) {
         result r = run(policies[p], 1024, REPS, WARMUP);
         memcpy(all[p], r.t, REPS * sizeof r.t[0]);
+        memcpy(all_cpu[p], r.cpu, REPS * sizeof r.cpu[0]);
         printf("  mixprec %-15s %8.1f ms/step (before the peers)\n", policies[p], r.ms);
         fflush(stdout);
     }
@@ -319,45 +245,29 @@ static int peers_main(const char *keras_python, const coretype_try *tries, int n
     for (int p = 0; p < 2; p++) {
         result r = run(policies[p], 1024, REPS, WARMUP);
         memcpy(all[p] + REPS, r.t, REPS * sizeof r.t[0]);
+        memcpy(all_cpu[p] + REPS, r.cpu, REPS * sizeof r.cpu[0]);
         mp[p] = median(all[p], 2 * REPS);
+        mp_cpu[p] = median(all_cpu[p], 2 * REPS);
         printf("  mixprec %-15s %8.1f ms/step (after the peers); all %d: %.1f\n", policies[p], r.ms,
                2 * REPS, mp[p]);
         fflush(stdout);
     }
     bench_watch_report(w, "mixprec again");
     const char *names[2] = {"Keras/TF", "PyTorch"};
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         printf("  %-8s %s\n", names[i],
                pr[i].ms[0] > 0 || pr[i].ms[1] > 0 ? pr[i].version : pr[i].why);
-    printf("\nms/step; speedup = peer ms / mixprec ms (above 1: mixprec is faster)\n");
-    printf("%-15s %9s %9s %9s %11s %11s  %s\n", "policy", "mixprec", names[0], names[1],
-           "vs Keras/TF", "vs PyTorch", "fastest peer");
-    char summary[512] = "summary:";
-    for (int p = 0; p < 2; p++) {
-        char col[2][16], ratio[2][16], fastest[64] = "none measured";
-        double best = 0;
-        for (int i = 0; i < 2; i++) {
-            snprintf(col[i], sizeof col[i], "missing");
-            snprintf(ratio[i], sizeof ratio[i], "n/a");
-            if (pr[i].ms[p] <= 0) continue;
-            snprintf(col[i], sizeof col[i], "%.1f", pr[i].ms[p]);
-            snprintf(ratio[i], sizeof ratio[i], "%.2fx", pr[i].ms[p] / mp[p]);
-            if (best == 0 || pr[i].ms[p] < best) {
-                best = pr[i].ms[p];
-                snprintf(fastest, sizeof fastest, "%s (mixprec %.2fx)", names[i], best / mp[p]);
-            }
-        }
-        printf("%-15s %9.1f %9s %9s %11s %11s  %s\n", policies[p], mp[p], col[0], col[1], ratio[0],
-               ratio[1], fastest);
-        size_t n = strlen(summary);
-        const char *tag = p ? "bf16" : "f32";
-        if (best > 0)
-            snprintf(summary + n, sizeof summary - n, " mp_%s_ms=%.1f %s_vs_fastest_peer=%.2f", tag,
-                     mp[p], tag, best / mp[p]);
-        else
-            snprintf(summary + n, sizeof summary - n, " mp_%s_ms=%.1f %s_vs_fastest_peer=n/a", tag,
-                     mp[p], tag);
+        for (int p = 0; p < 2; p++)
+            if (pr[i].note[p][0]) printf("           %s: %s\n", policies[p], pr[i].note[p]);
     }
+    char summary[512];
+    snprintf(summary, sizeof summary, "summary: mp_f32_ms=%.1f mp_bf16_ms=%.1f", mp[0], mp[1]);
+    const double wall[2][2] = {{pr[0].ms[0], pr[0].ms[1]}, {pr[1].ms[0], pr[1].ms[1]}};
+    const double cpu_ms[2][2] = {{pr[0].cpu[0], pr[0].cpu[1]}, {pr[1].cpu[0], pr[1].cpu[1]}};
+    print_peer_table("median wall ms per step", "wall", mp, wall, summary, sizeof summary);
+    print_peer_table("median CPU ms per step (the process's, all threads: less moved by other "
+                     "processes' load, though a thread that spins while it waits counts too)",
+                     "cpu", mp_cpu, cpu_ms, summary, sizeof summary);
     if (getloadavg(load, 3) < 0) load[0] = -1;
     printf("(load average after: %.2f)\n%s\n", load[0], summary);
     return 0;
@@ -410,26 +320,14 @@ int main(int argc, char **argv)
     printf("  mixed_bfloat16 / float32 at batch 8192: total %.2f, activations + workspace %.2f\n",
            (double)r8[1].total / (double)r8[0].total, act_ws[1] / act_ws[0]);
 
-    /* the peer, in the same run */
-    double tf32 = 0, tbf16 = 0;
-    /* with as many threads as ours */
-    char cmd[256];
-    snprintf(cmd, sizeof cmd,
-             "env -u OPENBLAS_L2_SIZE GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
-             "/usr/bin/python3 bench/step_torch.py %d 2>/dev/null",
-             mp_num_threads());
-    FILE *py = popen(cmd, "r");
-    if (py) {
-        char line[256] = "";
-        if (fgets(line, sizeof line, py) &&
-            sscanf(line, "torch_f32_ms=%lf torch_bf16_ms=%lf", &tf32, &tbf16) == 2)
-            printf("\nPyTorch (python3-torch, %d threads): float32 %.1f ms/step, bf16 autocast "
-                   "%.1f ms/step\n",
-                   mp_num_threads(), tf32, tbf16);
-        else
-            printf("\nPyTorch: not available (apt-get install python3-torch to compare)\n");
-        pclose(py);
-    }
+    /* the peer, in the same run, with as many threads as ours */
+    peer_result torch = run_torch(mp_num_threads());
+    const double tf32 = torch.ms[0], tbf16 = torch.ms[1];
+    if (tf32 > 0 && tbf16 > 0)
+        printf("\n%s, %d threads: float32 %.1f ms/step, bf16 autocast %.1f ms/step\n",
+               torch.version, mp_num_threads(), tf32, tbf16);
+    else
+        printf("\nPyTorch: %s\n", torch.why);
     print_phases(policies, NP);
     printf("\nsummary: bf16_step_ms=%.1f f32_step_ms=%.1f bf16_speedup_vs_f32=%.2f ", r1[1].ms,
            r1[0].ms, r1[0].ms / r1[1].ms);

@@ -5,13 +5,21 @@ batch 1024 in Keras 3 on TensorFlow, per policy (float32, mixed_bfloat16, set
 with keras.mixed_precision.set_global_policy), with the thread count given
 (TensorFlow's intra- and inter-op pools; bench_step passes its own).
 
-Prints one JSON line per policy as it is measured: {"policy", "median_ms",
-"steps", "warmup", "threads", ...}. A policy whose steps are slow gets fewer
-timed steps, at least one, so that a policy takes about --budget-s seconds;
-the line says how many ran.
+Each policy runs with XLA off (what Keras picks on a CPU) and on
+(model.compile(jit_compile=True)), --jit both (the default), so that the
+caller can keep the faster: on a 2-core Xeon XLA was about twice as fast in
+mixed_bfloat16 and slower in float32, in some runs.
+
+Prints one JSON line per policy and XLA setting as it is measured:
+{"policy", "jit_compile", "median_ms", "cpu_ms", "steps", "warmup",
+"threads", ...}; cpu_ms is the median of the process's CPU time per step
+(all its threads), which other processes' load moves less than wall time.
+A policy whose steps are slow gets fewer timed steps, at least one, so that
+a policy takes about --budget-s seconds; the line says how many ran.
 
 usage: step_keras.py [--threads N] [--warmup N] [--steps N] [--batch N]
-                     [--budget-s S] [--policies float32,mixed_bfloat16]"""
+                     [--budget-s S] [--policies float32,mixed_bfloat16]
+                     [--jit off|on|both]"""
 import argparse
 import json
 import os
@@ -26,6 +34,7 @@ ap.add_argument("--steps", type=int, default=10)
 ap.add_argument("--batch", type=int, default=1024)
 ap.add_argument("--budget-s", type=float, default=60.0)
 ap.add_argument("--policies", default="float32,mixed_bfloat16")
+ap.add_argument("--jit", choices=["off", "on", "both"], default="both")
 args = ap.parse_args()
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
@@ -56,34 +65,38 @@ rng = np.random.default_rng(3)
 x = tf.constant(rng.random((args.batch, 784), dtype=np.float32))
 y = tf.constant(rng.integers(0, 10, args.batch, dtype=np.int32))
 
-for policy in args.policies.split(","):
+jits = {"off": [False], "on": [True], "both": [False, True]}[args.jit]
+for policy, jit in [(p, j) for p in args.policies.split(",") for j in jits]:
     keras.utils.clear_session()
     keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(0)
     model = seed_mlp()
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
+                  jit_compile=jit)
 
     def step():
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = model.train_on_batch(x, y)  # returns a Python float: the step has finished
-        return time.perf_counter() - t0, loss
+        return time.perf_counter() - t0, loss, time.process_time() - c0
 
     start = time.perf_counter()
     warmup = 0
     while warmup < max(1, args.warmup):  # the first step also traces the graph
-        last, loss = step()
+        last, loss, _ = step()
         warmup += 1
         if time.perf_counter() - start + last > args.budget_s:
             break
     left = args.budget_s - (time.perf_counter() - start)
     steps = max(1, min(args.steps, int(left / last)))
-    times = []
+    times, cpu = [], []
     for i in range(steps):
-        t, loss = step()
+        t, loss, c = step()
         times.append(t * 1e3)
+        cpu.append(c * 1e3)
     print(json.dumps({
         "policy": policy,
         "median_ms": round(statistics.median(times), 2),
+        "cpu_ms": round(statistics.median(cpu), 2),
         "steps": steps,
         "warmup": warmup,
         "threads": args.threads,

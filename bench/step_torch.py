@@ -2,7 +2,9 @@
 backward, Adam update) of the seed MLP 784 -> 4096 -> 4096 -> 10 at batch
 1024 in PyTorch, float32 and with bfloat16 autocast, with the thread count given
 (default 2; bench_step passes its own). Prints
-`torch_f32_ms=X torch_bf16_ms=Y torch_version=V` (medians after warm-up)."""
+`torch_f32_ms=X torch_bf16_ms=Y torch_version=V torch_f32_cpu_ms=A
+torch_bf16_cpu_ms=B` (medians after warm-up of wall time and of the
+process's CPU time, all threads, per step)."""
 import statistics
 import sys
 import time
@@ -23,9 +25,9 @@ def median_step_ms(autocast, reps=10, warmup=3):
         torch.nn.Linear(4096, 10))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
-    times = []
+    times, cpu = [], []
     for i in range(warmup + reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             out = model(x)
@@ -34,8 +36,10 @@ def median_step_ms(autocast, reps=10, warmup=3):
         opt.step()
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+            cpu.append((time.process_time() - c0) * 1e3)
+    return statistics.median(times), statistics.median(cpu)
 
 
-print(f"torch_f32_ms={median_step_ms(False):.2f} torch_bf16_ms={median_step_ms(True):.2f} "
-      f"torch_version={torch.__version__}")
+f32, bf16 = median_step_ms(False), median_step_ms(True)
+print(f"torch_f32_ms={f32[0]:.2f} torch_bf16_ms={bf16[0]:.2f} torch_version={torch.__version__} "
+      f"torch_f32_cpu_ms={f32[1]:.2f} torch_bf16_cpu_ms={bf16[1]:.2f}")
