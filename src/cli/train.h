@@ -25,6 +25,8 @@ typedef struct {
     bool batch_auto;     /* --batch-size auto: the largest that fits --memory-limit */
     size_t memory_limit; /* --memory-limit: bytes the planned step may take (0: none) */
     int epochs;
+    bool cosine;          /* --lr-decay cosine */
+    int64_t warmup_steps; /* --warmup-steps */
     double validation_split;
     bool validation_split_given;
     int64_t steps_per_epoch; /* --steps-per-epoch (0: a pass over the data) */

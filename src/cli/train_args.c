@@ -31,6 +31,8 @@ static void train_usage(FILE *f)
         "                                  Dense GEMM inputs in MX blocks: E4M3, E2M3, E2M1)\n"
         "  --optimizer sgd|adam|adamw      (default adam)\n"
         "  --lr X                          learning rate (default 1e-3, sgd 1e-2)\n"
+        "  --lr-decay constant|cosine      cosine: from --lr down to 0 over the run's steps\n"
+        "  --warmup-steps N                rise linearly to --lr over the first N steps\n"
         "  --batch-size N|auto             (default 256; auto: the largest batch whose planned\n"
         "                                  memory fits --memory-limit)\n"
         "  --memory-limit SIZE             refuse a batch whose planned memory (the summary's\n"
@@ -343,6 +345,15 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
                 a->reduce = MP_REDUCE_BFLOAT16;
             else
                 return bad(f, v, "expected float32 or bfloat16");
+        } else if (!strcmp(f, "--lr-decay")) {
+            NEED_VALUE;
+            if (strcmp(v, "constant") && strcmp(v, "cosine"))
+                return bad(f, v, "expected constant or cosine");
+            a->cosine = !strcmp(v, "cosine");
+        } else if (!strcmp(f, "--warmup-steps")) {
+            NEED_VALUE;
+            if (!mp_cli_parse_i64(v, 0, INT64_MAX, &a->warmup_steps))
+                return bad(f, v, "expected a count of steps");
         } else if (!strcmp(f, "--shard-optimizer")) {
             a->shard_optimizer = true;
         } else if (!strcmp(f, "--bucket-mb")) {

@@ -122,6 +122,16 @@ static mp_model *build_from_flags(const train_args *a, const mp_dataset *train)
     co.optimizer = mp_optimizer_config_default(a->optimizer);
     co.optimizer.learning_rate = a->lr;
     co.optimizer.seed = a->seed;
+    if (a->cosine) { /* from --lr down to 0 over the run's steps, after a warm-up */
+        int64_t rows = (int64_t)((double)mp_dataset_count(train) * (1.0 - a->validation_split));
+        int64_t per_epoch = a->steps_per_epoch ? a->steps_per_epoch
+                                               : (rows + a->batch - 1) / (a->batch ? a->batch : 1);
+        int64_t total = a->max_steps ? a->max_steps : per_epoch * a->epochs;
+        co.optimizer.schedule.decay = MP_LR_COSINE;
+        co.optimizer.schedule.decay_steps = total > 1 ? total : 1;
+        co.optimizer.schedule.final_lr = 0.0f;
+        co.optimizer.schedule.warmup_steps = a->warmup_steps;
+    }
     co.loss_scaling = a->loss_scaling;
     if (a->loss_scaling == MP_LOSS_SCALING_STATIC)
         co.scaler = mp_loss_scaler_config_static(a->static_scale);
