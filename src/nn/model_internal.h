@@ -144,6 +144,12 @@ static inline size_t arena_bytes(size_t n) { return (n + 63) & ~(size_t)63; }
 /* Record the model's first error (sticky) and return its status. */
 mp_status mp_model_fail(mp_model *m, mp_status s, const char *fmt, ...) MP_PRINTF(3, 4);
 
+/* Build's output plans (plan.c): dropped outputs (layer.h, mp_output_use;
+ * after the float8 plan, on which compact forms depend), then relu fusion
+ * (mp_layer.relu_fused). */
+void mp_plan_dropped_outputs(mp_model *m);
+void mp_plan_relu_fusion(mp_model *m);
+
 /* Parameters (params.c): allocation and initialisation at build. */
 mp_status mp_model_init_params(mp_model *m, mp_layer *l);
 void mp_model_free_params(mp_model *m);
