@@ -11,13 +11,11 @@
  * write is ignored, re-measured and replaced, so a bad one never breaks
  * anything. MP_ISA / mp_isa_set force a path and skip all of this (gemm.c). */
 #include <errno.h>
-#include <fcntl.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,6 +23,7 @@
 #include <omp.h>
 #endif
 
+#include "core/cache_file.h"
 #include "kernels/gemm_internal.h"
 
 /* The timing: best of TIMING_REPS runs per candidate of bf16 TIMING_N^3
@@ -40,7 +39,6 @@ enum { TIMING_N = 384, TIMING_N1 = 240, TIMING_REPS = 5 };
  * outlives the process, so it holds only what no plausible noise made. */
 #define CACHE_MARGIN 1.10
 /* Cache files are tiny; anything longer is not ours. */
-enum { CACHE_MAX = 4096 };
 /* Its number goes up whenever a candidate kernel changes, so rates measured
  * on older kernels (2: the FMA kernel got narrow panels and in-place A) are
  * measured again rather than trusted. */
@@ -325,51 +323,6 @@ static bool clear_choice(const decision *d)
 
 /* ------------------------------------------------------------- the cache */
 
-static uint64_t fnv1a(const void *p, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
-    return h;
-}
-
-/* The CPU model: brand string, CPUID signature and the paths it supports. */
-static uint64_t cpu_key(void)
-{
-    const mp_cpu_features *f = mp_cpu();
-    char s[160];
-    int n = snprintf(s, sizeof s, "%s|%s|%08x|", f->vendor, f->brand, (unsigned)mp_cpu_signature());
-    for (int i = 0; i < MP_ISA_COUNT && n > 0 && n < (int)sizeof s - 1; i++)
-        s[n++] = mp_isa_supported((mp_isa)i) ? '1' : '0';
-    return fnv1a(s, n > 0 && n < (int)sizeof s ? (size_t)n : 0);
-}
-
-/* The cache directory into dir; false (with the reason in note) when off. */
-static bool cache_dir(char *dir, size_t len, char *note, size_t nlen)
-{
-    const char *env = getenv("MP_DISPATCH_CACHE");
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    int w;
-    if (env && !strcmp(env, "0")) {
-        snprintf(note, nlen, "off (MP_DISPATCH_CACHE=0)");
-        return false;
-    }
-    if (env && *env)
-        w = snprintf(dir, len, "%s", env);
-    else if (xdg && xdg[0] == '/') /* the XDG rule: a relative value is ignored */
-        w = snprintf(dir, len, "%s/mixprec", xdg);
-    else if (home && home[0] == '/')
-        w = snprintf(dir, len, "%s/.cache/mixprec", home);
-    else {
-        snprintf(note, nlen, "off (neither MP_DISPATCH_CACHE, XDG_CACHE_HOME nor HOME is set)");
-        return false;
-    }
-    if (w < 0 || (size_t)w >= len) {
-        snprintf(note, nlen, "off (the cache path is too long)");
-        return false;
-    }
-    return true;
-}
-
 /* The file's text for d: canonical, so a file is valid exactly when it equals
  * what this function writes for the rates it holds. */
 static int cache_text(char *buf, size_t len, const decision *d, uint64_t key)
@@ -384,46 +337,23 @@ static int cache_text(char *buf, size_t len, const decision *d, uint64_t key)
         n += snprintf(buf + n, len - (size_t)n, " -> %s\n", describe(d->cand[d->chosen])->name);
     if (n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, "check %016llx\n",
-                      (unsigned long long)fnv1a(buf, (size_t)n));
+                      (unsigned long long)mp_fnv1a(buf, (size_t)n));
     return n > 0 && (size_t)n < len ? n : -1;
 }
 
 /* Reads d's rates from path; false (the reason in why) unless the file is a
- * regular file of at most CACHE_MAX bytes equal to what cache_text writes.
+ * regular file of at most MP_CACHE_MAX bytes equal to what cache_text writes.
  * Never blocks (a FIFO) and never follows a link at the last component. */
 static bool cache_read(const char *path, uint64_t key, decision *d, const char **why)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        *why = errno == ENOENT ? "none yet" : "ignored (cannot be opened)";
-        return false;
-    }
-    struct stat st;
-    char buf[CACHE_MAX + 2], want[CACHE_MAX + 2];
-    size_t n = 0;
-    bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-    *why = "ignored (not a regular file)";
-    while (ok && n < CACHE_MAX + 1) {
-        ssize_t r = read(fd, buf + n, CACHE_MAX + 1 - n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) *why = "ignored (unreadable)";
-        if (r <= 0) {
-            ok = r == 0;
-            break;
-        }
-        n += (size_t)r;
-    }
-    close(fd);
-    if (!ok) return false;
-    *why = "ignored (too large)";
-    if (n > CACHE_MAX) return false;
-    buf[n] = '\0';
-    *why = "ignored (not this version's format, or corrupt)";
+    char buf[MP_CACHE_MAX + 2], want[MP_CACHE_MAX + 2];
+    size_t n;
+    if (!mp_cache_slurp(path, buf, &n, why)) return false;
     /* The rates: the one thing the text does not fix. */
     char label[16];
     snprintf(label, sizeof label, "\n%sx%s ", like[d->cls / NLIKE].tag, like[d->cls % NLIKE].tag);
     const char *p = strstr(buf, label);
-    if (!p || memchr(buf, '\0', n)) return false;
+    if (!p) return false;
     p += strlen(label) - 1;
     for (int i = 0; i < d->n; i++) {
         const char *name = describe(d->cand[i])->name;
@@ -443,45 +373,6 @@ static bool cache_read(const char *path, uint64_t key, decision *d, const char *
     return true;
 }
 
-/* mkdir -p with mode 0700; 0 or an errno. */
-static int make_dirs(const char *dir)
-{
-    char p[sizeof(((mp_gemm_dispatch_info *)0)->cache_file)];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s != '\0') continue;
-        const char c = *s;
-        *s = '\0';
-        if (mkdir(p, 0700) != 0 && errno != EEXIST) return errno;
-        *s = c;
-        if (c == '\0') break;
-    }
-    return 0;
-}
-
-/* Writes text to path through a temporary file and a rename, so a reader
- * sees the old file or the new one, never a torn one; 0 or an errno. */
-static int cache_write(const char *dir, const char *path, const char *text, size_t n)
-{
-    char tmp[sizeof(((mp_gemm_dispatch_info *)0)->cache_file) + 8];
-    int err = make_dirs(dir);
-    if (err) return err;
-    snprintf(tmp, sizeof tmp, "%s.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return errno;
-    size_t off = 0;
-    while (off < n && !err) {
-        ssize_t w = write(fd, text + off, n - off);
-        if (w < 0 && errno != EINTR) err = errno;
-        if (w > 0) off += (size_t)w;
-    }
-    if (!err && fsync(fd) != 0) err = errno;
-    if (close(fd) != 0 && !err) err = errno;
-    if (!err && rename(tmp, path) != 0) err = errno;
-    if (err) unlink(tmp);
-    return err;
-}
-
 /* ---------------------------------------------------------- the decision */
 
 static void decide(decision *d, int cls)
@@ -496,9 +387,9 @@ static void decide(decision *d, int cls)
         return;
     }
     d->threads = team_threads();
-    const uint64_t key = cpu_key();
+    const uint64_t key = mp_cpu_model_key();
     char dir[sizeof d->path];
-    const bool cached = cache_dir(dir, sizeof dir, d->note, sizeof d->note);
+    const bool cached = mp_cache_dir(dir, sizeof dir, d->note, sizeof d->note);
     const char *status = "";
     if (cached) {
         int w = snprintf(d->path, sizeof d->path, "%s/gemm-%016llx-%s-t%d-%sx%s", dir,
@@ -538,9 +429,9 @@ static void decide(decision *d, int cls)
                  status, (CACHE_MARGIN - 1) * 100);
         return;
     }
-    char text[CACHE_MAX];
+    char text[MP_CACHE_MAX];
     int n = cache_text(text, sizeof text, d, key);
-    int err = n < 0 ? ENOSPC : cache_write(dir, d->path, text, (size_t)n);
+    int err = n < 0 ? ENOSPC : mp_cache_write(dir, d->path, text, (size_t)n);
     snprintf(d->note, sizeof d->note, "%s, %s%s%s", status, err ? "not written (" : "written",
              err ? strerror(err) : "", err ? ")" : "");
 }
