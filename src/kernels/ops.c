@@ -228,29 +228,15 @@ ACT_CLONES static void add_chunk(const float *u, const float *v, float *o, size_
     for (size_t i = 0; i < n; i++) o[i] = u[i] + v[i];
 }
 
-void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt,
-               size_t n)
-{
-    const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
-#pragma omp parallel for schedule(static) if (chunks > 8)
-    for (long long c = 0; c < chunks; c++) {
-        float ub[CHUNK], vb[CHUNK], ob[CHUNK];
-        size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
-        const float *u = view(ub, a, at, off, len), *v = view(vb, b, bt, off, len);
-        float *o = out_at(ob, y, yt, off);
-        add_chunk(u, v, o, len);
-        if (yt != MP_F32) store(y, yt, off, o, len);
-    }
-}
-
 ACT_CLONES static void add_relu_chunk(const float *u, const float *v, float *o, size_t n)
 {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) o[i] = mp_activate(MP_ACT_RELU, u[i] + v[i]);
 }
 
-void mp_op_add_relu(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt,
-                    size_t n)
+/* u + v, rectified when relu (a following relu fused), chunk by chunk. */
+static void add_op(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt,
+                   size_t n, bool relu)
 {
     const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (chunks > 8)
@@ -259,9 +245,24 @@ void mp_op_add_relu(const void *a, mp_dtype at, const void *b, mp_dtype bt, void
         size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
         const float *u = view(ub, a, at, off, len), *v = view(vb, b, bt, off, len);
         float *o = out_at(ob, y, yt, off);
-        add_relu_chunk(u, v, o, len);
+        if (relu)
+            add_relu_chunk(u, v, o, len);
+        else
+            add_chunk(u, v, o, len);
         if (yt != MP_F32) store(y, yt, off, o, len);
     }
+}
+
+void mp_op_add(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt,
+               size_t n)
+{
+    add_op(a, at, b, bt, y, yt, n, false);
+}
+
+void mp_op_add_relu(const void *a, mp_dtype at, const void *b, mp_dtype bt, void *y, mp_dtype yt,
+                    size_t n)
+{
+    add_op(a, at, b, bt, y, yt, n, true);
 }
 
 void mp_op_accumulate(void *dst, mp_dtype dt, const void *src, mp_dtype st, size_t n)
