@@ -13,9 +13,7 @@ so that a policy takes about --budget-s seconds; the line says how many ran.
 usage: conv_keras.py [--threads N] [--warmup N] [--steps N] [--batch N]
                      [--budget-s S] [--policies float32,mixed_bfloat16,mixed_float16]"""
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
 
@@ -41,6 +39,7 @@ tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
 import keras  # noqa: E402
 from keras import layers  # noqa: E402
+from keras_report import report  # noqa: E402
 
 
 def conv_bn(x, filters, k, stride):
@@ -96,18 +95,6 @@ for policy in args.policies.split(","):
     for i in range(steps):
         t, loss = step()
         times.append(t * 1e3)
-    print(json.dumps({
-        "policy": policy,
-        "median_ms": round(statistics.median(times), 2),
-        "steps": steps,
-        "warmup": warmup,
-        "threads": args.threads,
-        "params": model.count_params(),
-        "optimizer": type(model.optimizer).__name__,
-        "jit_compile": bool(model.jit_compile),
-        "loss": float(np.asarray(loss).ravel()[0]) if np.ndim(loss) else float(loss),
-        "keras": keras.__version__,
-        "tensorflow": tf.__version__,
-    }), flush=True)
+    report(policy, times, steps, warmup, args.threads, model, loss)
 keras.mixed_precision.set_global_policy("float32")
 sys.exit(0)

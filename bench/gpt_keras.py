@@ -22,9 +22,7 @@ the line says how many ran.
 usage: gpt_keras.py [--threads N] [--warmup N] [--steps N] [--batch N]
                     [--context N] [--budget-s S] [--policies float32,mixed_bfloat16]"""
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
 
@@ -51,6 +49,7 @@ tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
 import keras  # noqa: E402
 from keras import layers, ops  # noqa: E402
+from keras_report import report  # noqa: E402
 
 VOCAB, WIDTH, HEADS, KEY_DIM, MLP, LAYERS = 256, 256, 4, 64, 1024, 4
 
@@ -127,18 +126,6 @@ for policy in args.policies.split(","):
     for i in range(steps):
         t, loss = step()
         times.append(t * 1e3)
-    print(json.dumps({
-        "policy": policy,
-        "median_ms": round(statistics.median(times), 2),
-        "steps": steps,
-        "warmup": warmup,
-        "threads": args.threads,
-        "params": model.count_params(),
-        "optimizer": type(model.optimizer).__name__,
-        "jit_compile": bool(model.jit_compile),
-        "loss": float(np.asarray(loss).ravel()[0]) if np.ndim(loss) else float(loss),
-        "keras": keras.__version__,
-        "tensorflow": tf.__version__,
-    }), flush=True)
+    report(policy, times, steps, warmup, args.threads, model, loss)
 keras.mixed_precision.set_global_policy("float32")
 sys.exit(0)

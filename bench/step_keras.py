@@ -21,7 +21,6 @@ usage: step_keras.py [--threads N] [--warmup N] [--steps N] [--batch N]
                      [--budget-s S] [--policies float32,mixed_bfloat16]
                      [--jit off|on|both]"""
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -50,6 +49,7 @@ tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
 import keras  # noqa: E402
 from keras import layers  # noqa: E402
+from keras_report import report  # noqa: E402
 
 
 def seed_mlp():
@@ -93,19 +93,7 @@ for policy, jit in [(p, j) for p in args.policies.split(",") for j in jits]:
         t, loss, c = step()
         times.append(t * 1e3)
         cpu.append(c * 1e3)
-    print(json.dumps({
-        "policy": policy,
-        "median_ms": round(statistics.median(times), 2),
-        "cpu_ms": round(statistics.median(cpu), 2),
-        "steps": steps,
-        "warmup": warmup,
-        "threads": args.threads,
-        "params": model.count_params(),
-        "optimizer": type(model.optimizer).__name__,
-        "jit_compile": bool(model.jit_compile),
-        "loss": float(np.asarray(loss).ravel()[0]) if np.ndim(loss) else float(loss),
-        "keras": keras.__version__,
-        "tensorflow": tf.__version__,
-    }), flush=True)
+    report(policy, times, steps, warmup, args.threads, model, loss,
+           cpu_ms=statistics.median(cpu))
 keras.mixed_precision.set_global_policy("float32")
 sys.exit(0)
