@@ -165,6 +165,8 @@ int main(int argc, char **argv)
         printf("  note: on one machine the ranks move the bytes themselves (shared memory), "
                "taking CPU time from backward\n");
         bench_watch_report(w, policies[p]);
+        printf("  (the other rank counts among the other processes: ~%d%% of a core is ours)\n",
+               100 * (nranks - 1));
     }
     mp_dist_finalize();
     return 0;

@@ -112,9 +112,12 @@ static bool wait_within(MPI_Request *req, double limit, int *rc)
         if (*rc != MPI_SUCCESS || done) return true;
         if (spins < 256) continue; /* a sum in flight on this machine: microseconds */
         if (spins == 256) start = mp_dist_now();
-        if (mp_dist_now() - start > limit) return false;
-        /* let a rank that shares this core compute (mpirun --oversubscribe) */
-        nanosleep(&(struct timespec){0, 20000}, NULL);
+        double waited = mp_dist_now() - start;
+        if (waited > limit) return false;
+        /* let a rank that shares this core compute (mpirun --oversubscribe);
+         * past a few milliseconds the other ranks are busy for longer, and
+         * waking 50 000 times a second would take CPU time from them */
+        nanosleep(&(struct timespec){0, waited < 0.005 ? 20000 : 500000}, NULL);
     }
 }
 
