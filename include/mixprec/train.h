@@ -77,12 +77,11 @@ typedef struct {
 mp_shard_options mp_shard_options_default(int64_t global_batch, int64_t first_row);
 /* One step on this rank's shard x (0 rows allowed): rows
  * [c r / N, c (r + 1) / N) of the global batch of c rows (mp_dist_shard;
- * anything else is refused), with every rank calling it together. The loss and its gradient are this rank's part of the global
- * batch's mean; each layer's gradients start on their way to the other ranks
- * as soon as its backward is done (mp_dist_reducer), and are summed before
- * unscaling, so a non-finite gradient anywhere makes every rank skip. r gets
- * the global batch's loss and correct count. With one process (no MPI) it is
- * a plain step, sliced when o->slices > 1. */
+ * anything else is refused), with every rank calling it together. The loss and its gradient are
+ * this rank's part of the global batch's mean; each layer's gradients start on their way to the
+ * other ranks as soon as its backward is done (mp_dist_reducer), and are summed before unscaling,
+ * so a non-finite gradient anywhere makes every rank skip. r gets the global batch's loss and
+ * correct count. With one process (no MPI) it is a plain step, sliced when o->slices > 1. */
 mp_status mp_model_train_step_shard(mp_model *m, const mp_tensor *x, const int32_t *labels,
                                     const mp_tensor *target, const mp_shard_options *o,
                                     mp_step_result *r);
