@@ -60,12 +60,17 @@ int mp_dist_size(void)
  * step would pay its first-touch page faults every step). */
 static float *gather_buf;
 static size_t gather_cap;
+static int *parts_buf; /* mp_dist_allgather_parts's counts and offsets */
+static size_t parts_cap;
 
 void mp_dist_finalize(void)
 {
     free(gather_buf);
     gather_buf = NULL;
     gather_cap = 0;
+    free(parts_buf);
+    parts_buf = NULL;
+    parts_cap = 0;
     if (started && running()) {
         MPI_Finalize();
         finished = true;
@@ -231,8 +236,15 @@ mp_status mp_dist_allgather_parts(void *values, size_t n, size_t es)
     if (!running() || size == 1) return MP_OK;
     if (n * es > (size_t)INT32_MAX)
         return mp_set_error(MP_ERR_INVALID, "dist: %zu bytes to gather at once", n * es);
-    int *counts = malloc(2 * (size_t)size * sizeof *counts);
-    if (!counts) return mp_set_error(MP_ERR_NOMEM, "dist: out of memory");
+    /* the counts and offsets, kept between calls (every tensor, every
+     * sharded step) and freed by mp_dist_finalize */
+    if (2 * (size_t)size > parts_cap) {
+        int *c = realloc(parts_buf, 2 * (size_t)size * sizeof *c);
+        if (!c) return mp_set_error(MP_ERR_NOMEM, "dist: out of memory");
+        parts_buf = c;
+        parts_cap = 2 * (size_t)size;
+    }
+    int *counts = parts_buf;
     for (int j = 0; j < size; j++) {
         size_t lo = n * (size_t)j / (size_t)size, hi = n * (size_t)(j + 1) / (size_t)size;
         counts[j] = (int)((hi - lo) * es);
@@ -243,7 +255,6 @@ mp_status mp_dist_allgather_parts(void *values, size_t n, size_t es)
                              MPI_BYTE, MPI_COMM_WORLD, &req);
     mp_status s = rc == MPI_SUCCESS ? mp_dist_wait(&req, "MPI_Iallgatherv")
                                     : mp_dist_mpi_error(rc, "MPI_Iallgatherv");
-    free(counts);
     return s;
 }
 

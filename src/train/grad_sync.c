@@ -68,8 +68,10 @@ static mp_status sync_for(mp_grad_sync **gp, mp_model *m, mp_optimizer *opt,
     g->offset = calloc((size_t)g->np + 1, sizeof *g->offset);
     g->red = mp_dist_reducer_new(o->reduce, bucket);
     if (!g->model_index || !g->offset || !g->red) {
+        bool no_reducer = !g->red; /* the reducer left its message */
         mp_grad_sync_free(g);
-        return g->red ? mp_set_error(MP_ERR_NOMEM, "data parallel: out of memory") : MP_ERR_INVALID;
+        return no_reducer ? MP_ERR_INVALID
+                          : mp_set_error(MP_ERR_NOMEM, "data parallel: out of memory");
     }
     /* the optimizer's parameters are the trainable ones in model order */
     for (int i = 0, j = 0; i < mp_model_num_params(m) && j < g->np; i++)

@@ -17,9 +17,9 @@ typedef struct {
     int64_t row_cap;
     mp_grad_sync *sync; /* data parallel: the gradients' way over the ranks */
     uint32_t *amax;     /* and the float8 amaxes' */
-    float *state;       /* and the moving statistics' */
-    size_t state_cap;
     size_t amax_cap;
+    float *state; /* and the moving statistics' */
+    size_t state_cap;
 } training;
 
 static void training_free(void *p)
