@@ -121,10 +121,11 @@ void mp_convert_stochastic_at(void *dst, mp_dtype dst_type, const float *src, si
 
 typedef enum {
     MP_ISA_SCALAR = 0,     /* portable C, runs anywhere */
-    MP_ISA_AVX512 = 1,     /* AVX-512 F/BW/VL/DQ + F16C + FMA */
-    MP_ISA_AVX512BF16 = 2, /* the above + AVX512_BF16 (vdpbf16ps) */
+    MP_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C (256-bit vectors) */
+    MP_ISA_AVX512 = 2,     /* AVX-512 F/BW/VL/DQ + F16C + FMA */
+    MP_ISA_AVX512BF16 = 3, /* the above + AVX512_BF16 (vdpbf16ps) */
 } mp_isa;
-#define MP_ISA_COUNT 3
+#define MP_ISA_COUNT 4
 
 typedef struct {
     char vendor[13];
@@ -137,8 +138,8 @@ typedef struct {
 const mp_cpu_features *mp_cpu(void);
 /* Best ISA this CPU and OS support. */
 mp_isa mp_isa_best(void);
-/* ISA in use: mp_isa_best(), or MP_ISA from the environment (scalar, avx512,
- * avx512bf16) read once, or the last mp_isa_set(). */
+/* ISA in use: mp_isa_best(), or MP_ISA from the environment (scalar, avx2,
+ * avx512, avx512bf16) read once, or the last mp_isa_set(). */
 mp_isa mp_isa_active(void);
 /* Force a path; MP_ERR_UNSUPPORTED if this CPU cannot run it. */
 mp_status mp_isa_set(mp_isa isa);

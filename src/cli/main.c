@@ -8,28 +8,29 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: mixprec [--help] [--version] COMMAND [ARGS]\n"
-            "\n"
-            "Mixed-precision neural-network training.\n"
-            "\n"
-            "commands:\n"
-            "  train      train a model (an MLP, a JSON model file, resnet20) on Fashion-MNIST,\n"
-            "             CSV or text; mixprec train --help\n"
-            "  demo       the seed model under float32, mixed_bfloat16 and mixed_float16\n"
-            "  evaluate   loss and accuracy of a saved model; mixprec evaluate FILE --data ...\n"
-            "  predict    predicted classes of a saved model, as CSV\n"
-            "  inspect    what a safetensors file or checkpoint holds; mixprec inspect FILE\n"
-            "  generate   text from a trained language model; mixprec generate FILE --prompt ...\n"
-            "  report     an HTML report of run directories; mixprec report DIR... -o FILE.html\n"
-            "  tune-precision  per-layer number formats measured on probe batches; writes a\n"
-            "             model file; mixprec tune-precision --model M.json --help\n"
-            "  info       CPU features, the kernel path in use, threads\n"
-            "  formats    the number formats and their facts\n"
-            "\n"
-            "environment:\n"
-            "  MP_ISA=scalar|avx512|avx512bf16   force a kernel path\n"
-            "  MP_NUM_THREADS=N                  threads for kernels (else OMP_NUM_THREADS)\n");
+    fprintf(
+        out,
+        "usage: mixprec [--help] [--version] COMMAND [ARGS]\n"
+        "\n"
+        "Mixed-precision neural-network training.\n"
+        "\n"
+        "commands:\n"
+        "  train      train a model (an MLP, a JSON model file, resnet20) on Fashion-MNIST,\n"
+        "             CSV or text; mixprec train --help\n"
+        "  demo       the seed model under float32, mixed_bfloat16 and mixed_float16\n"
+        "  evaluate   loss and accuracy of a saved model; mixprec evaluate FILE --data ...\n"
+        "  predict    predicted classes of a saved model, as CSV\n"
+        "  inspect    what a safetensors file or checkpoint holds; mixprec inspect FILE\n"
+        "  generate   text from a trained language model; mixprec generate FILE --prompt ...\n"
+        "  report     an HTML report of run directories; mixprec report DIR... -o FILE.html\n"
+        "  tune-precision  per-layer number formats measured on probe batches; writes a\n"
+        "             model file; mixprec tune-precision --model M.json --help\n"
+        "  info       CPU features, the kernel path in use, threads\n"
+        "  formats    the number formats and their facts\n"
+        "\n"
+        "environment:\n"
+        "  MP_ISA=scalar|avx2|avx512|avx512bf16  force a kernel path\n"
+        "  MP_NUM_THREADS=N                       threads for kernels (else OMP_NUM_THREADS)\n");
 }
 
 static int cmd_info(void)

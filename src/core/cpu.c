@@ -95,6 +95,8 @@ bool mp_isa_supported(mp_isa isa)
     switch (isa) {
     case MP_ISA_SCALAR:
         return true;
+    case MP_ISA_AVX2:
+        return MP_X86 && f->avx2 && f->fma && f->f16c;
     case MP_ISA_AVX512:
         return MP_X86 && avx512;
     case MP_ISA_AVX512BF16:
@@ -107,10 +109,11 @@ mp_isa mp_isa_best(void)
 {
     if (mp_isa_supported(MP_ISA_AVX512BF16)) return MP_ISA_AVX512BF16;
     if (mp_isa_supported(MP_ISA_AVX512)) return MP_ISA_AVX512;
+    if (mp_isa_supported(MP_ISA_AVX2)) return MP_ISA_AVX2;
     return MP_ISA_SCALAR;
 }
 
-static const char *const isa_names[MP_ISA_COUNT] = {"scalar", "avx512", "avx512bf16"};
+static const char *const isa_names[MP_ISA_COUNT] = {"scalar", "avx2", "avx512", "avx512bf16"};
 
 const char *mp_isa_name(mp_isa isa)
 {
@@ -124,7 +127,8 @@ mp_status mp_isa_from_name(const char *name, mp_isa *out)
             *out = (mp_isa)i;
             return MP_OK;
         }
-    return mp_set_error(MP_ERR_INVALID, "unknown ISA '%s' (expected scalar, avx512 or avx512bf16)",
+    return mp_set_error(MP_ERR_INVALID,
+                        "unknown ISA '%s' (expected scalar, avx2, avx512 or avx512bf16)",
                         name ? name : "(null)");
 }
 

@@ -146,10 +146,16 @@ static void scan_default(mp_numerics_lanes *l, const float *v, const float *w, c
 }
 
 #if MP_X86
-/* The same loops compiled for AVX-512 (wider vectors, the same lanes: the
+/* The same loops compiled for AVX-512 and for AVX2 (wider vectors, the same lanes: the
  * same sums to the last bit). */
 MP_TARGET_AVX512 static void scan_avx512(mp_numerics_lanes *l, const float *v, const float *w,
                                          const float *b, int64_t len, const mp_numerics_target th)
+{
+    scan_chunk(l, v, w, b, len, th);
+}
+
+MP_TARGET_AVX2 static void scan_avx2(mp_numerics_lanes *l, const float *v, const float *w,
+                                     const float *b, int64_t len, const mp_numerics_target th)
 {
     scan_chunk(l, v, w, b, len, th);
 }
@@ -167,7 +173,10 @@ void mp_numerics_scan(mp_numerics *out, const float *v, const float *copy, const
 {
     scan_fn fn = scan_default;
 #if MP_X86
-    if (mp_isa_active() != MP_ISA_SCALAR) fn = scan_avx512;
+    if (mp_isa_active() >= MP_ISA_AVX512)
+        fn = scan_avx512;
+    else if (mp_isa_active() == MP_ISA_AVX2)
+        fn = scan_avx2;
 #endif
     mp_numerics_lanes l;
     memset(&l, 0, sizeof l);

@@ -105,7 +105,7 @@ static bool wide_gemv;
 static void choose_gemv(void)
 {
 #if MP_X86
-    wide_gemv = mp_isa_active() != MP_ISA_SCALAR;
+    wide_gemv = mp_isa_active() >= MP_ISA_AVX512;
 #endif
 }
 

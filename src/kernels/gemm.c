@@ -47,6 +47,7 @@ static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
     if (isa >= MP_ISA_AVX512BF16 && bf16_like(at) && bf16_like(bt))
         return mp_isa_forced() ? &mp_gemm_avx512bf16_impl : mp_gemm_dispatch_bf16(at, bt);
     if (isa >= MP_ISA_AVX512) return &mp_gemm_avx512_impl;
+    if (isa == MP_ISA_AVX2) return &mp_gemm_avx2_impl;
 #else
     (void)isa;
     (void)at;

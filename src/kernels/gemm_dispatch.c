@@ -53,6 +53,7 @@ typedef struct {
 static const kernel_desc kernels[] = {
     {&mp_gemm_scalar_impl, "scalar", "portable C, float32"},
 #if MP_X86
+    {&mp_gemm_avx2_impl, "avx2", "widen to float32, FMA"},
     {&mp_gemm_avx512_impl, "avx512", "widen to float32, FMA"},
     {&mp_gemm_avx512bf16_impl, "avx512bf16", "vdpbf16ps"},
 #endif

@@ -105,6 +105,7 @@ mp_status mp_gemm_run(int64_t m, int64_t n, int64_t k, const gemm_operand *a, co
 extern const gemm_impl mp_gemm_scalar_impl;
 
 #if MP_X86
+extern const gemm_impl mp_gemm_avx2_impl;       /* f32 FMA, 256-bit */
 extern const gemm_impl mp_gemm_avx512_impl;     /* f32 FMA */
 extern const gemm_impl mp_gemm_avx512bf16_impl; /* vdpbf16ps */
 #endif

@@ -34,7 +34,12 @@ mp_isa mp_update_path(bool sgd);
 /* Forget the measured choice (tests). */
 void mp_update_dispatch_reset(void);
 enum { MP_UPDATE_CHUNK = 512 };
+/* The update kernels of a path (the scalar ones where it has none). */
+void mp_update_kernels_for(mp_isa isa, mp_sgd_kernel *sgd, mp_adam_kernel *adam);
 #if MP_X86
+void mp_update_sgd_avx2(const mp_step_coefs *c, float *w, const float *g, float *buf, int64_t n);
+void mp_update_adam_avx2(const mp_step_coefs *c, bool decoupled, float *w, const float *g, float *m,
+                         float *v, int64_t n);
 void mp_update_sgd_avx512(const mp_step_coefs *c, float *w, const float *g, float *buf, int64_t n);
 void mp_update_adam_avx512(const mp_step_coefs *c, bool decoupled, float *w, const float *g,
                            float *m, float *v, int64_t n);

@@ -260,12 +260,8 @@ typedef struct {
 
 static kernels kernels_for(mp_isa isa)
 {
-    kernels k = {mp_update_sgd_scalar, mp_update_adam_scalar};
-#if MP_X86
-    if (isa != MP_ISA_SCALAR) k = (kernels){mp_update_sgd_avx512, mp_update_adam_avx512};
-#else
-    (void)isa;
-#endif
+    kernels k;
+    mp_update_kernels_for(isa, &k.sgd, &k.adam);
     return k;
 }
 

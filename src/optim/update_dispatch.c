@@ -24,6 +24,7 @@ static void fill(mp_measured_group *g)
         op->n = 0;
         op->chosen = 0;
         if (mp_isa_supported(MP_ISA_AVX512)) op->isa[op->n++] = MP_ISA_AVX512;
+        if (mp_isa_supported(MP_ISA_AVX2)) op->isa[op->n++] = MP_ISA_AVX2;
         op->isa[op->n++] = MP_ISA_SCALAR;
         for (int i = 0; i < op->n; i++) op->rate[i] = 0;
     }
@@ -64,16 +65,9 @@ static double time_op(int op, mp_isa isa)
                        .sqrt_bc2 = 0.5f,
                        .decoupled_decay = 1.0f,
                        .momentum = 0.9f};
-    mp_sgd_kernel sgd = mp_update_sgd_scalar;
-    mp_adam_kernel adam = mp_update_adam_scalar;
-#if MP_X86
-    if (isa != MP_ISA_SCALAR) {
-        sgd = mp_update_sgd_avx512;
-        adam = mp_update_adam_avx512;
-    }
-#else
-    (void)isa;
-#endif
+    mp_sgd_kernel sgd;
+    mp_adam_kernel adam;
+    mp_update_kernels_for(isa, &sgd, &adam);
     float *w = buf, *g = buf + TIMING_ELEMS, *m = g + TIMING_ELEMS, *v = m + TIMING_ELEMS;
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
@@ -90,6 +84,23 @@ static double time_op(int op, mp_isa isa)
 static const mp_measured_spec spec = {fill, setup, teardown, time_op};
 static mp_measured_group group = {.file = "update"};
 static atomic_int state;
+
+void mp_update_kernels_for(mp_isa isa, mp_sgd_kernel *sgd, mp_adam_kernel *adam)
+{
+    *sgd = mp_update_sgd_scalar;
+    *adam = mp_update_adam_scalar;
+#if MP_X86
+    if (isa >= MP_ISA_AVX512) {
+        *sgd = mp_update_sgd_avx512;
+        *adam = mp_update_adam_avx512;
+    } else if (isa == MP_ISA_AVX2) {
+        *sgd = mp_update_sgd_avx2;
+        *adam = mp_update_adam_avx2;
+    }
+#else
+    (void)isa;
+#endif
+}
 
 mp_isa mp_update_path(bool sgd)
 {

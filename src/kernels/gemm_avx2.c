@@ -1,0 +1,223 @@
+/* gemm_avx2.c - AVX2 + FMA GEMM path for x86-64 CPUs without AVX-512 (AMD
+ * Zen 2/3, Intel client cores): a 6x16 float32 FMA microkernel (12 ymm
+ * accumulators: two FMA pipes of latency 4 need at least 8 independent
+ * chains, and 12 + 2 B vectors + 1 broadcast fill the 16 registers), packers
+ * that widen f32/f16/bf16 to f32 with 8-lane loads and 8x8 transposes, and
+ * the vector epilogue. Each element's sum runs over k in order with one FMA
+ * per product, as on the AVX-512 path. Compiled with target attributes and
+ * only reached after runtime CPU detection. */
+#include <string.h>
+
+#include "kernels/gemm_simd.h"
+
+#if MP_X86
+
+enum { HMR = 6, HNR = 16 };
+
+/* The microkernel, A's element (i, k) at ap[i * si + k * sk] (packed: si = 1,
+ * sk = HMR). */
+MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
+kernel_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float *bp, float *c,
+            int64_t ldc, int acc)
+{
+    __m256 lo[HMR], hi[HMR];
+#pragma GCC unroll 6
+    for (int i = 0; i < HMR; i++) {
+        lo[i] = acc ? _mm256_loadu_ps(c + i * ldc) : _mm256_setzero_ps();
+        hi[i] = acc ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_setzero_ps();
+    }
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
+#pragma GCC unroll 6
+        for (int i = 0; i < HMR; i++) {
+            const __m256 av = _mm256_broadcast_ss(ap + i * si);
+            lo[i] = _mm256_fmadd_ps(av, b0, lo[i]);
+            hi[i] = _mm256_fmadd_ps(av, b1, hi[i]);
+        }
+        ap += sk;
+        bp += HNR;
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < HMR; i++) {
+        _mm256_storeu_ps(c + i * ldc, lo[i]);
+        _mm256_storeu_ps(c + i * ldc + 8, hi[i]);
+    }
+}
+
+MP_TARGET_AVX2 static void kernel_f32(int64_t kc, const void *a, const void *b, float *c,
+                                      int64_t ldc, int acc)
+{
+    kernel_core(kc, a, 1, HMR, b, c, ldc, acc);
+}
+
+/* A in place: one stream per row (sk = 1) or a panel column as HMR
+ * consecutive floats of a row (si = 1). nv is always 1 (HNR = 16). */
+MP_TARGET_AVX2 static void kernel_f32_a(int64_t kc, const float *a, int64_t si, int64_t sk,
+                                        const void *b, float *c, int64_t ldc, int acc, int nv)
+{
+    (void)nv;
+    if (sk == 1)
+        kernel_core(kc, a, si, 1, b, c, ldc, acc);
+    else
+        kernel_core(kc, a, 1, sk, b, c, ldc, acc);
+}
+
+/* Lanes [0, n) set, for maskload / maskstore. */
+MP_TARGET_AVX2 static inline __m256i lanes(int n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* Up to 8 consecutive elements of a 16/32-bit type widened to f32; lanes past
+ * cnt are zero and their memory is not touched. */
+MP_TARGET_AVX2 static inline __m256 load8(const char *p, mp_dtype t, int cnt)
+{
+    const size_t es = t == MP_F32 ? 4 : 2;
+    _Alignas(32) char tmp[32];
+    if (cnt < 8) {
+        memset(tmp, 0, sizeof tmp);
+        memcpy(tmp, p, (size_t)cnt * es);
+        p = tmp;
+    }
+    switch (t) {
+    case MP_F32:
+        return _mm256_loadu_ps((const float *)p);
+    case MP_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    default: /* MP_BF16 */
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    }
+}
+
+/* The first n (1..8) lanes of v to o. */
+MP_TARGET_AVX2 static inline void store_n(float *o, __m256 v, int n)
+{
+    if (n == 8)
+        _mm256_storeu_ps(o, v);
+    else
+        _mm256_maskstore_ps(o, lanes(n), v);
+}
+
+MP_TARGET_AVX2 static void pack_f32(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
+                                    int64_t nd, int W, void *dst)
+{
+    const mp_dtype t = op->type;
+    if ((t != MP_F32 && t != MP_F16 && t != MP_BF16) || (op->sw != 1 && op->sd != 1)) {
+        mp_gemm_pack_generic(op, w0, nw, d0, nd, W, GEMM_FMT_F32, dst);
+        return;
+    }
+    const int64_t es = (int64_t)mp_dtype_size(t);
+    const char *base = op->base;
+    float *out = dst;
+    if (op->sw == 1) {
+        /* Panel rows are contiguous in memory: copy them, 8 depths (source
+         * rows) at a time so that each panel's piece is written whole. */
+        enum { G = 8 };
+        for (int64_t dg = 0; dg < nd; dg += G) {
+            const int64_t gn = nd - dg < G ? nd - dg : G;
+            for (int64_t p = 0; p * W < nw; p++) {
+                const int64_t nv = nw - p * W < W ? nw - p * W : W;
+                const char *col = base + (w0 + p * W + (d0 + dg) * op->sd) * es;
+                float *o = out + p * nd * W + dg * W;
+                for (int64_t d = 0; d < gn; d++) {
+                    const char *src = col + d * op->sd * es;
+                    for (int g = 0; g < W; g += 8) {
+                        const int width = W - g < 8 ? W - g : 8;
+                        const int64_t cnt = nv - g < width ? nv - g : width;
+                        __m256 v =
+                            cnt <= 0 ? _mm256_setzero_ps() : load8(src + g * es, t, (int)cnt);
+                        store_n(o + d * W + g, v, width);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (int64_t w = 0; w < nw; w += W, out += nd * W) {
+        const int64_t nv = nw - w < W ? nw - w : W;
+        /* Depth is contiguous: transpose 8 rows x 8 depths at a time. */
+        for (int g = 0; g < W; g += 8) {
+            const int width = W - g < 8 ? W - g : 8;
+            int64_t cnt = nv - g;
+            if (cnt > width) cnt = width;
+            const char *rows = base + ((w0 + w + g) * op->sw + d0) * es;
+            for (int64_t d = 0; d < nd; d += 8) {
+                const int dn = nd - d >= 8 ? 8 : (int)(nd - d);
+                __m256 r[8];
+                for (int q = 0; q < cnt; q++)
+                    _mm_prefetch(rows + (q * op->sw + d + 64) * es, _MM_HINT_T0);
+                for (int q = 0; q < 8; q++)
+                    r[q] =
+                        q < cnt ? load8(rows + (q * op->sw + d) * es, t, dn) : _mm256_setzero_ps();
+                mp_gemm_tr8(r);
+                for (int q = 0; q < dn; q++) store_n(out + (d + q) * W + g, r[q], width);
+            }
+        }
+    }
+}
+
+/* C's elements [idx, idx + cnt) widened to f32; the rest zero. */
+MP_TARGET_AVX2 static inline __m256 load_c(const void *c, mp_dtype t, int64_t idx, int cnt)
+{
+    if (t == MP_F32)
+        return cnt == 8 ? _mm256_loadu_ps((const float *)c + idx)
+                        : _mm256_maskload_ps((const float *)c + idx, lanes(cnt));
+    return load8((const char *)c + idx * 2, t, cnt);
+}
+
+/* The scalar epilogue's operations in its order (alpha * acc, + beta * c,
+ * + bias, activation, one rounding), 8 lanes at a time. */
+MP_TARGET_AVX2 static void epilogue(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
+                                    int64_t j0, int64_t mr, int64_t nr)
+{
+    if (nr > HNR || e->trans) {
+        mp_gemm_epilogue_scalar(e, t, ldt, i0, j0, mr, nr);
+        return;
+    }
+    const __m256 alpha = _mm256_set1_ps(e->alpha), beta = _mm256_set1_ps(e->beta);
+    const __m256 zero = _mm256_setzero_ps();
+    _Alignas(32) float row[HNR];
+    const bool direct = e->c_type == MP_F32 && (e->act == MP_ACT_NONE || e->act == MP_ACT_RELU);
+    const size_t csz = mp_dtype_size(e->c_type);
+    for (int64_t i = 0; i < mr; i++) {
+        const int64_t ci = (i0 + i) * e->ldc + j0;
+        for (int64_t j = 0; j < nr; j += 8) {
+            const int cnt = nr - j < 8 ? (int)(nr - j) : 8;
+            /* the tile's rows are at least HNR wide: a full load stays inside */
+            __m256 v = _mm256_mul_ps(alpha, _mm256_loadu_ps(t + i * ldt + j));
+            if (e->beta != 0.0f)
+                v = _mm256_add_ps(v, _mm256_mul_ps(beta, load_c(e->c, e->c_type, ci + j, cnt)));
+            if (e->bias) v = _mm256_add_ps(v, _mm256_maskload_ps(e->bias + j0 + j, lanes(cnt)));
+            if (e->act == MP_ACT_RELU) v = _mm256_and_ps(v, _mm256_cmp_ps(v, zero, _CMP_NLE_UQ));
+            if (direct)
+                store_n((float *)e->c + ci + j, v, cnt);
+            else
+                _mm256_store_ps(row + j, v);
+        }
+        if (direct) continue;
+        if (e->act == MP_ACT_GELU || e->act == MP_ACT_GELU_TANH)
+            mp_activate_row(e->act, row, row, (size_t)nr);
+        mp_convert_isa(MP_ISA_AVX2, (char *)e->c + (size_t)ci * csz, e->c_type, row, MP_F32,
+                       (size_t)nr, MP_OVERFLOW_SATURATE);
+    }
+}
+
+/* Blocks for a core with 32 KiB L1d and 512 KiB L2 (Zen 3): an A panel
+ * (6 x 256 floats, 6 KiB) stays in L1 while it meets every B panel of a
+ * 256 x 256 block (256 KiB, in L2). */
+const gemm_impl mp_gemm_avx2_impl = {
+    .fmt = GEMM_FMT_F32,
+    .mr = HMR,
+    .nr = HNR,
+    .kc = 256,
+    .mc = 1536,
+    .nc = 256,
+    .kernel = kernel_f32,
+    .kernel_a = kernel_f32_a,
+    .pack = pack_f32,
+    .epilogue = epilogue,
+};
+
+#endif
