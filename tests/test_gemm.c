@@ -6,6 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "common.h"
 
 static const mp_dtype in_types[] = {MP_F32, MP_BF16, MP_F16, MP_F8E4M3, MP_F8E5M2};
@@ -389,30 +393,46 @@ static void det_run(int threads, mp_dtype t, void *a, void *b, float *c, int64_t
     mp_gemm(false, true, m, n, k, 1.0f, a, t, k, b, t, k, 0.0f, c, MP_F32, n);
 }
 
-/* Same bits on every run and for every thread count (no K split). */
+/* Same bits on every run and for every thread count (no K split), on a
+ * C split by rows and on one split by columns (where the threads share the
+ * packing of A), and from inside a caller's parallel region (a team of one
+ * running every thread's part). */
 static void test_determinism(void **state)
 {
     (void)state;
-    const int64_t m = 333, n = 290, k = 1500;
+    const int64_t shapes[2][3] = {{333, 290, 1500}, {100, 1400, 700}};
     test_rng r = {77};
     mp_isa isas[MP_ISA_COUNT];
     int ni = test_isas(isas);
     mp_isa saved = mp_isa_active();
     int saved_threads = mp_num_threads();
-    float *f = malloc((size_t)(m + n) * (size_t)k * sizeof(float));
-    for (int64_t i = 0; i < (m + n) * k; i++) f[i] = (float)test_rng_uniform(&r, -1, 1);
-    void *h = malloc((size_t)(m + n) * (size_t)k * 4);
-    float *c1 = malloc((size_t)(m * n) * sizeof(float));
-    float *c2 = malloc((size_t)(m * n) * sizeof(float));
+    const size_t most = 850 * 1500;
+    float *f = malloc(most * sizeof(float));
+    for (size_t i = 0; i < most; i++) f[i] = (float)test_rng_uniform(&r, -1, 1);
+    void *h = malloc(most * 4);
+    float *c1 = malloc(333 * 700 * sizeof(float));
+    float *c2 = malloc(333 * 700 * sizeof(float));
     const mp_dtype ts[2] = {MP_F32, MP_BF16};
     for (int ii = 0; ii < ni; ii++) {
         mp_isa_set(isas[ii]);
-        for (int ti = 0; ti < 2; ti++) {
-            mp_convert(h, ts[ti], f, MP_F32, (size_t)((m + n) * k));
-            void *b = (char *)h + (size_t)(m * k) * mp_dtype_size(ts[ti]);
-            det_run(2, ts[ti], h, b, c1, m, n, k);
-            for (int rep = 0; rep < 3; rep++) {
-                det_run(rep == 1 ? 1 : 2, ts[ti], h, b, c2, m, n, k);
+        for (int si = 0; si < 2; si++) {
+            const int64_t m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+            for (int ti = 0; ti < 2; ti++) {
+                mp_convert(h, ts[ti], f, MP_F32, (size_t)((m + n) * k));
+                void *b = (char *)h + (size_t)(m * k) * mp_dtype_size(ts[ti]);
+                det_run(2, ts[ti], h, b, c1, m, n, k);
+                for (int rep = 0; rep < 4; rep++) {
+                    det_run(rep == 1 ? 1 : rep == 3 ? 3 : 2, ts[ti], h, b, c2, m, n, k);
+                    assert_memory_equal(c1, c2, (size_t)(m * n) * sizeof(float));
+                }
+                memset(c2, 0, (size_t)(m * n) * sizeof(float));
+#pragma omp parallel num_threads(2)
+                {
+#ifdef _OPENMP
+                    if (omp_get_thread_num() == 0)
+#endif
+                        det_run(2, ts[ti], h, b, c2, m, n, k);
+                }
                 assert_memory_equal(c1, c2, (size_t)(m * n) * sizeof(float));
             }
         }

@@ -14,6 +14,7 @@
  * Each element of C is summed in one fixed order along k (blocks of depth are
  * chained through the stored partial sum), so results do not depend on the
  * thread count or on how C is split. */
+#include <stdatomic.h>
 #include <string.h>
 
 #ifdef _OPENMP
@@ -124,8 +125,79 @@ static bool a_in_place(const gemm_impl *im, const gemm_operand *a)
            (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
 }
 
-/* Computes rows [m0, m1) x cols [n0, n1) of C; false if out of memory. */
-static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
+/* The partial sums the kernel call after tile (ir, jr) of a block starts
+ * from (C itself, or the buffer cw) are loaded at its top and every FMA
+ * chain waits for them: asked for one call ahead, they arrive while this
+ * call computes. */
+static inline void prefetch_tile(const gemm_plan *pl, int64_t ir, int64_t jr, int64_t mb,
+                                 int64_t nb, int64_t ic, int64_t jc, int64_t n0, const float *cw,
+                                 int64_t ldw)
+{
+    const int MR = pl->im->mr, NR = pl->im->nr;
+    jr += NR;
+    if (jr >= nb) {
+        jr = 0;
+        ir += MR;
+        if (ir >= mb) return;
+    }
+    const float *row;
+    int64_t ld;
+    if (cw) {
+        row = cw + ir * ldw + (jc - n0) + jr;
+        ld = ldw;
+    } else {
+        row = (const float *)pl->e.c + (ic + ir) * pl->e.ldc + jc + jr;
+        ld = pl->e.ldc;
+    }
+    for (int i = 0; i < MR && ir + i < mb; i++) {
+        for (int b = 0; b < NR; b += 16) __builtin_prefetch(row + i * ld + b, 1, 3);
+        __builtin_prefetch(row + i * ld + NR - 1, 1, 3); /* a row across a line boundary */
+    }
+}
+
+/* With nothing to apply on the way out, full tiles accumulate in C itself
+ * and skip the round trip through a buffer. */
+static bool accumulates_in_c(const gemm_epilogue *e)
+{
+    return e->c_type == MP_F32 && e->alpha == 1.0f && e->beta == 0.0f && !e->bias &&
+           e->act == MP_ACT_NONE && !e->trans;
+}
+
+/* The rows of a block for `rows` rows whose partial sums span nr_pad
+ * columns. The packed A block is reused across the whole n range, so every
+ * element is packed once; a partial-sum buffer spanning that range caps the
+ * block. Every further block of rows packs all of B again, so the rows are
+ * cut into as few blocks as the caps allow, of equal size: 1024 rows under
+ * a cap of 510 were 510 + 510 + 4, and the 4-row block packed the whole of
+ * B for 4 rows of products. */
+static int64_t row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, bool multi, bool direct)
+{
+    const int MR = im->mr;
+    int64_t mc = im->mc;
+    if (multi && !direct) {
+        int64_t cap = ((int64_t)1 << 22) / nr_pad / MR * MR; /* 16 MiB of floats */
+        if (cap < MR) cap = MR;
+        mc = min64(mc, cap);
+    }
+    return cdiv(cdiv(rows, cdiv(rows, mc)), MR) * MR;
+}
+
+/* Threads that split only n all need the same packed A blocks: each packs
+ * its share of the panels into one buffer (the first thread's) and all use
+ * it, instead of every thread packing all of A. All threads then run the
+ * same blocks of rows and depth and meet at a barrier before and after each
+ * block is packed. */
+typedef struct {
+    char *_Atomic ap;  /* the shared A buffer, set by thread 0 */
+    atomic_int failed; /* a thread could not allocate: all return false */
+    int64_t mc;        /* the row block of every thread */
+    int nt;
+} gemm_share;
+
+/* Computes rows [m0, m1) x cols [n0, n1) of C; false if out of memory.
+ * share: NULL, or the team's shared A packing (thread t of share->nt). */
+static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+                       gemm_share *share, int tid)
 {
     const gemm_impl *im = pl->im;
     const int MR = im->mr, NR = im->nr;
@@ -146,23 +218,22 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     const int64_t nr_pad = cdiv(n1 - n0, NR) * NR;
     const int64_t nc = min64(im->nc, nr_pad);
     const bool multi = kcb < pl->k;
-    /* With nothing to apply on the way out, full tiles accumulate in C itself
-     * and skip the round trip through a buffer. */
     const gemm_epilogue *e = &pl->e;
-    const bool direct = e->c_type == MP_F32 && e->alpha == 1.0f && e->beta == 0.0f && !e->bias &&
-                        e->act == MP_ACT_NONE && !e->trans;
-    /* The packed A block is reused across the whole n range, so every element
-     * is packed once; a partial-sum buffer spanning that range caps mc. */
-    int64_t mc = min64(im->mc, cdiv(m1 - m0, MR) * MR);
-    if (multi && !direct) {
-        int64_t cap = ((int64_t)1 << 20) / nr_pad / MR * MR; /* 4 MiB of floats */
-        if (cap < MR) cap = MR;
-        mc = min64(mc, cap);
-    }
-    char *ap = mp_scratch(0, (size_t)mc * (size_t)kpad_max * esz);
+    const bool direct = accumulates_in_c(e);
+    const int64_t mc = share ? share->mc : row_block(im, m1 - m0, nr_pad, multi, direct);
+    char *ap = share && tid ? NULL : mp_scratch(0, (size_t)mc * (size_t)kpad_max * esz);
     char *bp = mp_scratch(1, (size_t)nc * (size_t)kpad_max * esz);
     float *cw = multi ? mp_scratch(2, (size_t)mc * (size_t)nr_pad * sizeof(float)) : NULL;
-    if (!ap || !bp || (multi && !cw)) return false;
+    const bool mine_ok = (ap || (share && tid)) && bp && (!multi || cw);
+    if (share) {
+        if (!mine_ok) atomic_store(&share->failed, 1);
+        if (tid == 0) atomic_store(&share->ap, ap);
+#pragma omp barrier
+        if (atomic_load(&share->failed)) return false;
+        ap = atomic_load(&share->ap);
+    } else if (!mine_ok) {
+        return false;
+    }
     const int64_t ldw = nr_pad;
 
     const bool in_place = a_in_place(im, &pl->a);
@@ -172,7 +243,19 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
             const int64_t kb = min64(kcb, pl->k - pc);
             const int64_t kpad = im->fmt == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
             const bool first = pc == 0, last = pc + kb >= pl->k;
-            if (!in_place && !pack(im, &pl->a, ic, mb, pc, kb, MR, ap)) return false;
+            if (share) {
+                /* this thread's share of the block's panels, once every
+                 * thread is done with the previous block */
+                const int64_t np = cdiv(mb, MR), p0 = np * tid / share->nt,
+                              p1 = np * (tid + 1) / share->nt;
+#pragma omp barrier
+                if (p1 > p0)
+                    im->pack(&pl->a, ic + p0 * MR, min64(mb, p1 * MR) - p0 * MR, pc, kb, MR,
+                             ap + (size_t)p0 * (size_t)(MR * kpad) * esz);
+#pragma omp barrier
+            } else if (!in_place && !pack(im, &pl->a, ic, mb, pc, kb, MR, ap)) {
+                return false;
+            }
             for (int64_t jc = n0; jc < n1; jc += nc) {
                 const int64_t nb = min64(nc, n1 - jc);
                 if (!pack(im, &pl->b, jc, nb, pc, kb, NR, bp)) return false;
@@ -190,6 +273,8 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                         apan.p = ap;
                     }
                     for (int64_t jr = 0; jr < nb; jr += NR) {
+                        if (!first && (direct || multi))
+                            prefetch_tile(pl, ir, jr, mb, nb, ic, jc, n0, cw, ldw);
                         const char *bpan = bp + (size_t)(jr / NR) * (size_t)(NR * kpad) * esz;
                         const int64_t nr = min64(NR, nb - jr);
                         int kw;
@@ -349,19 +434,38 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
         split_grid(pl.m, pl.n, mt, ntl, nt, &tm, &tn);
 
     bool ok = true;
+    /* Shared A packing where every thread has the same rows and some n, and
+     * A is packed from strides (a gathered one can fail alone; one read in
+     * place needs no packing). The row block is the one the widest thread
+     * would choose, so that all run the same blocks. */
+    gemm_share share = {.nt = nt};
+    atomic_init(&share.ap, NULL);
+    atomic_init(&share.failed, 0);
+    const bool sharing = nt > 1 && tm == 1 && ntl >= nt && !pl.a.gather && !pl.b.gather && k > 0 &&
+                         !a_in_place(pl.im, &pl.a);
+    if (sharing)
+        share.mc = row_block(pl.im, pl.m, cdiv(ntl, nt) * NR, pl.kcb < k, accumulates_in_c(&pl.e));
     if (nt <= 1) {
-        ok = run_region(&pl, 0, pl.m, 0, pl.n);
+        ok = run_region(&pl, 0, pl.m, 0, pl.n, NULL, 0);
     } else {
 #pragma omp parallel num_threads(nt) reduction(&& : ok)
         {
 #ifdef _OPENMP
-            int t = omp_get_thread_num();
+            const int t = omp_get_thread_num(), team = omp_get_num_threads();
 #else
-            int t = 0;
+            const int t = 0, team = 1;
 #endif
-            int ti = t / tn, tj = t % tn;
-            ok = run_region(&pl, part(mt, tm, ti, MR, pl.m), part(mt, tm, ti + 1, MR, pl.m),
-                            part(ntl, tn, tj, NR, pl.n), part(ntl, tn, tj + 1, NR, pl.n));
+            /* A team smaller than asked for (a call from inside a parallel
+             * region, a thread limit) runs the grid's regions in turn,
+             * without sharing. */
+            gemm_share *sh = sharing && team == nt ? &share : NULL;
+            for (int c = t; c < nt; c += team) {
+                const int ti = c / tn, tj = c % tn;
+                ok = run_region(&pl, part(mt, tm, ti, MR, pl.m), part(mt, tm, ti + 1, MR, pl.m),
+                                part(ntl, tn, tj, NR, pl.n), part(ntl, tn, tj + 1, NR, pl.n), sh,
+                                c) &&
+                     ok;
+            }
         }
     }
     if (!ok) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate packing buffers");
