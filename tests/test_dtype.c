@@ -366,6 +366,36 @@ static void test_isa_selection(void **state)
     assert_int_equal(mp_isa_set(before), MP_OK);
 }
 
+/* Data at any byte offset (a tensor inside a file) converts to the bits of
+ * the same data aligned, in every direction and on every path, with a
+ * length that is not a multiple of any vector width or of the chunking. */
+static void test_unaligned(void **state)
+{
+    (void)state;
+    enum { N = 2500 };
+    static float f[N];
+    static unsigned char src[N * 4 + 8], dst[N * 4 + 8], ref[N * 4];
+    test_rng r = {99};
+    for (int i = 0; i < N; i++) f[i] = (float)test_rng_uniform(&r, -300, 300);
+    const mp_dtype ts[] = {MP_F32, MP_BF16, MP_F16, MP_F8E4M3, MP_F8E5M2};
+    mp_isa isas[MP_ISA_COUNT];
+    const int ni = test_isas(isas);
+    const mp_isa saved = mp_isa_active();
+    for (int k = 0; k < ni; k++) {
+        assert_int_equal(mp_isa_set(isas[k]), MP_OK);
+        for (int a = 0; a < 5; a++)
+            for (int b = 0; b < 5; b++) {
+                const size_t sa = mp_dtype_size(ts[a]), sb = mp_dtype_size(ts[b]);
+                mp_convert(src, ts[a], f, MP_F32, N);
+                mp_convert(ref, ts[b], src, ts[a], N);
+                memmove(src + 1, src, N * sa); /* the same data one byte on */
+                mp_convert(dst + 3, ts[b], src + 1, ts[a], N);
+                assert_memory_equal(dst + 3, ref, N * sb);
+            }
+    }
+    assert_int_equal(mp_isa_set(saved), MP_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -374,6 +404,7 @@ int main(void)
         cmocka_unit_test(test_decode_all_16bit), cmocka_unit_test(test_sample_all_paths),
         cmocka_unit_test(test_convert_any_pair), cmocka_unit_test(test_streaming_paths),
         cmocka_unit_test(test_facts_and_names),  cmocka_unit_test(test_isa_selection),
+        cmocka_unit_test(test_unaligned),
     };
     return cmocka_run_group_tests_name("dtype", tests, NULL, NULL);
 }

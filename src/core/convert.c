@@ -3,6 +3,7 @@
  * go through a small float32 buffer: decoding is exact, so the result is
  * still a single rounding. */
 #include <assert.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "internal.h"
@@ -65,10 +66,25 @@ static void decode(const mp_convert_kernels *k, float *dst, const void *src, mp_
     }
 }
 
+static bool aligned_for(const void *p, mp_dtype t) { return (uintptr_t)p % mp_dtype_size(t) == 0; }
+
 void mp_convert_isa(mp_isa isa, void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type,
                     size_t n, mp_overflow ov)
 {
     if (n == 0) return;
+    if (!aligned_for(src, src_type) || !aligned_for(dst, dst_type)) {
+        /* The kernels take typed pointers; data at any byte offset (a
+         * tensor inside a file, say) goes through aligned buffers. */
+        float in[1024], out[1024];
+        const size_t ss = mp_dtype_size(src_type), ds = mp_dtype_size(dst_type);
+        for (size_t i = 0; i < n; i += 1024) {
+            const size_t c = n - i < 1024 ? n - i : 1024;
+            memcpy(in, (const char *)src + i * ss, c * ss);
+            mp_convert_isa(isa, out, dst_type, in, src_type, c, ov);
+            memcpy((char *)dst + i * ds, out, c * ds);
+        }
+        return;
+    }
     double t0 = mp_prof_leaf_enter();
     const mp_convert_kernels *k = mp_convert_kernels_for(isa);
     if (dst_type == src_type) {

@@ -1,6 +1,7 @@
 /* memory.c - tracked allocation and the per-category memory accounting that
  * lets the library report its own footprint (current and peak) exactly. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,25 @@ typedef struct {
 } scratch;
 static _Thread_local scratch scratch_slots[MP_SCRATCH_SLOTS];
 
+/* A thread's scratch is freed when the thread ends (an OpenMP pool that
+ * shrinks, a caller's own threads), through a key whose destructor the
+ * thread library runs at its exit; the value is the thread's slots. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_release(void *slots)
+{
+    scratch *sl = slots;
+    for (int i = 0; i < MP_SCRATCH_SLOTS; i++) {
+        mp_region_free(sl[i].p, sl[i].bytes);
+        mp_mem_uncharge(MP_MEM_WORKSPACE, sl[i].bytes);
+        sl[i].p = NULL;
+        sl[i].bytes = 0;
+    }
+}
+
+static void scratch_key_make(void) { (void)pthread_key_create(&scratch_key, scratch_release); }
+
 size_t mp_scratch_fail_above = SIZE_MAX;
 
 void *mp_scratch(int slot, size_t bytes)
@@ -112,6 +132,10 @@ void *mp_scratch(int slot, size_t bytes)
         s->p = mp_region_alloc(bytes);
         s->bytes = s->p ? bytes : 0;
         mp_mem_charge(MP_MEM_WORKSPACE, s->bytes);
+        if (s->p) {
+            (void)pthread_once(&scratch_once, scratch_key_make);
+            (void)pthread_setspecific(scratch_key, scratch_slots);
+        }
         if (!s->p) mp_set_error(MP_ERR_NOMEM, "scratch: cannot allocate %zu bytes", bytes);
     }
     return s->p;
