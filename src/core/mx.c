@@ -2,7 +2,8 @@
  * names and facts, the scale rule and the element rounding written out in
  * integer arithmetic, and the scalar kernels built from them, which define
  * the bits every other path must reproduce. Argument checks and dispatch
- * are in mx_convert.c, the AVX-512 kernels in mx_avx512.c.
+ * are in mx_convert.c, the AVX2 and AVX-512 kernels in mx_avx2.c and
+ * mx_avx512.c.
  *
  * The specification's sections as cited here: 5 (the concrete formats with
  * their block size 32, the E8M0 scale: bias 127, 0xFF NaN, no sign, zero or

@@ -1,6 +1,6 @@
 /* mx_internal.h - the MX element formats as constants shared by the scalar
- * definition (mx.c) and the SIMD path (mx_avx512.c), and the kernel table
- * that mx_convert.c dispatches through. Not part of the API. */
+ * definition (mx.c) and the SIMD paths (mx_avx2.c, mx_avx512.c), and the
+ * kernel table that mx_convert.c dispatches through. Not part of the API. */
 #ifndef MP_MX_INTERNAL_H
 #define MP_MX_INTERNAL_H
 
@@ -75,6 +75,7 @@ typedef struct {
 
 extern const mp_mx_kernels mp_mx_scalar_kernels;
 #if MP_X86
+extern const mp_mx_kernels mp_mx_avx2_kernels;
 extern const mp_mx_kernels mp_mx_avx512_kernels;
 #endif
 
