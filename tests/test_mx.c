@@ -175,8 +175,8 @@ static void test_unpack_every_code_and_scale(void **state)
     (void)state;
     const size_t n = 256 * 256; /* element i: code i % 256, scale i / 256 */
     uint8_t *codes = malloc(n), *sc = malloc(n / 32);
-    float *out = malloc(n * sizeof *out);
-    uint16_t *o16 = malloc(n * sizeof *o16);
+    float *out = malloc(n * sizeof *out), *out0 = malloc(n * sizeof *out0);
+    uint16_t *o16 = malloc(n * sizeof *o16), *o160 = malloc(n * sizeof *o160);
     mp_isa isas[MP_ISA_COUNT];
     int nisa = test_isas(isas);
     for (int fi = 0; fi < MP_MX_FORMAT_COUNT; fi++) {
@@ -196,6 +196,13 @@ static void test_unpack_every_code_and_scale(void **state)
             assert_int_equal(mp_mx_unpack_isa(isas[k], t->f, 32, codes, sc, n, out, MP_F32), MP_OK);
             assert_int_equal(mp_mx_unpack_isa(isas[k], t->f, 32, codes, sc, n, o16, MP_BF16),
                              MP_OK);
+            if (k == 0) { /* the scalar path: every other one gives its bits, NaN payloads too */
+                memcpy(out0, out, n * sizeof *out);
+                memcpy(o160, o16, n * sizeof *o16);
+            } else {
+                assert_memory_equal(out, out0, n * sizeof *out);
+                assert_memory_equal(o16, o160, n * sizeof *o16);
+            }
             for (size_t i = 0; i < n; i++) {
                 int s = sc[i / 32];
                 uint32_t c = code_at(t, codes, i);
@@ -221,7 +228,7 @@ static void test_unpack_every_code_and_scale(void **state)
          * for MXFP8 from scale 2^-124 (E4M3) / 2^-117 (E5M2) up */
         assert_int_equal(inexact_high, t->kind == K_E4M3 ? 2 : t->kind == K_E5M2 ? 9 : -1);
     }
-    free(codes), free(sc), free(out), free(o16);
+    free(codes), free(sc), free(out), free(o16), free(out0), free(o160);
 }
 
 /* ------------------------------------------------------------ boundaries */
