@@ -9,6 +9,7 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "cli/train.h"
@@ -382,6 +383,18 @@ int mp_cli_train(int argc, char **argv)
         mp_mem_reset_peaks();
         a.model_base = mp_cli_model_peak_bytes();
         if (!(a.model = mp_cli_model_from_file(&a))) return 2;
+    }
+    if (a.resume) { /* a checkpoint that is not there is found before the data loads */
+        char path[4096];
+        bool is_dir;
+        if (resume_path(a.resume, path, sizeof path, &is_dir)) {
+            fprintf(stderr, "mixprec: %s\n", mp_last_error());
+            return 1;
+        }
+        if (access(path, R_OK)) {
+            fprintf(stderr, "mixprec: cannot resume from '%s': %s\n", path, strerror(errno));
+            return 1;
+        }
     }
     mp_dataset *train = NULL, *test = NULL;
     int64_t context = sequence_length(&a);
