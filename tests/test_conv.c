@@ -241,11 +241,19 @@ static const conv_case direct_cases[] = {
 static void test_direct_kernels(void **state)
 {
     (void)state;
-    for (int scalar = 0; scalar < 2; scalar++) {
-        if (scalar) assert_int_equal(mp_isa_set(MP_ISA_SCALAR), MP_OK);
+    /* the active path (its measured choice), then each path forced: float32
+     * FMA on AVX-512, vdpbf16ps for bfloat16 operands on AVX512_BF16, and
+     * the portable GEMM */
+    const mp_isa paths[] = {MP_ISA_COUNT, MP_ISA_AVX512, MP_ISA_AVX512BF16, MP_ISA_SCALAR};
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (paths[p] != MP_ISA_COUNT) {
+            if (!mp_isa_supported(paths[p])) continue;
+            assert_int_equal(mp_isa_set(paths[p]), MP_OK);
+        }
         for (size_t i = 0; i < sizeof direct_cases / sizeof direct_cases[0]; i++) {
             run_case(&direct_cases[i], MP_F32, MP_F32);
             run_case(&direct_cases[i], MP_BF16, MP_BF16);
+            run_case(&direct_cases[i], MP_BF16, MP_F32);
             run_case(&direct_cases[i], MP_F16, MP_F32);
             run_case(&direct_cases[i], MP_F8E4M3, MP_F32);
         }
@@ -255,34 +263,32 @@ static void test_direct_kernels(void **state)
 
 /* The direct kernels give the same bits on 1 and 2 threads: every output
  * is summed in an order fixed by the shape (threads take whole images, or
- * whole chunks of images for the filter gradient); stride 1 and 2. */
-static void direct_thread_count(const conv_case *k)
+ * whole chunks of images for the filter gradient); stride 1 and 2, float32
+ * and bfloat16 inputs. */
+static void direct_thread_count(const conv_case *k, mp_dtype t)
 {
     mp_conv_geom g = geom_of(k);
     int64_t nx = g.n * g.h * g.w * g.c, ny = g.n * g.oh * g.ow * g.o, nw = g.kh * g.kw * g.c * g.o;
     double *xe, *we, *dye;
-    float *x = random_in(MP_F32, nx, 1, &xe), *w = random_in(MP_F32, nw, 2, &we),
-          *dy = random_in(MP_F32, ny, 3, &dye);
+    void *x = random_in(t, nx, 1, &xe), *w = random_in(t, nw, 2, &we),
+         *dy = random_in(t, ny, 3, &dye);
     float *out[2][3];
-    for (int t = 0; t < 2; t++) {
-        mp_set_num_threads(t + 1);
-        out[t][0] = malloc((size_t)ny * 4);
-        out[t][1] = malloc((size_t)nw * 4);
-        out[t][2] = malloc((size_t)nx * 4);
-        assert_int_equal(
-            mp_conv2d_forward(&g, x, MP_F32, w, MP_F32, NULL, MP_ACT_NONE, out[t][0], MP_F32),
-            MP_OK);
-        assert_int_equal(mp_conv2d_backward_filter(&g, x, MP_F32, dy, MP_F32, out[t][1], false),
+    for (int nt = 0; nt < 2; nt++) {
+        mp_set_num_threads(nt + 1);
+        out[nt][0] = malloc((size_t)ny * 4);
+        out[nt][1] = malloc((size_t)nw * 4);
+        out[nt][2] = malloc((size_t)nx * 4);
+        assert_int_equal(mp_conv2d_forward(&g, x, t, w, t, NULL, MP_ACT_NONE, out[nt][0], MP_F32),
                          MP_OK);
-        assert_int_equal(mp_conv2d_backward_data(&g, dy, MP_F32, w, MP_F32, out[t][2], MP_F32),
-                         MP_OK);
+        assert_int_equal(mp_conv2d_backward_filter(&g, x, t, dy, t, out[nt][1], false), MP_OK);
+        assert_int_equal(mp_conv2d_backward_data(&g, dy, t, w, t, out[nt][2], MP_F32), MP_OK);
     }
     mp_set_num_threads(0);
     assert_memory_equal(out[0][0], out[1][0], (size_t)ny * 4);
     assert_memory_equal(out[0][1], out[1][1], (size_t)nw * 4);
     assert_memory_equal(out[0][2], out[1][2], (size_t)nx * 4);
-    for (int t = 0; t < 2; t++)
-        for (int i = 0; i < 3; i++) free(out[t][i]);
+    for (int nt = 0; nt < 2; nt++)
+        for (int i = 0; i < 3; i++) free(out[nt][i]);
     free(x), free(w), free(dy), free(xe), free(we), free(dye);
 }
 
@@ -291,8 +297,10 @@ static void test_direct_thread_count(void **state)
     (void)state;
     const conv_case k1 = {5, 14, 14, 32, 3, 3, 32, 1, 1, 1, 1, true},
                     k2 = {5, 15, 14, 16, 3, 3, 32, 2, 2, 1, 1, true};
-    direct_thread_count(&k1);
-    direct_thread_count(&k2);
+    for (int i = 0; i < 2; i++) { /* float32, and bfloat16 (vdpbf16ps where it is chosen) */
+        direct_thread_count(&k1, i ? MP_BF16 : MP_F32);
+        direct_thread_count(&k2, i ? MP_BF16 : MP_F32);
+    }
 }
 
 /* Keras's sizes: `same` is ceil(in / stride) with the odd pad after;

@@ -1,0 +1,59 @@
+/* conv_direct_avx512bf16.c - the direct convolution's forward microkernels
+ * on AVX512_BF16: bfloat16 input and weights, the input channels taken in
+ * pairs by vdpbf16ps (one 32-bit lane holds channels c and c+1 of a pixel,
+ * or of a weight column), float32 accumulators. The driver, padding and
+ * packing are conv_direct_avx512.c's; this file is the kernels alone.
+ *
+ * Per pair of channels a tile of MR pixels x NV*16 output channels takes
+ * NV weight loads and MR broadcasts (memory operands of vdpbf16ps), twice
+ * the work of the float32 kernel per instruction. Each vdpbf16ps adds the
+ * two products of a pair to the accumulator one after the other, each
+ * rounded (products of bfloat16 values are exact in float32), so a result
+ * is a float32 sum of the same terms as the FMA kernel's in a fixed order;
+ * vdpbf16ps reads subnormal inputs as zero and flushes subnormal sums (as
+ * the GEMM's vdpbf16ps kernel, gemm_avx512bf16.c). */
+#include <string.h>
+
+#include "kernels/conv_direct_avx512.h"
+
+#if MP_X86
+
+#define BF16_KERNEL(SW, NV, MR)                                                                    \
+    MP_TARGET_AVX512BF16 static void bfwd_##SW##_##NV##_##MR(                                      \
+        int64_t ntap, int steps, const int64_t *xoff, const void *xv, const void *wv, float *t,    \
+        int64_t ldt)                                                                               \
+    {                                                                                              \
+        const uint16_t *x = xv, *w = wv;                                                           \
+        __m512 acc[MR][NV];                                                                        \
+        _Pragma("GCC unroll 28") for (int i = 0; i < MR; i++)                                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();  \
+        for (int64_t tap = 0; tap < ntap; tap++) {                                                 \
+            const uint16_t *xp = x + xoff[tap];                                                    \
+            for (int c = 0; c < steps; c++) {                                                      \
+                __m512bh wp[NV];                                                                   \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) wp[v] =                       \
+                    (__m512bh)_mm512_load_si512(w + v * 32);                                       \
+                _Pragma("GCC unroll 28") for (int i = 0; i < MR; i++)                              \
+                {                                                                                  \
+                    int32_t pair;                                                                  \
+                    memcpy(&pair, xp + i * SW * 16, sizeof pair);                                  \
+                    const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);                         \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[i][v] =               \
+                        _mm512_dpbf16_ps(acc[i][v], xb, wp[v]);                                    \
+                }                                                                                  \
+                xp += 2;                                                                           \
+                w += NV * 32;                                                                      \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 28") for (int i = 0; i < MR; i++)                                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                                   \
+                _mm512_storeu_ps(t + i * ldt + v * 16, acc[i][v]);                                 \
+    }
+
+CONV_ALL_KERNELS(BF16_KERNEL, 1)
+CONV_ALL_KERNELS(BF16_KERNEL, 2)
+
+#define bfwd_ENTRY(S, N, M) bfwd_##S##_##N##_##M,
+CONV_FWD_TABLES(bfwd_, mp_conv_fwd_bf16)
+
+#endif
