@@ -141,11 +141,9 @@ static void tiling(int64_t ow, int nv, int64_t *ntile, int64_t *mr)
     *mr = cdiv(ow, *ntile);
 }
 
-/* Whether bfloat16 operands x and w take the vdpbf16ps kernels: where the
- * GEMM's measured (or forced) choice for bf16 x bf16 is vdpbf16ps. */
-static bool bf16_family(mp_dtype xt, mp_dtype wt)
+bool mp_conv_bf16_family(mp_dtype a, mp_dtype b)
 {
-    return xt == MP_BF16 && wt == MP_BF16 && mp_isa_active() >= MP_ISA_AVX512BF16 &&
+    return a == MP_BF16 && b == MP_BF16 && mp_isa_active() >= MP_ISA_AVX512BF16 &&
            mp_gemm_impl_for(MP_BF16, MP_BF16) == &mp_gemm_avx512bf16_impl;
 }
 
@@ -290,7 +288,7 @@ mp_status mp_conv_direct_forward(const mp_conv_geom *g, const void *x, mp_dtype 
     const int64_t nw = g->kh * g->kw * g->c * g->o;
     float *wbuf = mp_scratch(SLOT_W, (size_t)(2 * nw) * sizeof(float));
     if (!wbuf) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
-    const bool bf16 = bf16_family(xt, wt);
+    const bool bf16 = mp_conv_bf16_family(xt, wt);
     pack_weights(&s, widen_kernel(w, wt, nw, wbuf + nw, bf16), NULL, wbuf, bf16);
     return run_forward(&s, wbuf, &e, bf16);
 }
@@ -309,7 +307,7 @@ mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dy
     const int64_t nw = g->kh * g->kw * g->c * g->o;
     float *wbuf = mp_scratch(SLOT_W, (size_t)(2 * nw) * sizeof(float));
     if (!wbuf) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
-    const bool bf16 = bf16_family(dyt, wt);
+    const bool bf16 = mp_conv_bf16_family(dyt, wt);
     const void *wf = widen_kernel(w, wt, nw, wbuf + nw, bf16);
     const gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false};
     const size_t pixel = (size_t)g->c * mp_dtype_size(dxt);

@@ -90,5 +90,25 @@ enum { MR1 = 28, MR2 = 14, MR3 = 9, MR4 = 7 };
 extern const conv_fwd_fn *const mp_conv_fwd_f32[2][4];  /* float32 FMA */
 extern const conv_fwd_fn *const mp_conv_fwd_bf16[2][4]; /* vdpbf16ps */
 
+/* Whether bfloat16 operands a and b take the vdpbf16ps kernels: both
+ * MP_BF16, and the GEMM's measured (or forced) choice for bf16 x bf16 is
+ * vdpbf16ps. */
+bool mp_conv_bf16_family(mp_dtype a, mp_dtype b);
+
+/* A filter-gradient microkernel on bfloat16 pairs of output pixels:
+ * p[r][j] (row stride ldp; first: =, else +=) gets the sum over oh rows
+ * and np pixel pairs of x[pair][r] * dy[pair][j], r < CR, j < NV*16, each
+ * a 32-bit lane of two bfloat16 (pixels 2z and 2z+1 of a row): x of pair
+ * (y, z) at x + y*xrs + z*2*SW*16 (r the lane after it), dy's vector of
+ * 16 pairs at dy + y*dyrs + z*dps (then 16 lanes a vector). */
+typedef void (*conv_filt_bf16_fn)(int64_t oh, int64_t np, const uint32_t *x, int64_t xrs,
+                                  const uint32_t *dy, int64_t dyrs, int64_t dps, float *p,
+                                  int64_t ldp, int first);
+/* [stride - 1][NV - 1], CR = mp_conv_filt_cr[NV - 1]. */
+extern const conv_filt_bf16_fn mp_conv_filt_bf16[2][4];
+/* Input channels per filter-kernel call, so that CR*NV accumulators stay
+ * in registers with enough independent chains. */
+extern const int mp_conv_filt_cr[4];
+
 #endif
 #endif

@@ -4,7 +4,11 @@
  * or of a weight column), float32 accumulators. The driver, padding and
  * packing are conv_direct_avx512.c's; this file is the kernels alone.
  *
- * Per pair of channels a tile of MR pixels x NV*16 output channels takes
+ * Filter gradient: the same on pairs of consecutive output pixels of a
+ * row (the sum's index), CR input channels x NV*16 output channels per
+ * call; the pairs are interleaved by conv_direct_filter_avx512.c.
+ *
+ * Forward: per pair of channels a tile of MR pixels x NV*16 output channels takes
  * NV weight loads and MR broadcasts (memory operands of vdpbf16ps), twice
  * the work of the float32 kernel per instruction. Each vdpbf16ps adds the
  * two products of a pair to the accumulator one after the other, each
@@ -55,5 +59,48 @@ CONV_ALL_KERNELS(BF16_KERNEL, 2)
 
 #define bfwd_ENTRY(S, N, M) bfwd_##S##_##N##_##M,
 CONV_FWD_TABLES(bfwd_, mp_conv_fwd_bf16)
+
+#define BF16_FILT(SW, NV, CR)                                                                      \
+    MP_TARGET_AVX512BF16 static void bfilt_##SW##_##NV(                                            \
+        int64_t oh, int64_t np, const uint32_t *x, int64_t xrs, const uint32_t *dy, int64_t dyrs,  \
+        int64_t dps, float *p, int64_t ldp, int first)                                             \
+    {                                                                                              \
+        __m512 acc[CR][NV];                                                                        \
+        _Pragma("GCC unroll 16") for (int r = 0; r < CR; r++)                                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();  \
+        for (int64_t y = 0; y < oh; y++) {                                                         \
+            const uint32_t *xp = x + y * xrs, *dp = dy + y * dyrs;                                 \
+            for (int64_t z = 0; z < np; z++) {                                                     \
+                __m512bh dv[NV];                                                                   \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) dv[v] =                       \
+                    (__m512bh)_mm512_loadu_si512(dp + v * 16);                                     \
+                _Pragma("GCC unroll 16") for (int r = 0; r < CR; r++)                              \
+                {                                                                                  \
+                    const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xp[r]);                   \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] =               \
+                        _mm512_dpbf16_ps(acc[r][v], xb, dv[v]);                                    \
+                }                                                                                  \
+                xp += 2 * SW * 16;                                                                 \
+                dp += dps;                                                                         \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 16") for (int r = 0; r < CR; r++)                                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                                   \
+        {                                                                                          \
+            float *o = p + r * ldp + v * 16;                                                       \
+            _mm512_storeu_ps(o, first ? acc[r][v] : _mm512_add_ps(_mm512_loadu_ps(o), acc[r][v])); \
+        }                                                                                          \
+    }
+
+BF16_FILT(1, 1, 16)
+BF16_FILT(1, 2, 8)
+BF16_FILT(1, 3, 4)
+BF16_FILT(1, 4, 4)
+BF16_FILT(2, 1, 16)
+BF16_FILT(2, 2, 8)
+BF16_FILT(2, 3, 4)
+BF16_FILT(2, 4, 4)
+const conv_filt_bf16_fn mp_conv_filt_bf16[2][4] = {{bfilt_1_1, bfilt_1_2, bfilt_1_3, bfilt_1_4},
+                                                   {bfilt_2_1, bfilt_2_2, bfilt_2_3, bfilt_2_4}};
 
 #endif

@@ -50,7 +50,7 @@ typedef void (*filt_fn)(int64_t oh, int64_t ow, const float *x, int64_t xrs, con
 
 /* Input channels per call, so that CR*NV accumulators stay in registers
  * with enough independent chains. */
-static const int filt_cr[4] = {16, 8, 4, 4};
+const int mp_conv_filt_cr[4] = {16, 8, 4, 4};
 FILT_KERNEL(1, 1, 16)
 FILT_KERNEL(1, 2, 8)
 FILT_KERNEL(1, 3, 4)
@@ -109,6 +109,53 @@ static const filt_fn filt_table[2][2][4] = {{{filt_1_1_16, filt_1_2_8, filt_1_3_
                                             {{filt_2_1_16, filt_2_2_8, filt_2_3_4, filt_2_4_4},
                                              {filt_2_1_1, filt_2_2_1, filt_2_3_1, filt_2_4_1}}};
 
+/* Columns q and q + sw of the bfloat16 padded image buf (width wp + sw) as
+ * one 32-bit lane, out[c/16][hp][wp][16]: the x operand of the pair
+ * kernels, whose pair (2z, 2z+1) of a row reads columns 2z*sw + kw and
+ * (2z+1)*sw + kw. Rows and columns no tap reads are skipped as in the
+ * padding. */
+MP_TARGET_AVX512 static void pair_columns(const conv_spec *s, const uint16_t *buf, int64_t hp,
+                                          int64_t wp, uint32_t *out)
+{
+    const int64_t nb = cdiv(s->c, 16), wb = wp + s->sw;
+    const bool skip = s->sh > s->kh || s->sw > s->kw;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t r = 0; r < hp; r++) {
+            if (skip && r % s->sh >= s->kh) continue;
+            const uint16_t *src = buf + (b * hp + r) * wb * 16;
+            uint32_t *dst = out + (b * hp + r) * wp * 16;
+            for (int64_t q = 0; q < wp; q++) {
+                if (skip && q % s->sw >= s->kw) continue;
+                const __m512i lo =
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(src + q * 16)));
+                const __m512i hi = _mm512_cvtepu16_epi32(
+                    _mm256_loadu_si256((const void *)(src + (q + s->sw) * 16)));
+                _mm512_storeu_si512(dst + q * 16, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+        }
+}
+
+/* dy [oh][ow][o] (bfloat16) as pairs of a row's consecutive pixels,
+ * out[oh][ceil(ow/2)][o] (32-bit lanes; the partner of an odd row's last
+ * pixel is zero). o is a multiple of 16. */
+MP_TARGET_AVX512 static void pair_pixels(const uint16_t *dy, int64_t oh, int64_t ow, int64_t o,
+                                         uint32_t *out)
+{
+    const int64_t np = cdiv(ow, 2);
+    for (int64_t y = 0; y < oh; y++)
+        for (int64_t z = 0; z < np; z++)
+            for (int64_t j = 0; j < o; j += 16) {
+                const uint16_t *a = dy + ((y * ow + 2 * z) * o + j);
+                const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)a));
+                const __m512i hi =
+                    2 * z + 1 < ow
+                        ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(a + o)))
+                        : _mm512_setzero_si512();
+                _mm512_storeu_si512(out + ((y * np + z) * o + j),
+                                    _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+}
+
 /* Images per partial sum: a fixed count of chunks from the shape alone, so
  * the summation order does not depend on the thread count; capped so the
  * partial sums stay under 8M floats. */
@@ -132,7 +179,14 @@ mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype x
     int nt = flops < 4e6 ? 1 : mp_num_threads();
     if (nt > nch) nt = (int)nch;
     const filt_fn *table = filt_table[g->sw - 1][g->c < 16];
-    const size_t image = (size_t)(cdiv(g->c, 16) * plane) * sizeof(float);
+    /* bfloat16 x and dy on vdpbf16ps: pairs of output pixels (see
+     * pair_columns, pair_pixels), from an image padded sw columns wider */
+    const bool bf16 = g->c % 16 == 0 && mp_conv_bf16_family(xt, dyt);
+    const int64_t np = cdiv(g->ow, 2), nb = cdiv(g->c, 16);
+    const size_t image =
+        bf16 ? (size_t)(nb * hp * (wp + g->sw) * 16) * 2 : (size_t)(nb * plane) * sizeof(float);
+    const size_t rows = bf16 ? (size_t)(nb * plane + g->oh * np * g->o) * 4
+                             : (size_t)(g->w * g->c + npix * g->o) * sizeof(float);
     const size_t dyes = mp_dtype_size(dyt);
     /* rows per band: its input rows and output gradient in about 24 KiB */
     const int64_t band_bytes = (g->sh * wp * cdiv(g->c, 16) * 16 + g->ow * g->o) * 4;
@@ -140,19 +194,26 @@ mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype x
     bool ok = true;
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(&& : ok)
     for (int64_t j = 0; j < nch; j++) {
-        float *buf = mp_scratch(SLOT_IMAGE, image);
-        float *row = mp_scratch(SLOT_ROW, (size_t)(g->w * g->c + npix * g->o) * sizeof(float));
+        void *buf = mp_scratch(SLOT_IMAGE, image);
+        float *row = mp_scratch(SLOT_ROW, rows);
         if (!buf || !row) {
             ok = false;
             continue;
         }
         float *p = part + j * nw;
         const int64_t n0 = g->n * j / nch, n1 = g->n * (j + 1) / nch;
+        uint32_t *xpairs = (uint32_t *)row, *dypairs = xpairs + nb * plane;
         for (int64_t n = n0; n < n1; n++) {
-            mp_conv_pad_image(&s, n, hp, wp, row, buf, false);
             const char *dyn = (const char *)dy + (size_t)(n * npix * g->o) * dyes;
             const float *dyf = (const float *)dyn;
-            if (dyt != MP_F32) {
+            if (bf16) {
+                mp_conv_pad_image(&s, n, hp, wp + g->sw, NULL, buf, true);
+                pair_columns(&s, buf, hp, wp, xpairs);
+                pair_pixels((const uint16_t *)dyn, g->oh, g->ow, g->o, dypairs);
+            } else {
+                mp_conv_pad_image(&s, n, hp, wp, row, buf, false);
+            }
+            if (!bf16 && dyt != MP_F32) {
                 float *t = row + g->w * g->c;
                 mp_convert(t, MP_F32, dyn, dyt, (size_t)(npix * g->o));
                 dyf = t;
@@ -163,13 +224,21 @@ mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype x
                 const int64_t nr = min64(band, g->oh - y0);
                 const int first = n == n0 && y0 == 0;
                 for (int64_t q = 0; q * 64 < g->o; q++) {
-                    const int nv = chunk_nv(g->o, q), cr = g->c < 16 ? 1 : filt_cr[nv - 1];
+                    const int nv = chunk_nv(g->o, q), cr = g->c < 16 ? 1 : mp_conv_filt_cr[nv - 1];
                     for (int64_t kh = 0; kh < g->kh; kh++)
                         for (int64_t kw = 0; kw < g->kw; kw++)
                             for (int64_t c = 0; c < g->c; c += cr) {
-                                const float *xb = buf + (c / 16) * plane +
-                                                  ((y0 * g->sh + kh) * wp + kw) * 16 + c % 16;
+                                const int64_t xo =
+                                    (c / 16) * plane + ((y0 * g->sh + kh) * wp + kw) * 16 + c % 16;
                                 float *pp = p + ((kh * g->kw + kw) * g->c + c) * g->o + 64 * q;
+                                if (bf16) {
+                                    mp_conv_filt_bf16[g->sw - 1][nv - 1](
+                                        nr, np, xpairs + xo, g->sh * wp * 16,
+                                        dypairs + y0 * np * g->o + 64 * q, np * g->o, g->o, pp,
+                                        g->o, first);
+                                    continue;
+                                }
+                                const float *xb = (const float *)buf + xo;
                                 table[nv - 1](nr, g->ow, xb, g->sh * wp * 16,
                                               dyf + y0 * g->ow * g->o + 64 * q, g->ow * g->o, g->o,
                                               pp, g->o, first);
