@@ -270,7 +270,7 @@ static void large_body(test_rng *r)
                         .tb = tr >> 1,
                         .m = 300,
                         .n = 520,
-                        .k = 700,
+                        .k = 1100, /* two depth blocks under kc = 1024 */
                         .at = pairs[p][0],
                         .bt = pairs[p][1],
                         .ct = MP_F32,
@@ -284,7 +284,7 @@ static void large_body(test_rng *r)
      * epilogue written through the transposed path. */
     gemm_case thin = {.m = 700,
                       .n = 10,
-                      .k = 600,
+                      .k = 1100,
                       .at = MP_BF16,
                       .bt = MP_BF16,
                       .ct = MP_BF16,

@@ -40,9 +40,10 @@ enum { TIMING_N = 384, TIMING_N1 = 240, TIMING_REPS = 5 };
 #define CACHE_MARGIN 1.10
 /* Cache files are tiny; anything longer is not ours. */
 /* Its number goes up whenever a candidate kernel changes, so rates measured
- * on older kernels (2: the FMA kernel got narrow panels and in-place A) are
- * measured again rather than trusted. */
-#define CACHE_MAGIC "mixprec gemm dispatch 2"
+ * on older kernels (2: the FMA kernel got narrow panels and in-place A; 3:
+ * its depth block went from 256 to 1024) are measured again rather than
+ * trusted. */
+#define CACHE_MAGIC "mixprec gemm dispatch 3"
 
 typedef struct {
     const gemm_impl *impl;
