@@ -1,55 +1,25 @@
-/* conv_direct_avx512.c - direct convolution for channel counts that are
- * multiples of 16 (the body of a ResNet): forward, filter gradient and the
- * data gradient of a stride-1 convolution, in float32 FMA on AVX-512.
- *
- * Each image is first copied, widened exactly to float32 and zero-padded,
- * into channel blocks of 16: buf[cb][rows][cols][16]. In that layout the
- * 16 channels of block cb at a pixel are 64 consecutive bytes and pixels
- * are a fixed 64 bytes apart, so a microkernel reads its operands at
- * constant offsets from one pointer:
+/* conv_direct_avx512.c - the direct convolution's float32 kernels on
+ * AVX-512 (the family mp_conv_avx512; drivers in conv_direct.c and
+ * conv_direct_filter.c): the padding into 16-channel blocks (also in
+ * bfloat16, for the vdpbf16ps family), the forward microkernels and the
+ * filter gradient's.
  *   forward  a tile of MR consecutive output pixels of a row (the GEMM's M)
  *            times NV*16 output channels (N) in MR*NV zmm accumulators; per
  *            input channel one row of the packed weights [tap][16][NV*16]
  *            (NV loads) and one broadcast of each pixel's input (a memory
  *            operand of the FMA). No patch is gathered.
- *   filter   conv_direct_filter_avx512.c.
- *   data     stride 1: the forward of dy with the kernel flipped and its two
- *            channel axes swapped (padding KH-1-pt). conv.c runs a strided
- *            convolution's data gradient as stride-1 phases.
- * bfloat16 input and weights take the vdpbf16ps kernels
- * (conv_direct_avx512bf16.c) where the GEMM's measured choice for bf16 x
- * bf16 is vdpbf16ps (gemm_dispatch.c): the image is then padded as
- * bfloat16 in the same layout (32 bytes a pixel and block) and the weights
- * packed in channel pairs, [tap][16/2][NV*16][2].
- * Every output element is summed in one fixed order (taps, then channels;
- * for the filter: pixels of an image, images of a chunk, chunks) that does
- * not depend on the thread count: threads take whole images (forward) or
- * whole chunks (filter), and the number of chunks depends only on the
- * shape. */
+ *   filter   per kernel tap, CR input channels x NV*16 output channels,
+ *            summed over one image's output pixels in registers. */
 #include <string.h>
 
-#include "kernels/conv_direct_avx512.h"
+#include "kernels/conv_direct_internal.h"
+#include "kernels/gemm_avx512_common.h"
 
 #if MP_X86
 
-bool mp_conv_direct_ok(const mp_conv_geom *g)
-{
-    return mp_isa_active() >= MP_ISA_AVX512 && (g->c % 16 == 0 || g->c < 16) && g->o % 16 == 0 &&
-           g->dh == 1 && g->dw == 1 && (g->sh == 1 || g->sh == 2) && (g->sw == 1 || g->sw == 2);
-}
-
-/* The spec's kernel [kh][kw][c][o] as entries of the kernel w being
- * differentiated ([KH][kwo][o][c]): entry (i, j) is w's (r0 + (kh-1-i)*rs,
- * c0 + (kw-1-j)*cs), flipped, its channel axes swapped, every rs-th row and
- * cs-th column from (r0, c0) (a phase of a strided convolution). NULL:
- * the kernel is w itself. */
-typedef struct {
-    int64_t kwo, r0, c0, rs, cs;
-} kernel_map;
-
-/* See conv_direct_avx512.h. */
-MP_TARGET_AVX512 void mp_conv_pad_image(const conv_spec *s, int64_t n, int64_t hp, int64_t wp,
-                                        float *row, void *buf, bool bf16)
+/* The float32 and bfloat16 padding (see conv_pad_fn). */
+MP_TARGET_AVX512 static void pad_image(const conv_spec *s, int64_t n, int64_t hp, int64_t wp,
+                                       float *row, void *buf, bool bf16)
 {
     const int64_t nb = cdiv(s->c, 16), es = bf16 ? 2 : 4, plane = hp * wp * 16 * es;
     const __mmask16 m = (__mmask16)(s->c < 16 ? (1u << s->c) - 1u : 0xFFFFu);
@@ -130,235 +100,123 @@ CONV_ALL_KERNELS(FWD_KERNEL, 1)
 CONV_ALL_KERNELS(FWD_KERNEL, 2)
 
 #define fwd_ENTRY(S, N, M) fwd_##S##_##N##_##M,
-CONV_FWD_TABLES(fwd_, mp_conv_fwd_f32)
+CONV_FWD_TABLES(fwd_)
 
-static const int mr_max[4] = {MR1, MR2, MR3, MR4};
-
-/* Row tiling of chunk nv: tiles of mr pixels (the last may overrun ow). */
-static void tiling(int64_t ow, int nv, int64_t *ntile, int64_t *mr)
+static void pad_f32(const conv_spec *s, int64_t n, int64_t hp, int64_t wp, float *row, void *buf)
 {
-    *ntile = cdiv(ow, mr_max[nv - 1]);
-    *mr = cdiv(ow, *ntile);
+    pad_image(s, n, hp, wp, row, buf, false);
 }
 
-bool mp_conv_bf16_family(mp_dtype a, mp_dtype b)
+void mp_conv_pad_bf16(const conv_spec *s, int64_t n, int64_t hp, int64_t wp, float *row, void *buf)
 {
-    return a == MP_BF16 && b == MP_BF16 && mp_isa_active() >= MP_ISA_AVX512BF16 &&
-           mp_gemm_impl_for(MP_BF16, MP_BF16) == &mp_gemm_avx512bf16_impl;
+    pad_image(s, n, hp, wp, row, buf, true);
 }
 
-/* Channels of a tap's block in the packed weights: min(c, 16), rounded up
- * to a pair in bfloat16 (the odd one's weights are zero). */
-static int64_t block_channels(int64_t c, bool bf16)
-{
-    const int64_t cn = min64(c, 16);
-    return bf16 ? cn + (cn & 1) : cn;
-}
+/* ---------------------------------------------------------------- filter */
 
-/* Packs w as the chunks' [tap][cp][nv*16] panels: element (tap = (kh, kw,
- * cb), c, j) is kernel entry [kh][kw][cb*16 + c][o0 + j] of the spec's
- * kernel, which is w itself, or, with km, w of the convolution being
- * differentiated (see kernel_map). wf: the kernel in float32 (bf16 false;
- * w itself when float32, else widened) or bfloat16 (bf16 true), packed in
- * channel pairs [tap][cp/2][nv*16][2] (cp: block_channels). */
-static void pack_weights(const conv_spec *s, const void *wf, const kernel_map *km, void *dst,
-                         bool bf16)
-{
-    const int64_t taps = s->kh * s->kw, C = s->c, O = s->o, nb = cdiv(C, 16);
-    const int64_t cp = block_channels(C, bf16);
-    for (int64_t q = 0; q * 64 < O; q++) {
-        const int nv = chunk_nv(O, q);
-        const int64_t base = taps * nb * cp * 64 * q;
-        for (int64_t t = 0; t < taps; t++)
-            for (int64_t b = 0; b < nb; b++)
-                for (int64_t cc = 0; cc < cp; cc++)
-                    for (int64_t j = 0; j < nv * 16; j++) {
-                        const int64_t o = 64 * q + j, c = b * 16 + cc;
-                        int64_t src = -1;
-                        if (c >= C) {
-                            /* the zero partner of an odd channel count */
-                        } else if (!km) {
-                            src = (t * C + c) * O + o;
-                        } else {
-                            const int64_t r = km->r0 + (s->kh - 1 - t / s->kw) * km->rs;
-                            const int64_t co = km->c0 + (s->kw - 1 - t % s->kw) * km->cs;
-                            src = ((r * km->kwo + co) * O + o) * C + c;
-                        }
-                        const int64_t step = (t * nb + b) * cp + cc;
-                        if (bf16)
-                            ((uint16_t *)dst)[base + ((step / 2) * nv * 16 + j) * 2 + step % 2] =
-                                src < 0 ? 0 : ((const uint16_t *)wf)[src];
-                        else
-                            ((float *)dst)[base + step * nv * 16 + j] = ((const float *)wf)[src];
-                    }
+/* p[r][j] (row stride ldp; first: =, else +=) gets sum over the oh x ow
+ * output pixels of x[pixel][r] * dy[pixel][j], r < CR, j < NV*16: x of
+ * output pixel (y, z) at x + y*xrs + z*SW*16, dy at dy + y*dyrs + z*dps. */
+#define FILT_KERNEL(SW, NV, CR)                                                                    \
+    MP_TARGET_AVX512 static void filt_##SW##_##NV##_##CR(                                          \
+        int64_t oh, int64_t ow, const void *xv, int64_t xrs, const void *dyv, int64_t dyrs,        \
+        int64_t dps, float *p, int64_t ldp, int first)                                             \
+    {                                                                                              \
+        const float *x = xv, *dy = dyv;                                                            \
+        __m512 acc[CR][NV];                                                                        \
+        _Pragma("GCC unroll 16") for (int r = 0; r < CR; r++)                                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();  \
+        for (int64_t y = 0; y < oh; y++) {                                                         \
+            const float *xp = x + y * xrs, *dp = dy + y * dyrs;                                    \
+            for (int64_t z = 0; z < ow; z++) {                                                     \
+                __m512 dv[NV];                                                                     \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) dv[v] =                       \
+                    _mm512_loadu_ps(dp + v * 16);                                                  \
+                _Pragma("GCC unroll 16") for (int r = 0; r < CR; r++)                              \
+                {                                                                                  \
+                    const __m512 xb = _mm512_set1_ps(xp[r]);                                       \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] =               \
+                        _mm512_fmadd_ps(xb, dv[v], acc[r][v]);                                     \
+                }                                                                                  \
+                xp += SW * 16;                                                                     \
+                dp += dps;                                                                         \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 16") for (int r = 0; r < CR; r++)                                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                                   \
+        {                                                                                          \
+            float *o = p + r * ldp + v * 16;                                                       \
+            _mm512_storeu_ps(o, first ? acc[r][v] : _mm512_add_ps(_mm512_loadu_ps(o), acc[r][v])); \
+        }                                                                                          \
     }
-}
 
-/* The kernel as the family reads it: w itself (float32, or bfloat16 for
- * the bf16 family), or widened to float32 into tmp. */
-static const void *widen_kernel(const void *w, mp_dtype wt, int64_t n, float *tmp, bool bf16)
-{
-    if (wt == MP_F32 || bf16) return w;
-    mp_convert(tmp, MP_F32, w, wt, (size_t)n);
-    return tmp;
-}
-
-/* The convolution of spec s with the packed kernel wbuf (pack_weights),
- * through epilogue e (whose ldc is the output's channel count), on the
- * float32 or the bfloat16 family. */
-static mp_status run_forward(const conv_spec *s, const void *wbuf, const gemm_epilogue *e,
-                             bool bf16)
-{
-    const int64_t taps = s->kh * s->kw, nb = cdiv(s->c, 16);
-    const int64_t ntap = taps * nb, cp = block_channels(s->c, bf16), es = bf16 ? 2 : 4;
-    const int steps = (int)(bf16 ? cp / 2 : cp);
-    const int64_t nq = cdiv(s->o, 64);
-    int64_t cover = 0;
-    for (int64_t q = 0; q < nq; q++) {
-        int64_t nt, mr;
-        tiling(s->ow, chunk_nv(s->o, q), &nt, &mr);
-        if (nt * mr > cover) cover = nt * mr;
+FILT_KERNEL(1, 1, 16)
+FILT_KERNEL(1, 2, 8)
+FILT_KERNEL(1, 3, 4)
+FILT_KERNEL(1, 4, 4)
+FILT_KERNEL(2, 1, 16)
+FILT_KERNEL(2, 2, 8)
+FILT_KERNEL(2, 3, 4)
+FILT_KERNEL(2, 4, 4)
+/* One input channel (images of fewer than 16 channels): as FILT_KERNEL with
+ * CR = 1, the pixels of a row dealt to 4 partial sums (4 independent FMA
+ * chains instead of 1), added as (s0 + s1) + (s2 + s3) at the end. */
+#define FILT1_KERNEL(SW, NV)                                                                       \
+    MP_TARGET_AVX512 static void filt_##SW##_##NV##_1(                                             \
+        int64_t oh, int64_t ow, const void *xv, int64_t xrs, const void *dyv, int64_t dyrs,        \
+        int64_t dps, float *p, int64_t ldp, int first)                                             \
+    {                                                                                              \
+        const float *x = xv, *dy = dyv;                                                            \
+        (void)ldp;                                                                                 \
+        __m512 acc[4][NV];                                                                         \
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)                                        \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[u][v] = _mm512_setzero_ps();  \
+        for (int64_t y = 0; y < oh; y++) {                                                         \
+            const float *xp = x + y * xrs, *dp = dy + y * dyrs;                                    \
+            int64_t z = 0;                                                                         \
+            for (; z + 4 <= ow; z += 4) _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)        \
+                {                                                                                  \
+                    const __m512 xb = _mm512_set1_ps(xp[(z + u) * SW * 16]);                       \
+                    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[u][v] =               \
+                        _mm512_fmadd_ps(xb, _mm512_loadu_ps(dp + (z + u) * dps + v * 16),          \
+                                        acc[u][v]);                                                \
+                }                                                                                  \
+            for (; z < ow; z++) {                                                                  \
+                const __m512 xb = _mm512_set1_ps(xp[z * SW * 16]);                                 \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[0][v] =                   \
+                    _mm512_fmadd_ps(xb, _mm512_loadu_ps(dp + z * dps + v * 16), acc[0][v]);        \
+            }                                                                                      \
+        }                                                                                          \
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                                       \
+        {                                                                                          \
+            const __m512 t = _mm512_add_ps(_mm512_add_ps(acc[0][v], acc[1][v]),                    \
+                                           _mm512_add_ps(acc[2][v], acc[3][v]));                   \
+            float *o = p + v * 16;                                                                 \
+            _mm512_storeu_ps(o, first ? t : _mm512_add_ps(_mm512_loadu_ps(o), t));                 \
+        }                                                                                          \
     }
-    const int64_t hp = (s->oh - 1) * s->sh + s->kh, wp = (cover - 1) * s->sw + s->kw;
-    int64_t *xoff = mp_scratch(SLOT_TAPS, (size_t)ntap * sizeof(int64_t));
-    if (!xoff) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
-    for (int64_t kh = 0, t = 0; kh < s->kh; kh++)
-        for (int64_t kw = 0; kw < s->kw; kw++)
-            for (int64_t b = 0; b < nb; b++, t++) xoff[t] = b * hp * wp * 16 + (kh * wp + kw) * 16;
+FILT1_KERNEL(1, 1)
+FILT1_KERNEL(1, 2)
+FILT1_KERNEL(1, 3)
+FILT1_KERNEL(1, 4)
+FILT1_KERNEL(2, 1)
+FILT1_KERNEL(2, 2)
+FILT1_KERNEL(2, 3)
+FILT1_KERNEL(2, 4)
 
-    const double flops = 2.0 * (double)(s->n * s->oh * s->ow) * (double)(s->o * taps * s->c);
-    int nt = flops < 4e6 ? 1 : mp_num_threads();
-    if (nt > s->n) nt = (int)s->n;
-    const conv_fwd_fn *const *table = (bf16 ? mp_conv_fwd_bf16 : mp_conv_fwd_f32)[s->sw - 1];
-    const size_t image = (size_t)(nb * hp * wp * 16 * es);
-    const bool widen = !bf16 && s->xt != MP_F32;
-    /* float32 out with nothing to apply: tiles go straight to y */
-    const bool plain = e->c_type == MP_F32 && e->alpha == 1.0f && e->beta == 0.0f && !e->bias &&
-                       e->act == MP_ACT_NONE;
-    const size_t ys = mp_dtype_size(e->c_type);
-    bool ok = true;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(&& : ok)
-    for (int64_t n = 0; n < s->n; n++) {
-        char *buf = mp_scratch(SLOT_IMAGE, image);
-        float *row = widen ? mp_scratch(SLOT_ROW, (size_t)(s->w * s->c) * sizeof(float)) : NULL;
-        if (!buf || (widen && !row)) {
-            ok = false;
-            continue;
-        }
-        _Alignas(64) float tile[MR1 * 16];
-        mp_conv_pad_image(s, n, hp, wp, row, buf, bf16);
-        for (int64_t q = 0; q < nq; q++) {
-            const int nv = chunk_nv(s->o, q);
-            int64_t ntile, mr;
-            tiling(s->ow, nv, &ntile, &mr);
-            const conv_fwd_fn kern = table[nv - 1][mr - 1];
-            const char *wq = (const char *)wbuf + taps * nb * cp * 64 * q * es;
-            for (int64_t oy = 0; oy < s->oh; oy++) {
-                /* the output row as a matrix of pixels: row i at c + i*ldc */
-                gemm_epilogue er = *e;
-                er.c = (char *)e->c +
-                       (size_t)(((n * s->yh + s->y0 + oy * s->ys) * s->yw + s->z0) * e->ldc) * ys;
-                er.ldc = s->zs * e->ldc;
-                for (int64_t tt = 0; tt < ntile; tt++) {
-                    const int64_t ox = tt * mr;
-                    const char *xt = buf + (oy * s->sh * wp + ox * s->sw) * 16 * es;
-                    if (plain && ox + mr <= s->ow) { /* a whole tile: into y */
-                        kern(ntap, steps, xoff, xt, wq, (float *)er.c + ox * er.ldc + 64 * q,
-                             er.ldc);
-                        continue;
-                    }
-                    kern(ntap, steps, xoff, xt, wq, tile, nv * 16);
-                    mp_gemm_epilogue_avx512(&er, tile, nv * 16, ox, 64 * q, min64(mr, s->ow - ox),
-                                            nv * 16);
-                }
-            }
-        }
-    }
-    if (!ok) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for a padded image");
-    return MP_OK;
-}
-
-mp_status mp_conv_direct_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *w,
-                                 mp_dtype wt, const float *bias, mp_activation act, void *y,
-                                 mp_dtype yt)
-{
-    const conv_spec s = {x,     xt,    g->n,  g->h,  g->w,  g->c,  g->oh, g->ow, g->o, g->kh, g->kw,
-                         g->sh, g->sw, g->pt, g->pl, g->oh, g->ow, 0,     0,     1,    1};
-    const gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, g->o, bias, act, false};
-    const int64_t nw = g->kh * g->kw * g->c * g->o;
-    float *wbuf = mp_scratch(SLOT_W, (size_t)(2 * nw) * sizeof(float));
-    if (!wbuf) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
-    const bool bf16 = mp_conv_bf16_family(xt, wt);
-    pack_weights(&s, widen_kernel(w, wt, nw, wbuf + nw, bf16), NULL, wbuf, bf16);
-    return run_forward(&s, wbuf, &e, bf16);
-}
-
-/* The data gradient one phase (ph, pw) at a time: the input pixels (ph +
- * sh*a, pw + sw*b) take gradient only from the kernel rows kh0 + j*sh and
- * columns kw0 + l*sw (kh0 = (ph + pt) mod sh), from output row a + (ph + pt
- * - kh0)/sh - j: a stride-1 data gradient with that sub-kernel, which is the
- * forward of dy with the sub-kernel flipped (padding its size - 1 - its
- * offset), written straight into dx's phase pixels. Stride 1: one phase,
- * dx[ih] = sum_kh dy[ih + pt - kh] w[kh] = sum_kh' dy[ih - (KH-1-pt) + kh']
- * w[KH-1-kh']. No product with a structural zero is computed. */
-mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt, const void *w,
-                              mp_dtype wt, void *dx, mp_dtype dxt)
-{
-    const int64_t nw = g->kh * g->kw * g->c * g->o;
-    float *wbuf = mp_scratch(SLOT_W, (size_t)(2 * nw) * sizeof(float));
-    if (!wbuf) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
-    const bool bf16 = mp_conv_bf16_family(dyt, wt);
-    const void *wf = widen_kernel(w, wt, nw, wbuf + nw, bf16);
-    const gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false};
-    const size_t pixel = (size_t)g->c * mp_dtype_size(dxt);
-    for (int64_t ph = 0; ph < g->sh && ph < g->h; ph++)
-        for (int64_t pw = 0; pw < g->sw && pw < g->w; pw++) {
-            const int64_t hh = cdiv(g->h - ph, g->sh), ww = cdiv(g->w - pw, g->sw);
-            const int64_t kh0 = (ph + g->pt) % g->sh, kw0 = (pw + g->pl) % g->sw;
-            const int64_t pkh = kh0 < g->kh ? cdiv(g->kh - kh0, g->sh) : 0;
-            const int64_t pkw = kw0 < g->kw ? cdiv(g->kw - kw0, g->sw) : 0;
-            if (pkh == 0 || pkw == 0) { /* no tap reaches these pixels */
-#pragma omp parallel for schedule(static) if (g->n * hh * ww > 4096)
-                for (int64_t n = 0; n < g->n; n++)
-                    for (int64_t a = 0; a < hh; a++)
-                        for (int64_t b = 0; b < ww; b++)
-                            memset((char *)dx + (size_t)((n * g->h + ph + a * g->sh) * g->w + pw +
-                                                         b * g->sw) *
-                                                    pixel,
-                                   0, pixel);
-                continue;
-            }
-            const int64_t ppt = (ph + g->pt - kh0) / g->sh, ppl = (pw + g->pl - kw0) / g->sw;
-            const conv_spec s = {
-                dy, dyt, g->n,          g->oh,         g->ow, g->o, hh, ww, g->c,  pkh,  pkw,
-                1,  1,   pkh - 1 - ppt, pkw - 1 - ppl, g->h,  g->w, ph, pw, g->sh, g->sw};
-            const kernel_map km = {g->kw, kh0, kw0, g->sh, g->sw};
-            pack_weights(&s, wf, &km, wbuf, bf16);
-            mp_status st = run_forward(&s, wbuf, &e, bf16);
-            if (st) return st;
-        }
-    return MP_OK;
-}
-
-#else
-
-bool mp_conv_direct_ok(const mp_conv_geom *g)
-{
-    (void)g;
-    return false;
-}
-mp_status mp_conv_direct_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *w,
-                                 mp_dtype wt, const float *bias, mp_activation act, void *y,
-                                 mp_dtype yt)
-{
-    (void)g, (void)x, (void)xt, (void)w, (void)wt, (void)bias, (void)act, (void)y, (void)yt;
-    return mp_set_error(MP_ERR_UNSUPPORTED, "conv: no direct kernels on this CPU");
-}
-mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt, const void *w,
-                              mp_dtype wt, void *dx, mp_dtype dxt)
-{
-    (void)g, (void)dy, (void)dyt, (void)w, (void)wt, (void)dx, (void)dxt;
-    return mp_set_error(MP_ERR_UNSUPPORTED, "conv: no direct kernels on this CPU");
-}
+const conv_family mp_conv_avx512 = {
+    .name = "avx512",
+    .bf16 = false,
+    .nvmax = 4,
+    .mr_max = {MR1, MR2, MR3, MR4},
+    .fwd = CONV_FWD_TABLE_INIT(fwd_),
+    .filt = {{{filt_1_1_16, filt_1_2_8, filt_1_3_4, filt_1_4_4},
+              {filt_1_1_1, filt_1_2_1, filt_1_3_1, filt_1_4_1}},
+             {{filt_2_1_16, filt_2_2_8, filt_2_3_4, filt_2_4_4},
+              {filt_2_1_1, filt_2_2_1, filt_2_3_1, filt_2_4_1}}},
+    .filt_cr = {16, 8, 4, 4},
+    .pad = pad_f32,
+    .epilogue = mp_gemm_epilogue_avx512,
+};
 
 #endif

@@ -18,7 +18,8 @@
  * the GEMM's vdpbf16ps kernel, gemm_avx512bf16.c). */
 #include <string.h>
 
-#include "kernels/conv_direct_avx512.h"
+#include "kernels/conv_direct_internal.h"
+#include "kernels/gemm_avx512_common.h"
 
 #if MP_X86
 
@@ -58,13 +59,14 @@ CONV_ALL_KERNELS(BF16_KERNEL, 1)
 CONV_ALL_KERNELS(BF16_KERNEL, 2)
 
 #define bfwd_ENTRY(S, N, M) bfwd_##S##_##N##_##M,
-CONV_FWD_TABLES(bfwd_, mp_conv_fwd_bf16)
+CONV_FWD_TABLES(bfwd_)
 
 #define BF16_FILT(SW, NV, CR)                                                                      \
     MP_TARGET_AVX512BF16 static void bfilt_##SW##_##NV(                                            \
-        int64_t oh, int64_t np, const uint32_t *x, int64_t xrs, const uint32_t *dy, int64_t dyrs,  \
+        int64_t oh, int64_t np, const void *xv, int64_t xrs, const void *dyv, int64_t dyrs,        \
         int64_t dps, float *p, int64_t ldp, int first)                                             \
     {                                                                                              \
+        const uint32_t *x = xv, *dy = dyv;                                                         \
         __m512 acc[CR][NV];                                                                        \
         _Pragma("GCC unroll 16") for (int r = 0; r < CR; r++)                                      \
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();  \
@@ -100,7 +102,61 @@ BF16_FILT(2, 1, 16)
 BF16_FILT(2, 2, 8)
 BF16_FILT(2, 3, 4)
 BF16_FILT(2, 4, 4)
-const conv_filt_bf16_fn mp_conv_filt_bf16[2][4] = {{bfilt_1_1, bfilt_1_2, bfilt_1_3, bfilt_1_4},
-                                                   {bfilt_2_1, bfilt_2_2, bfilt_2_3, bfilt_2_4}};
+
+/* See conv_direct_internal.h: the x operand of the pair kernels, whose
+ * pair (2z, 2z+1) of a row reads columns 2z*sw + kw and (2z+1)*sw + kw. */
+MP_TARGET_AVX512 void mp_conv_pair_columns(const conv_spec *s, const uint16_t *buf, int64_t hp,
+                                           int64_t wp, uint32_t *out)
+{
+    const int64_t nb = cdiv(s->c, 16), wb = wp + s->sw;
+    const bool skip = s->sh > s->kh || s->sw > s->kw;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t r = 0; r < hp; r++) {
+            if (skip && r % s->sh >= s->kh) continue;
+            const uint16_t *src = buf + (b * hp + r) * wb * 16;
+            uint32_t *dst = out + (b * hp + r) * wp * 16;
+            for (int64_t q = 0; q < wp; q++) {
+                if (skip && q % s->sw >= s->kw) continue;
+                const __m512i lo =
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(src + q * 16)));
+                const __m512i hi = _mm512_cvtepu16_epi32(
+                    _mm256_loadu_si256((const void *)(src + (q + s->sw) * 16)));
+                _mm512_storeu_si512(dst + q * 16, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+        }
+}
+
+/* See conv_direct_internal.h. */
+MP_TARGET_AVX512 void mp_conv_pair_pixels(const uint16_t *dy, int64_t oh, int64_t ow, int64_t o,
+                                          uint32_t *out)
+{
+    const int64_t np = cdiv(ow, 2);
+    for (int64_t y = 0; y < oh; y++)
+        for (int64_t z = 0; z < np; z++)
+            for (int64_t j = 0; j < o; j += 16) {
+                const uint16_t *a = dy + ((y * ow + 2 * z) * o + j);
+                const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)a));
+                const __m512i hi =
+                    2 * z + 1 < ow
+                        ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(a + o)))
+                        : _mm512_setzero_si512();
+                _mm512_storeu_si512(out + ((y * np + z) * o + j),
+                                    _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            }
+}
+
+const conv_family mp_conv_avx512bf16 = {
+    .name = "avx512bf16",
+    .bf16 = true,
+    .nvmax = 4,
+    .mr_max = {MR1, MR2, MR3, MR4},
+    .fwd = CONV_FWD_TABLE_INIT(bfwd_),
+    /* images of fewer than 16 channels take the float32 family's filter */
+    .filt = {{{bfilt_1_1, bfilt_1_2, bfilt_1_3, bfilt_1_4}, {NULL, NULL, NULL, NULL}},
+             {{bfilt_2_1, bfilt_2_2, bfilt_2_3, bfilt_2_4}, {NULL, NULL, NULL, NULL}}},
+    .filt_cr = {16, 8, 4, 4},
+    .pad = mp_conv_pad_bf16,
+    .epilogue = mp_gemm_epilogue_avx512,
+};
 
 #endif

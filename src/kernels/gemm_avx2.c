@@ -204,8 +204,8 @@ MP_TARGET_AVX2 static inline __m256 load_c(const void *c, mp_dtype t, int64_t id
 
 /* The scalar epilogue's operations in its order (alpha * acc, + beta * c,
  * + bias, activation, one rounding), 8 lanes at a time. */
-MP_TARGET_AVX2 static void epilogue(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
-                                    int64_t j0, int64_t mr, int64_t nr)
+MP_TARGET_AVX2 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t, int64_t ldt,
+                                          int64_t i0, int64_t j0, int64_t mr, int64_t nr)
 {
     if (nr > HNR || e->trans) {
         mp_gemm_epilogue_scalar(e, t, ldt, i0, j0, mr, nr);
@@ -254,7 +254,7 @@ const gemm_impl mp_gemm_avx2_impl = {
     .kernel = kernel_f32,
     .kernel_a = kernel_f32_a,
     .pack = pack_f32,
-    .epilogue = epilogue,
+    .epilogue = mp_gemm_epilogue_avx2,
 };
 
 #endif

@@ -94,6 +94,11 @@ void mp_gemm_pack_generic(const gemm_operand *op, int64_t w0, int64_t nw, int64_
                           int W, gemm_fmt fmt, void *dst);
 void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                              int64_t j0, int64_t mr, int64_t nr);
+#if MP_X86
+/* The AVX2 path's vector epilogue (gemm_avx2.c), tiles up to 16 wide. */
+void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
+                           int64_t j0, int64_t mr, int64_t nr);
+#endif
 /* Packs a gathered operand like mp_gemm_pack_generic packs a strided one;
  * false if out of memory. */
 bool mp_gemm_pack_gather(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
