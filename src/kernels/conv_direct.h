@@ -1,15 +1,16 @@
 /* conv_direct.h - direct convolution kernels for channel counts that are
- * multiples of 16 (conv_direct_avx512.c): the output pixels of a row are the
- * microkernel's M and the output channels its N, read straight from a
- * zero-padded copy of one image in float32, so no patch element is gathered
- * per product. conv.c takes this path where mp_conv_direct_ok says so and
- * the implicit GEMM otherwise. */
+ * multiples of 16 (conv_direct.c, conv_direct_filter.c, one family of
+ * microkernels per ISA and operand type): the output pixels of a row are
+ * the microkernel's M and the output channels its N, read straight from a
+ * zero-padded copy of one image, so no patch element is gathered per
+ * product. conv.c takes this path where mp_conv_direct_ok says so and the
+ * implicit GEMM otherwise. */
 #ifndef MP_CONV_DIRECT_H
 #define MP_CONV_DIRECT_H
 
 #include "kernels/conv.h"
 
-/* Whether the direct kernels take this geometry on this CPU: AVX-512 active,
+/* Whether the direct kernels take this geometry on this CPU: AVX2 or above,
  * c a multiple of 16 or below 16 (an image's few colour channels), o a
  * multiple of 16, dilation 1, strides 1 or 2. */
 bool mp_conv_direct_ok(const mp_conv_geom *g);
