@@ -165,6 +165,22 @@ static int count_checkpoints(const char *sub)
  * interrupted run (--max-steps 20, inside epoch 2) resumed from its
  * checkpoint directory ends bit-identical to a straight run, in a policy
  * with dynamic loss scaling. */
+/* The demo takes every train flag after its defaults (`make resnet` passes
+ * --lr-decay cosine, which it once dropped), and refuses the two that make
+ * no sense for its three fresh runs. */
+static void test_demo_flags(void **state)
+{
+    (void)state;
+    assert_int_equal(run("demo --data %1$s/train.csv --test-data %1$s/test.csv --hidden 4 "
+                         "--epochs 1 --batch-size 20 --lr-decay cosine --run-dir %1$s/demo"),
+                     0);
+    const char *o = output();
+    assert_non_null(strstr(o, "with cosine decay, batch 20, 1 epoch on "));
+    assert_non_null(strstr(o, "mixed_float16"));
+    assert_int_equal(run("demo --policy float32"), 2);
+    assert_non_null(strstr(output(), "--policy"));
+}
+
 static void test_checkpoint_resume(void **state)
 {
     (void)state;
@@ -590,6 +606,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_save_evaluate_predict),
+        cmocka_unit_test(test_demo_flags),
         cmocka_unit_test(test_checkpoint_resume),
         cmocka_unit_test(test_interrupt_and_resume),
         cmocka_unit_test(test_evaluate_under_another_policy),

@@ -6,6 +6,7 @@
  * numerics every --diagnostics steps, default 100). */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,32 +16,29 @@
 int mp_cli_demo(int argc, char **argv)
 {
     train_args a;
-    /* defaults sized to finish in a few minutes on two cores */
-    char *defaults[] = {"--epochs", "2", "--batch-size", "256", "--quiet"};
-    int rc = mp_cli_parse_train_args(5, defaults, &a);
-    train_args user;
-    if ((rc = mp_cli_parse_train_args(argc, argv, &user))) return rc == 1 ? 0 : rc;
-    for (int i = 0; i < argc; i++) /* user flags override the demo's defaults */
-        if (!strcmp(argv[i], "--epochs"))
-            a.epochs = user.epochs;
-        else if (!strcmp(argv[i], "--batch-size"))
-            a.batch = user.batch;
-        else if (!strcmp(argv[i], "--data-dir"))
-            a.data_dir = user.data_dir;
-        else if (!strcmp(argv[i], "--max-steps"))
-            a.max_steps = user.max_steps;
-        else if (!strcmp(argv[i], "--threads"))
-            a.threads = user.threads;
-        else if (!strcmp(argv[i], "--model"))
-            a.model_file = user.model_file;
-        else if (!strcmp(argv[i], "--run-dir"))
-            a.run_dir = user.run_dir;
-        else if (!strcmp(argv[i], "--diagnostics"))
-            a.diagnostics_every = user.diagnostics_every;
-        else if (!strcmp(argv[i], "--hidden")) {
-            a.nhidden = user.nhidden;
-            memcpy(a.hidden, user.hidden, sizeof a.hidden);
-        }
+    /* defaults sized to finish in a few minutes on two cores; every flag the
+     * user gives is parsed after them and wins (all of train's flags count:
+     * `make resnet` passes --lr-decay cosine, which a list of the flags the
+     * demo forwarded had dropped) */
+    static char *defaults[] = {"--epochs", "2", "--batch-size", "256", "--quiet"};
+    enum { NDEF = sizeof defaults / sizeof *defaults };
+    char **merged = malloc((size_t)(NDEF + argc) * sizeof *merged);
+    if (!merged) {
+        fprintf(stderr, "mixprec demo: out of memory\n");
+        return 1;
+    }
+    memcpy(merged, defaults, sizeof defaults);
+    if (argc) memcpy(merged + NDEF, argv, (size_t)argc * sizeof *argv);
+    int rc = mp_cli_parse_train_args(NDEF + argc, merged, &a);
+    free(merged);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (a.resume || a.policy_given) {
+        fprintf(stderr,
+                "mixprec demo: %s: the demo trains afresh under each of its three "
+                "policies (use mixprec train)\n",
+                a.resume ? "--resume" : "--policy");
+        return 2;
+    }
     const char *base = a.run_dir ? a.run_dir : "mixprec-demo";
     if (!a.diagnostics_every) a.diagnostics_every = 100;
     if (mkdir(base, 0777) != 0 && errno != EEXIST) {
@@ -63,10 +61,11 @@ int mp_cli_demo(int argc, char **argv)
         for (int i = 0; i < a.nhidden; i++) printf("%lld -> ", (long long)a.hidden[i]);
         printf("10 (relu, float32 softmax)");
     }
-    printf(", Adam lr %g, batch %lld, %d epoch%s%s on Fashion-MNIST (%lld train / %lld test)\n",
-           (double)a.lr, (long long)a.batch, a.epochs, a.epochs > 1 ? "s" : "",
-           a.max_steps ? " (capped by --max-steps)" : "", (long long)mp_dataset_count(train),
-           (long long)mp_dataset_count(test));
+    printf(", Adam lr %g%s, batch %lld, %d epoch%s%s on %s (%lld train / %lld test)\n",
+           (double)a.lr, a.cosine ? " with cosine decay" : "", (long long)a.batch, a.epochs,
+           a.epochs > 1 ? "s" : "", a.max_steps ? " (capped by --max-steps)" : "",
+           strcmp(a.data, "fashion-mnist") ? a.data : "Fashion-MNIST",
+           (long long)mp_dataset_count(train), (long long)mp_dataset_count(test));
     printf("kernel path %s, %d threads\n\n", mp_isa_name(mp_isa_active()), mp_num_threads());
     for (int p = 0; p < 3; p++) {
         a.policy = policies[p];
