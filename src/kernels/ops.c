@@ -83,9 +83,15 @@ ACT_CLONES static void activation_grad_chunk(mp_activation act, const float *s, 
     if (act == MP_ACT_GELU_TANH) { /* the costly one: a loop that vectorizes */
 #pragma omp simd
         for (size_t i = 0; i < len; i++) dx[i] = g[i] * act_d(MP_ACT_GELU_TANH, s[i]);
-    } else if (act == MP_ACT_RELU) { /* a select, not a branch on random signs */
+    } else if (act == MP_ACT_RELU) {
+        /* a compare and a multiply, not a branch on random signs: with the
+         * factor inline, g * (s > 0 ? 1 : 0), GCC 12 folds g * 1 to g and
+         * branches (scalar, one mispredict in two: 14% of a ResNet step) */
 #pragma omp simd
-        for (size_t i = 0; i < len; i++) dx[i] = g[i] * act_d(MP_ACT_RELU, s[i]);
+        for (size_t i = 0; i < len; i++) {
+            const float d = (float)(s[i] > 0.0f);
+            dx[i] = g[i] * d;
+        }
     } else {
         for (size_t i = 0; i < len; i++) dx[i] = g[i] * act_d(act, s[i]);
     }
@@ -155,8 +161,8 @@ static void positive_grad(const uint8_t *mask, const uint8_t *table, const void 
         const float *g = view(gb, dy, dyt, off, len);
         float *o = out_at(ob, dx, dxt, off);
         for (size_t i = 0, k = off; i < len; i++, k++) {
-            bool pos = table ? table[mask[k]] : (mask[k / 8] >> (k % 8)) & 1u;
-            o[i] = g[i] * (pos ? 1.0f : 0.0f);
+            const float d = (float)(table ? table[mask[k]] : (mask[k / 8] >> (k % 8)) & 1u);
+            o[i] = g[i] * d;
         }
         if (dxt != MP_F32) store(dx, dxt, off, o, len);
     }
