@@ -21,6 +21,7 @@ typedef struct {
     bool mx_given;
     mp_optimizer_kind optimizer;
     float lr;
+    float weight_decay; /* --weight-decay; < 0: the optimizer's default */
     int64_t batch;
     bool batch_auto;     /* --batch-size auto: the largest that fits --memory-limit */
     size_t memory_limit; /* --memory-limit: bytes the planned step may take (0: none) */

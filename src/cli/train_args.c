@@ -31,6 +31,8 @@ static void train_usage(FILE *f)
         "                                  Dense GEMM inputs in MX blocks: E4M3, E2M3, E2M1)\n"
         "  --optimizer sgd|adam|adamw      (default adam)\n"
         "  --lr X                          learning rate (default 1e-3, sgd 1e-2)\n"
+        "  --weight-decay X                sgd, adam: L2 added to the gradient (default 0);\n"
+        "                                  adamw: decoupled, kernels only (default 0.01)\n"
         "  --lr-decay constant|cosine      cosine: from --lr down to 0 over the run's steps\n"
         "  --warmup-steps N                rise linearly to --lr over the first N steps\n"
         "  --batch-size N|auto             (default 256; auto: the largest batch whose planned\n"
@@ -166,6 +168,7 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
     a->policy = "float32";
     a->optimizer = MP_OPTIMIZER_ADAM;
     a->lr = -1;
+    a->weight_decay = -1;
     a->batch = 256;
     a->epochs = 5;
     a->seed = 1;
@@ -262,6 +265,10 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
             NEED_VALUE;
             if (!parse_f(v, 1e-12, 1e3, &dv)) return bad(f, v, "expected a positive number");
             a->lr = (float)dv;
+        } else if (!strcmp(f, "--weight-decay")) {
+            NEED_VALUE;
+            if (!parse_f(v, 0, 1e3, &dv)) return bad(f, v, "expected a number >= 0");
+            a->weight_decay = (float)dv;
         } else if (!strcmp(f, "--batch-size")) {
             NEED_VALUE;
             if (!strcmp(v, "auto")) {
@@ -396,9 +403,9 @@ int mp_cli_parse_train_args(int argc, char **argv, train_args *a)
         }
 #undef NEED_VALUE
         static const char *const from_checkpoint[] = {
-            "--hidden",    "--activation", "--policy",           "--optimizer",  "--lr",
-            "--seed",      "--batch-size", "--validation-split", "--no-shuffle", "--loss-scale",
-            "--init-from", "--model",      "--steps-per-epoch"};
+            "--hidden",       "--activation", "--policy",     "--optimizer",        "--lr",
+            "--weight-decay", "--seed",       "--batch-size", "--validation-split", "--no-shuffle",
+            "--loss-scale",   "--init-from",  "--model",      "--steps-per-epoch"};
         for (size_t k = 0; k < sizeof from_checkpoint / sizeof *from_checkpoint; k++)
             if (!strcmp(f, from_checkpoint[k]) && !a->model_flag) a->model_flag = f;
         if ((!strncmp(f, "--fp8-", 6) || !strncmp(f, "--mx-", 5)) && !a->model_flag)

@@ -122,6 +122,7 @@ static mp_model *build_from_flags(const train_args *a, const mp_dataset *train)
     mp_compile_options co = mp_compile_options_default();
     co.optimizer = mp_optimizer_config_default(a->optimizer);
     co.optimizer.learning_rate = a->lr;
+    if (a->weight_decay >= 0) co.optimizer.weight_decay = a->weight_decay;
     co.optimizer.seed = a->seed;
     if (a->cosine) { /* from --lr down to 0 over the run's steps, after a warm-up */
         int64_t rows = (int64_t)((double)mp_dataset_count(train) * (1.0 - a->validation_split));
