@@ -374,6 +374,74 @@ static void test_epilogue(void **state)
 }
 
 /* alpha == 0 reads neither A nor B, as BLAS: NaN there does not reach C. */
+/* A 16-bit C is the float32 C rounded once: mp_gemm_ex into bfloat16 or
+ * float16 gives, bit for bit, mp_convert of the same call into float32
+ * (the epilogues that round in registers against the conversion kernels):
+ * partial tiles, bias, relu and gelu, values past float16's range, NaN. */
+static void rounded_once_body(test_rng *r)
+{
+    const int64_t dims[4][3] = {{1, 1, 5}, {7, 19, 33}, {33, 45, 64}, {64, 100, 257}};
+    const mp_dtype cts[2] = {MP_BF16, MP_F16};
+    const mp_activation acts[3] = {MP_ACT_NONE, MP_ACT_RELU, MP_ACT_GELU};
+    for (int d = 0; d < 4; d++) {
+        const int64_t m = dims[d][0], n = dims[d][1], k = dims[d][2];
+        float *a = malloc((size_t)(m * k) * sizeof *a), *b = malloc((size_t)(k * n) * sizeof *b);
+        float *bias = malloc((size_t)n * sizeof *bias), *c32 = malloc((size_t)(m * n) * 4);
+        uint16_t *c16 = malloc((size_t)(m * n) * 2), *want = malloc((size_t)(m * n) * 2);
+        assert_non_null(a && b && bias && c32 && c16 && want);
+        /* products up to about 2^10 * k: float16 overflows on the larger shapes */
+        for (int64_t i = 0; i < m * k; i++) a[i] = (float)test_rng_uniform(r, -32.0, 32.0);
+        for (int64_t i = 0; i < k * n; i++) b[i] = (float)test_rng_uniform(r, -32.0, 32.0);
+        for (int64_t j = 0; j < n; j++) bias[j] = (float)test_rng_uniform(r, -100.0, 100.0);
+        if (m * k > 3) a[m * k / 2] = NAN;
+        for (int ci = 0; ci < 2; ci++)
+            for (int ai = 0; ai < 3; ai++) {
+                mp_gemm_args g = {.m = m,
+                                  .n = n,
+                                  .k = k,
+                                  .alpha = 1.0f,
+                                  .a = a,
+                                  .a_type = MP_F32,
+                                  .lda = k,
+                                  .b = b,
+                                  .b_type = MP_F32,
+                                  .ldb = n,
+                                  .c = c32,
+                                  .c_type = MP_F32,
+                                  .ldc = n,
+                                  .bias = (ai & 1) ? bias : NULL,
+                                  .activation = acts[ai]};
+                assert_int_equal(mp_gemm_ex(&g), MP_OK);
+                mp_convert(want, cts[ci], c32, MP_F32, (size_t)(m * n));
+                g.c = c16;
+                g.c_type = cts[ci];
+                assert_int_equal(mp_gemm_ex(&g), MP_OK);
+                for (int64_t i = 0; i < m * n; i++)
+                    if (c16[i] != want[i])
+                        fail_msg("%s %s %lldx%lldx%lld on %s: element %lld is 0x%04x, the "
+                                 "rounded float32 result 0x%04x",
+                                 mp_dtype_name(cts[ci]),
+                                 ai == 0   ? "linear"
+                                 : ai == 1 ? "relu"
+                                           : "gelu",
+                                 (long long)m, (long long)n, (long long)k,
+                                 mp_isa_name(mp_isa_active()), (long long)i, c16[i], want[i]);
+            }
+        free(a);
+        free(b);
+        free(bias);
+        free(c32);
+        free(c16);
+        free(want);
+    }
+}
+
+static void test_rounded_once(void **state)
+{
+    (void)state;
+    for_each_isa(rounded_once_body, 11);
+}
+
 static void test_alpha_zero(void **state)
 {
     (void)state;
@@ -518,9 +586,13 @@ static void test_invalid_args(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invalid_args),      cmocka_unit_test(test_alpha_zero),
-        cmocka_unit_test(test_type_combinations), cmocka_unit_test(test_size_cross),
-        cmocka_unit_test(test_epilogue),          cmocka_unit_test(test_large),
+        cmocka_unit_test(test_invalid_args),
+        cmocka_unit_test(test_alpha_zero),
+        cmocka_unit_test(test_type_combinations),
+        cmocka_unit_test(test_size_cross),
+        cmocka_unit_test(test_epilogue),
+        cmocka_unit_test(test_rounded_once),
+        cmocka_unit_test(test_large),
         cmocka_unit_test(test_determinism),
     };
     return cmocka_run_group_tests_name("gemm", tests, NULL, NULL);

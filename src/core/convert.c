@@ -66,7 +66,12 @@ static void decode(const mp_convert_kernels *k, float *dst, const void *src, mp_
     }
 }
 
-static bool aligned_for(const void *p, mp_dtype t) { return (uintptr_t)p % mp_dtype_size(t) == 0; }
+/* Sizes are powers of two: a mask, not a division (this runs on every
+ * call, some of them a GEMM tile's row). */
+static bool aligned_for(const void *p, mp_dtype t)
+{
+    return ((uintptr_t)p & (mp_dtype_size(t) - 1)) == 0;
+}
 
 void mp_convert_isa(mp_isa isa, void *dst, mp_dtype dst_type, const void *src, mp_dtype src_type,
                     size_t n, mp_overflow ov)

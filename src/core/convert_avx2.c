@@ -5,38 +5,21 @@
  * definition in dtype.c bit for bit (all 2^32 inputs in tests/exhaustive.c).
  * Compiled with target attributes, only called after runtime detection. */
 #include "internal.h"
+#include "core/convert_simd.h"
 
 #if MP_X86
 #include <immintrin.h>
 
 #define SCALAR mp_convert_scalar_kernels
 
-/* The low 16 bits of each 32-bit lane, packed into 8 halves. */
-MP_TARGET_AVX2 static inline __m128i narrow16(__m256i v)
-{
-    const __m256i lo16 = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
-    return _mm_packus_epi32(_mm256_castsi256_si128(lo16), _mm256_extracti128_si256(lo16, 1));
-}
-
 /* ------------------------------------------------------------ f32 -> bf16 */
-
-MP_TARGET_AVX2 static inline __m256i bf16_round_int(__m256i u)
-{
-    const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
-    const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F800000));
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
-    r = _mm256_srli_epi32(r, 16);
-    const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    return _mm256_blendv_epi8(r, q, nan);
-}
 
 MP_TARGET_AVX2 static void v_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256i u = _mm256_loadu_si256((const __m256i *)(src + i));
-        _mm_storeu_si128((__m128i *)(dst + i), narrow16(bf16_round_int(u)));
+        _mm_storeu_si128((__m128i *)(dst + i), mp_narrow16x8(mp_bf16_round8(u)));
     }
     if (i < n) SCALAR.f32_to_bf16(dst + i, src + i, n - i);
 }
@@ -111,7 +94,7 @@ MP_TARGET_AVX2 static inline __m256i fp8_encode(__m256i u, const mp_fp8_format *
 /* The low byte of each lane, 8 bytes. */
 MP_TARGET_AVX2 static inline uint64_t narrow8(__m256i v)
 {
-    const __m128i h = narrow16(v);
+    const __m128i h = mp_narrow16x8(v);
     return (uint64_t)_mm_cvtsi128_si64(_mm_packus_epi16(h, h));
 }
 

@@ -3,6 +3,7 @@
  * tests/exhaustive.c); they are compiled with per-function target attributes
  * and only called after runtime CPU detection. */
 #include "internal.h"
+#include "core/convert_simd.h"
 
 #if MP_X86
 #include <immintrin.h>
@@ -61,17 +62,6 @@ MP_TARGET_AVX512 static inline void put64(void *p, __m512i v, bool nt)
 
 /* ------------------------------------------------------------ f32 -> bf16 */
 
-MP_TARGET_AVX512 static inline __m512i bf16_round_int(__m512i u)
-{
-    const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7F800000));
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
-    r = _mm512_srli_epi32(r, 16);
-    __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_mask_mov_epi32(r, nan, q);
-}
-
 MP_TARGET_AVX512 static inline void bf16_loop(uint16_t *dst, const float *src, size_t n, bool nt,
                                               int unused)
 {
@@ -79,12 +69,12 @@ MP_TARGET_AVX512 static inline void bf16_loop(uint16_t *dst, const float *src, s
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512i u = _mm512_loadu_si512(src + i);
-        put32(dst + i, _mm512_cvtepi32_epi16(bf16_round_int(u)), nt);
+        put32(dst + i, _mm512_cvtepi32_epi16(mp_bf16_round16(u)), nt);
     }
     if (i < n) {
         __mmask16 k = tail_mask(n - i);
         __m512i u = _mm512_maskz_loadu_epi32(k, src + i);
-        _mm512_mask_cvtepi32_storeu_epi16(dst + i, k, bf16_round_int(u));
+        _mm512_mask_cvtepi32_storeu_epi16(dst + i, k, mp_bf16_round16(u));
     }
 }
 
@@ -108,7 +98,7 @@ MP_TARGET_AVX512BF16 static inline void bf16_native_loop(uint16_t *dst, const fl
         __m512i am1 = _mm512_sub_epi32(_mm512_and_si512(u, absmask), one);
         __m256i out;
         if (_mm512_cmple_epu32_mask(am1, submax))
-            out = _mm512_cvtepi32_epi16(bf16_round_int(u));
+            out = _mm512_cvtepi32_epi16(mp_bf16_round16(u));
         else
             out = (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(u));
         put32(dst + i, out, nt);

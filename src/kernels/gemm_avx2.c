@@ -8,6 +8,7 @@
  * only reached after runtime CPU detection. */
 #include <string.h>
 
+#include "core/convert_simd.h"
 #include "kernels/gemm_simd.h"
 
 #if MP_X86
@@ -202,8 +203,26 @@ MP_TARGET_AVX2 static inline __m256 load_c(const void *c, mp_dtype t, int64_t id
     return load8((const char *)c + idx * 2, t, cnt, 0, cnt);
 }
 
+/* The first n (1..8) lanes of v rounded to the 16-bit type t (as
+ * mp_convert rounds: RNE, NaN quieted) to o. */
+MP_TARGET_AVX2 static inline void store_half_n(uint16_t *o, __m256 v, mp_dtype t, int n)
+{
+    const __m128i h = t == MP_F16
+                          ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                          : mp_narrow16x8(mp_bf16_round8(_mm256_castps_si256(v)));
+    if (n == 8) {
+        _mm_storeu_si128((__m128i *)o, h);
+        return;
+    }
+    _Alignas(16) uint16_t lane[8];
+    _mm_store_si128((__m128i *)lane, h);
+    memcpy(o, lane, (size_t)n * sizeof *o);
+}
+
 /* The scalar epilogue's operations in its order (alpha * acc, + beta * c,
- * + bias, activation, one rounding), 8 lanes at a time. */
+ * + bias, activation, one rounding), 8 lanes at a time. A float32, bfloat16
+ * or float16 C under at most relu is written from the registers; a gelu
+ * row, or a float8 C, goes through the conversion kernels. */
 MP_TARGET_AVX2 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t, int64_t ldt,
                                           int64_t i0, int64_t j0, int64_t mr, int64_t nr)
 {
@@ -214,7 +233,9 @@ MP_TARGET_AVX2 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t
     const __m256 alpha = _mm256_set1_ps(e->alpha), beta = _mm256_set1_ps(e->beta);
     const __m256 zero = _mm256_setzero_ps();
     _Alignas(32) float row[HNR];
-    const bool direct = e->c_type == MP_F32 && (e->act == MP_ACT_NONE || e->act == MP_ACT_RELU);
+    const bool plain = e->act == MP_ACT_NONE || e->act == MP_ACT_RELU;
+    const bool direct = e->c_type == MP_F32 && plain;
+    const bool half = (e->c_type == MP_BF16 || e->c_type == MP_F16) && plain;
     const size_t csz = mp_dtype_size(e->c_type);
     for (int64_t i = 0; i < mr; i++) {
         const int64_t ci = (i0 + i) * e->ldc + j0;
@@ -228,10 +249,12 @@ MP_TARGET_AVX2 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t
             if (e->act == MP_ACT_RELU) v = _mm256_and_ps(v, _mm256_cmp_ps(v, zero, _CMP_NLE_UQ));
             if (direct)
                 store_n((float *)e->c + ci + j, v, cnt);
+            else if (half)
+                store_half_n((uint16_t *)e->c + ci + j, v, e->c_type, cnt);
             else
                 _mm256_store_ps(row + j, v);
         }
-        if (direct) continue;
+        if (direct || half) continue;
         if (e->act == MP_ACT_GELU || e->act == MP_ACT_GELU_TANH)
             mp_activate_row(e->act, row, row, (size_t)nr);
         mp_convert_isa(MP_ISA_AVX2, (char *)e->c + (size_t)ci * csz, e->c_type, row, MP_F32,
