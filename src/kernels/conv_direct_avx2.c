@@ -37,11 +37,17 @@ MP_TARGET_AVX2 static void pad_f32(const conv_spec *s, int64_t n, int64_t hp, in
             continue;
         }
         const char *src = (const char *)s->x + (size_t)(((n * s->h + ih) * s->w) * s->c) * xs;
-        const float *f = (const float *)src;
-        if (s->xt != MP_F32) {
+        /* float16 and bfloat16 rows of whole channel blocks widen as they
+         * are copied; other rows are converted first */
+        mp_dtype et = s->xt;
+        size_t es = xs;
+        if (et != MP_F32 && (s->c < 16 || (et != MP_BF16 && et != MP_F16))) {
             mp_convert(row, MP_F32, src, s->xt, (size_t)(s->w * s->c));
-            f = row;
+            src = (const char *)row;
+            et = MP_F32;
+            es = sizeof(float);
         }
+        const float *f = (const float *)src;
         for (int64_t b = 0; b < nb; b++) {
             float *o = out + b * plane + r * wp * 16;
             for (int64_t q = 0; q < wp; q++) {
@@ -51,9 +57,9 @@ MP_TARGET_AVX2 static void pad_f32(const conv_spec *s, int64_t n, int64_t hp, in
                     _mm256_storeu_ps(o + q * 16, _mm256_setzero_ps());
                     _mm256_storeu_ps(o + q * 16 + 8, _mm256_setzero_ps());
                 } else if (s->c >= 16) {
-                    const float *p = f + iw * s->c + b * 16;
-                    _mm256_storeu_ps(o + q * 16, _mm256_loadu_ps(p));
-                    _mm256_storeu_ps(o + q * 16 + 8, _mm256_loadu_ps(p + 8));
+                    const char *p = src + (size_t)(iw * s->c + b * 16) * es;
+                    _mm256_storeu_ps(o + q * 16, mp_widen8(p, et));
+                    _mm256_storeu_ps(o + q * 16 + 8, mp_widen8(p + 8 * es, et));
                 } else { /* an image's few channels, zero after them */
                     float t[16] = {0};
                     memcpy(t, f + iw * s->c, (size_t)s->c * sizeof(float));

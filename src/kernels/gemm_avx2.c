@@ -70,20 +70,6 @@ MP_TARGET_AVX2 static inline __m256i lanes(int n)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* 8 consecutive elements of a 16/32-bit type widened to f32. */
-MP_TARGET_AVX2 static inline __m256 widen8(const char *p, mp_dtype t)
-{
-    switch (t) {
-    case MP_F32:
-        return _mm256_loadu_ps((const float *)p);
-    case MP_F16:
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    default: /* MP_BF16 */
-        return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-    }
-}
-
 /* cnt (1..8) consecutive elements from p widened to f32, lanes past cnt
  * zero. Memory outside [p - before, p + after) elements is not touched
  * (after >= cnt); within it a short read is one whole 8-element load, from
@@ -92,20 +78,20 @@ MP_TARGET_AVX2 static inline __m256 widen8(const char *p, mp_dtype t)
 MP_TARGET_AVX2 static inline __m256 load8(const char *p, mp_dtype t, int cnt, int64_t before,
                                           int64_t after)
 {
-    if (cnt == 8) return widen8(p, t);
+    if (cnt == 8) return mp_widen8(p, t);
     const int64_t es = t == MP_F32 ? 4 : 2;
     const __m256 keep = _mm256_castsi256_ps(lanes(cnt));
-    if (after >= 8) return _mm256_and_ps(widen8(p, t), keep);
+    if (after >= 8) return _mm256_and_ps(mp_widen8(p, t), keep);
     if (before >= 8 - cnt) {
         const __m256i idx =
             _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 - cnt));
-        const __m256 v = widen8(p - (8 - cnt) * es, t);
+        const __m256 v = mp_widen8(p - (8 - cnt) * es, t);
         return _mm256_and_ps(_mm256_permutevar8x32_ps(v, idx), keep);
     }
     _Alignas(32) char tmp[32];
     memset(tmp, 0, sizeof tmp);
     memcpy(tmp, p, (size_t)(cnt * es));
-    return widen8(tmp, t);
+    return mp_widen8(tmp, t);
 }
 
 /* The first n (1..8) lanes of v to o, without a masked store (vmaskmovps

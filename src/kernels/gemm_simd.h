@@ -9,6 +9,20 @@
 #if MP_X86
 #include <immintrin.h>
 
+/* 8 consecutive elements of a 16/32-bit type widened to f32. */
+MP_TARGET_AVX2 static inline __m256 mp_widen8(const char *p, mp_dtype t)
+{
+    switch (t) {
+    case MP_F32:
+        return _mm256_loadu_ps((const float *)p);
+    case MP_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    default: /* MP_BF16 */
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    }
+}
+
 /* r[q] becomes column q of the 8x8 matrix whose rows were r[0..7]. */
 MP_TARGET_AVX2 static inline void mp_gemm_tr8(__m256 r[8])
 {
