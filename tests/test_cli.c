@@ -235,6 +235,12 @@ static void test_checkpoint_resume(void **state)
     assert_non_null(strstr(output(), "no fit state"));
     assert_int_equal(run("inspect %1$s/w.st"), 0);
     assert_non_null(strstr(output(), "training state: none"));
+    /* --weight-decay reaches the optimizer and its checkpoint */
+    assert_int_equal(run("train --data %1$s/train.csv --hidden 4 --epochs 1 --optimizer adamw "
+                         "--weight-decay 0.25 --save %1$s/wd.st --save-state --quiet"),
+                     0);
+    assert_int_equal(run("inspect %1$s/wd.st"), 0);
+    assert_non_null(strstr(output(), "weight decay 0.25"));
     assert_int_equal(run("train --checkpoint-every 5"), 2);
     assert_non_null(strstr(output(), "--checkpoint-dir"));
     assert_int_equal(run("inspect %1$s/ck/ckpt-00000099.safetensors"), 1);
@@ -444,6 +450,10 @@ static void test_bad_input(void **state)
     assert_non_null(strstr(output(), "margin '-1'"));
     assert_int_equal(run("train --resume ck --fp8-margin 1"), 2);
     assert_non_null(strstr(output(), "fp8-margin"));
+    assert_int_equal(run("train --weight-decay -0.1"), 2);
+    assert_non_null(strstr(output(), "--weight-decay -0.1: expected a number >= 0"));
+    assert_int_equal(run("train --resume ck --weight-decay 0.1"), 2);
+    assert_non_null(strstr(output(), "weight-decay"));
     assert_int_equal(run("train --batch-size 0"), 2);
     assert_int_equal(run("train --validation-split 1.5"), 2);
     assert_int_equal(run("train --loss-scale sometimes"), 2);
