@@ -61,9 +61,22 @@ int mp_cli_demo(int argc, char **argv)
         for (int i = 0; i < a.nhidden; i++) printf("%lld -> ", (long long)a.hidden[i]);
         printf("10 (relu, float32 softmax)");
     }
-    printf(", Adam lr %g%s, batch %lld, %d epoch%s%s on %s (%lld train / %lld test)\n",
-           (double)a.lr, a.cosine ? " with cosine decay" : "", (long long)a.batch, a.epochs,
-           a.epochs > 1 ? "s" : "", a.max_steps ? " (capped by --max-steps)" : "",
+    /* the optimizer as train builds it: its name, --lr, --weight-decay (or
+     * the optimizer's default), the warm-up and the schedule */
+    const mp_optimizer_config oc = mp_optimizer_config_default(a.optimizer);
+    const double wd = a.weight_decay >= 0 ? (double)a.weight_decay : (double)oc.weight_decay;
+    static const char *const opt_name[] = {"SGD", "Adam", "AdamW"};
+    char opt[160];
+    int at = snprintf(opt, sizeof opt, "%s lr %g",
+                      (unsigned)a.optimizer < 3 ? opt_name[a.optimizer] : "?", (double)a.lr);
+    if (wd > 0) at += snprintf(opt + at, sizeof opt - (size_t)at, " weight decay %g", wd);
+    if (a.warmup_steps)
+        at += snprintf(opt + at, sizeof opt - (size_t)at, ", %lld warm-up steps",
+                       (long long)a.warmup_steps);
+    if (a.cosine) snprintf(opt + at, sizeof opt - (size_t)at, " with cosine decay");
+    printf(", %s, batch %lld, %d epoch%s%s on %s (%lld train / %lld test)\n", opt,
+           (long long)a.batch, a.epochs, a.epochs > 1 ? "s" : "",
+           a.max_steps ? " (capped by --max-steps)" : "",
            strcmp(a.data, "fashion-mnist") ? a.data : "Fashion-MNIST",
            (long long)mp_dataset_count(train), (long long)mp_dataset_count(test));
     printf("kernel path %s, %d threads\n\n", mp_isa_name(mp_isa_active()), mp_num_threads());
@@ -115,7 +128,7 @@ int mp_cli_demo(int argc, char **argv)
             "low-precision copy of the weights and halve the per-step memory (act+workspace), so\n"
             "they save overall once batches are large (see make bench-step, batch 8192).\n"
             "batch@2GiB: the largest batch whose planned training memory (the summary's plan,\n"
-            "Adam state included) fits 2 GiB.\n\n",
+            "optimizer state included) fits 2 GiB.\n\n",
             (long long)a.batch);
         char out[4300];
         snprintf(out, sizeof out, "%s/report.html", base);
