@@ -175,14 +175,14 @@ static void test_demo_flags(void **state)
                          "--epochs 1 --batch-size 20 --lr-decay cosine --run-dir %1$s/demo"),
                      0);
     const char *o = output();
-    assert_non_null(strstr(o, "Adam lr 0.001 with cosine decay, batch 20, 1 epoch on "));
+    assert_non_null(strstr(o, "adam lr 0.001 with cosine decay, batch 20, 1 epoch on "));
     assert_non_null(strstr(o, "mixed_float16"));
     /* make resnet's recipe: the banner names what trained */
     assert_int_equal(run("demo --data %1$s/train.csv --test-data %1$s/test.csv --hidden 4 "
                          "--epochs 1 --batch-size 20 --optimizer adamw --lr 2e-3 --weight-decay "
                          "0.05 --warmup-steps 3 --lr-decay cosine --run-dir %1$s/demo"),
                      0);
-    assert_non_null(strstr(output(), "AdamW lr 0.002 weight decay 0.05, 3 warm-up steps with "
+    assert_non_null(strstr(output(), "adamw lr 0.002 weight decay 0.05, 3 warm-up steps with "
                                      "cosine decay, batch 20"));
     assert_int_equal(run("demo --policy float32"), 2);
     assert_non_null(strstr(output(), "--policy"));

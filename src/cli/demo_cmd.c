@@ -65,10 +65,9 @@ int mp_cli_demo(int argc, char **argv)
      * the optimizer's default), the warm-up and the schedule */
     const mp_optimizer_config oc = mp_optimizer_config_default(a.optimizer);
     const double wd = a.weight_decay >= 0 ? (double)a.weight_decay : (double)oc.weight_decay;
-    static const char *const opt_name[] = {"SGD", "Adam", "AdamW"};
     char opt[160];
-    int at = snprintf(opt, sizeof opt, "%s lr %g",
-                      (unsigned)a.optimizer < 3 ? opt_name[a.optimizer] : "?", (double)a.lr);
+    int at =
+        snprintf(opt, sizeof opt, "%s lr %g", mp_optimizer_kind_name(a.optimizer), (double)a.lr);
     if (wd > 0) at += snprintf(opt + at, sizeof opt - (size_t)at, " weight decay %g", wd);
     if (a.warmup_steps)
         at += snprintf(opt + at, sizeof opt - (size_t)at, ", %lld warm-up steps",

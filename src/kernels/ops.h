@@ -14,6 +14,10 @@ bool mp_op_activation_grad_needs_input(mp_activation act);
 /* dx = dy * act'(.), `saved` being x or y as above. */
 void mp_op_activation_grad(mp_activation act, const void *saved, mp_dtype st, const void *dy,
                            mp_dtype dyt, void *dx, mp_dtype dxt, size_t n);
+/* o = g * relu'(y) on float32 chunks, y relu's output: the product g * 1 or
+ * g * 0 (-0 and NaN alike), compare-and-multiply vector code; o may be g.
+ * The one relu derivative (mp_op_activation_grad, BatchNorm's fused relu). */
+void mp_op_relu_grad_f32(const float *g, const float *y, size_t n, float *o);
 /* Bit i of mask (least significant first in each byte) = y[i] > 0: all a
  * relu's derivative reads of its output, in (n + 7) / 8 bytes. */
 void mp_op_positive_mask(const void *y, mp_dtype yt, uint8_t *mask, size_t n);

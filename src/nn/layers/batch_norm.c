@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "kernels/activation.h"
+#include "kernels/ops.h"
 #include "nn/layer.h"
 
 typedef mp_batch_norm_options batch_norm_config;
@@ -174,19 +175,6 @@ BN_CLONES static void map_rows(const float *u, const float *g, int64_t nr, int64
     BY_COLS(MAP_ROWS, u, g, nr, k, r, a, b, e, y, relu);
 }
 
-/* o = g * relu'(z) from the rectified output z, as mp_op_activation_grad
- * computes it (a product: -0 and NaN alike); o may be g. The factor is a
- * statement of its own: inline, g * (z > 0 ? 1 : 0), GCC 12 folds g * 1 to
- * g and branches on random signs instead of vectorizing. */
-BN_CLONES static void relu_grad(const float *g, const float *z, size_t n, float *o)
-{
-#pragma omp simd
-    for (size_t i = 0; i < n; i++) {
-        const float d = (float)(z[i] > 0.0f);
-        o[i] = g[i] * d;
-    }
-}
-
 /* n values of type t at element off of p as float32: in place when they
  * are float32, decoded into buf otherwise. */
 static const float *as_f32(const void *p, mp_dtype t, size_t off, size_t n, float *buf)
@@ -204,7 +192,7 @@ static const float *grad_f32(const void *dy, mp_dtype dyt, const void *z, mp_dty
 {
     const float *gf = as_f32(dy, dyt, off, n, g);
     if (!z) return gf;
-    relu_grad(gf, as_f32(z, zt, off, n, zb), n, g);
+    mp_op_relu_grad_f32(gf, as_f32(z, zt, off, n, zb), n, g);
     return g;
 }
 
