@@ -72,7 +72,7 @@ STATIC   := $(BUILD)/libmixprec.a
 SHARED   := $(BUILD)/libmixprec.so
 CLI      := $(BUILD)/mixprec
 
-.PHONY: resnet bench-peers bench-mpi lm test-mpi test-browser bench-diag deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
+.PHONY: ref-venv resnet bench-peers bench-mpi lm test-mpi test-browser bench-diag deps-build bench-step bench-checkpoint bench-conv bench-gpt keras-venv examples test-install all test test-exhaustive bench bench-convert bench-gemm bench-deps demo install clean deps-test format
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(SHARED) $(CLI)
@@ -247,6 +247,22 @@ keras-venv:
 	    touch $(KERAS_VENV)/.installed; \
 	  else rm -rf $(KERAS_VENV); \
 	    echo "mixprec: could not install tensorflow-cpu/keras (build/venv-keras.log): Keras will be n/a"; fi; \
+	fi
+
+# ml_dtypes (PyPI) as an independent reference for the MX/fp8/fp6/fp4 casts:
+# tests/interop/mx_ml_dtypes.py runs under make test when build/venv-ref (or
+# the Keras environment above, which has it too) holds it; .ci/run makes it.
+# Without network the test is skipped, saying so.
+REF_VENV := build/venv-ref
+ref-venv:
+	@if [ ! -f $(REF_VENV)/.installed ]; then \
+	  echo "mixprec: installing ml_dtypes and numpy from PyPI into $(REF_VENV) (a test reference)"; \
+	  rm -rf $(REF_VENV); mkdir -p build; \
+	  if python3 -m venv $(REF_VENV) >build/venv-ref.log 2>&1 && \
+	     $(REF_VENV)/bin/pip install -q --retries 2 ml_dtypes numpy >>build/venv-ref.log 2>&1; then \
+	    touch $(REF_VENV)/.installed; \
+	  else rm -rf $(REF_VENV); \
+	    echo "mixprec: could not install ml_dtypes (build/venv-ref.log): its test will be skipped"; fi; \
 	fi
 
 # The seed step in float32 and mixed_bfloat16 next to Keras 3/TensorFlow

@@ -3,6 +3,13 @@
 # closing line with the totals over all of them.
 build="$1"; shift
 export MP_CLI="$build/mixprec"
+# The Python that runs tests/interop/mx_ml_dtypes.py: one with ml_dtypes
+# (make ref-venv, or the Keras environment), else Debian's (then it skips).
+if [ -z "${MP_PYTHON:-}" ]; then
+    for py in build/venv-ref/bin/python build/venv-keras/bin/python /usr/bin/python3; do
+        if [ -x "$py" ]; then export MP_PYTHON="$py"; break; fi
+    done
+fi
 # Tests never read or write the user's kernel-choice cache.
 export MP_DISPATCH_CACHE=0
 passed=0; failed=0; skipped=0; broken=""

@@ -526,7 +526,8 @@ static void test_bad_input(void **state)
 
 /* tests/interop/mx_ml_dtypes.py checks the shared library of this build
  * (next to $MP_CLI, which tests/run.sh sets) against ml_dtypes' types, with
- * $MP_PYTHON (default python3). Skipped without ml_dtypes (CI has none),
+ * $MP_PYTHON (run.sh picks build/venv-ref's, which `make ref-venv` and
+ * .ci/run make, else python3). Skipped where that Python has no ml_dtypes,
  * outside run.sh, and under the sanitizers (a Python process cannot load an
  * ASan-built library). */
 static int setup(void **state)

@@ -10,7 +10,8 @@ element type done by ml_dtypes' own casts). Run by tests/test_mx.c.
 
 Exit status: 0 all checks passed, 1 a check failed, 2 usage or the library
 would not load, 77 skipped (numpy or ml_dtypes not importable by this
-Python: CI has no ml_dtypes; `pip install ml_dtypes` in a venv to run it).
+Python; `make ref-venv` installs ml_dtypes from PyPI into build/venv-ref,
+which tests/run.sh then uses; .ci/run does so).
 """
 import ctypes
 import sys
