@@ -13,6 +13,8 @@
  * cannot ask for an absurd allocation or overflow a product. */
 #define MAX_DIM_SIZE 0x7FFFFFFFll
 #define MAX_BYTES ((int64_t)1 << 34)
+/* The data buffer's first size (it doubles as the data arrives). */
+#define READ_CHUNK ((size_t)1 << 20)
 
 static const char *idx_type_name(unsigned t)
 {
@@ -111,6 +113,41 @@ static mp_status read_header(gzFile f, const char *path, mp_idx *out)
     return MP_OK;
 }
 
+/* The data the header announces into out->data. The buffer grows with the
+ * bytes that arrive (from READ_CHUNK, doubling), so that a short file whose
+ * header announces up to 2^34 bytes is refused without that allocation. */
+static mp_status read_data(gzFile f, const char *path, mp_idx *out)
+{
+    const size_t want = (size_t)out->count;
+    size_t cap = want < READ_CHUNK ? want : READ_CHUNK, have = 0;
+    uint8_t *buf = malloc(cap);
+    for (;;) {
+        if (!buf)
+            return mp_set_error(MP_ERR_NOMEM, "%s: out of memory for %zu of the %zu data bytes",
+                                path, cap, want);
+        size_t got;
+        mp_status s = mp_gz_read(f, path, buf + have, cap - have, &got);
+        have += got;
+        if (!s && have < cap)
+            s = mp_set_error(MP_ERR_FORMAT,
+                             "%s: truncated IDX data: the header announces %zu bytes, the file "
+                             "holds %zu",
+                             path, want, have);
+        if (s) {
+            free(buf);
+            return s;
+        }
+        if (have == want) break;
+        size_t ncap = cap < want / 2 ? cap * 2 : want;
+        uint8_t *nb = realloc(buf, ncap);
+        if (!nb) free(buf);
+        buf = nb;
+        cap = ncap;
+    }
+    out->data = buf;
+    return MP_OK;
+}
+
 mp_status mp_idx_read(const char *path, mp_idx *out)
 {
     if (!out) return mp_set_error(MP_ERR_INVALID, "mp_idx_read: out is NULL");
@@ -121,21 +158,7 @@ mp_status mp_idx_read(const char *path, mp_idx *out)
     mp_idx a;
     memset(&a, 0, sizeof a);
     s = read_header(f, path, &a);
-    if (!s) {
-        a.data = malloc((size_t)a.count);
-        if (!a.data)
-            s = mp_set_error(MP_ERR_NOMEM, "%s: out of memory for %lld bytes", path,
-                             (long long)a.count);
-    }
-    if (!s) {
-        size_t got;
-        s = mp_gz_read(f, path, a.data, (size_t)a.count, &got);
-        if (!s && got < (size_t)a.count)
-            s = mp_set_error(MP_ERR_FORMAT,
-                             "%s: truncated IDX data: the header announces %lld bytes, the file "
-                             "holds %zu",
-                             path, (long long)a.count, got);
-    }
+    if (!s) s = read_data(f, path, &a);
     if (!s) s = expect_end(f, path, a.count);
     gzclose(f);
     if (s) {
