@@ -1,7 +1,6 @@
 /* csv.c - numeric CSV files (plain or gzip) as datasets: float32 features
  * and one integer label column, with errors that point at the line and
  * column of the offending field. */
-#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,8 @@
 #define MAX_FILE_BYTES ((size_t)1 << 34)
 /* Longest text accepted as a number; longer fields are reported, not cut. */
 #define MAX_NUMBER_CHARS 255
+/* 2^128 - 2^103: the least double that rounds to infinity as a float32. */
+#define FLOAT_OVERFLOW 0x1.ffffffp+127
 
 typedef struct {
     const char *p;
@@ -232,8 +233,10 @@ static mp_status parse(parser *ps, char *text, size_t len, const mp_csv_options 
                 if (y[n] > maxl) maxl = y[n];
                 continue;
             }
-            /* A finite double past FLT_MAX would become inf as a float. */
-            if (r != NUM_OK || !isfinite(v) || fabs(v) > FLT_MAX) {
+            /* A finite double from FLT_MAX + half an ulp on becomes inf as
+             * a float; below it, it rounds to at most FLT_MAX (the text
+             * "3.4028235e+38" that numpy writes for it is past FLT_MAX). */
+            if (r != NUM_OK || !isfinite(v) || fabs(v) >= FLOAT_OVERFLOW) {
                 s = field_error(ps, ln, c + 1, ps->f[c], r, v, false);
                 break;
             }
