@@ -10,6 +10,9 @@
 
 #include "cli/report.h"
 
+/* Epoch numbers beyond this are not read as epochs (nor cast to int). */
+#define MAX_EPOCH 1e9
+
 static const char *const mem_names[REPORT_MEM] = {
     "weights",     "master_weights", "gradients", "optimizer_state",
     "activations", "workspace",      "other"};
@@ -59,7 +62,7 @@ static void read_history(report_run *r, FILE *err)
             if (!p) break;
             p++;
         }
-        if (k < 8 || isnan(v[0])) {
+        if (k < 8 || !(fabs(v[0]) <= MAX_EPOCH)) { /* NaN, or no int */
             report_note(r, err, "history.csv line %d: malformed, skipped", lineno);
             continue;
         }
@@ -98,7 +101,9 @@ static void add_step(report_run *r, json_t *rec, bool diag)
  * history.csv has none for it. */
 static void add_epoch_record(report_run *r, json_t *rec, bool have_history)
 {
-    int ep = (int)num(rec, "epoch");
+    double epoch = num(rec, "epoch");
+    if (!(fabs(epoch) <= MAX_EPOCH)) return; /* none, or no int */
+    int ep = (int)epoch;
     for (int i = 0; i < r->nepochs; i++)
         if (r->epochs[i].epoch == ep) {
             r->epochs[i].step = num(rec, "step");
