@@ -4,7 +4,7 @@
 #   make test SANITIZE=1 the same under AddressSanitizer + UBSan
 #   make test-browser    the HTML report in headless Chromium (part of make test)
 #   make test-exhaustive conversions checked on all 2^32 float32 inputs
-#   make fuzz            libFuzzer on the checkpoint loader (FUZZ_SECONDS=60)
+#   make fuzz            libFuzzer on the loaders of outside data (FUZZ_SECONDS=60, mk/fuzz.mk)
 #   make bench           every benchmark (convert, gemm, step, diag, checkpoint, conv, gpt)
 #   make bench-diag      what --diagnostics 1 and 100 cost a training step
 #   make bench-gpt       gpt_mini: tokens/s against Keras, attention kernel, generation

@@ -1,0 +1,35 @@
+/* test_fuzz_cache.c - the kernel-choice cache fuzz target (fuzz/fuzz_cache.c): cache
+ * file texts from tests/fuzz/cache/ in the normal test suite, with
+ * the outcomes their names promise (tests/fuzz_seeds.h). A file lost from
+ * the tree fails the test. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+#include "../fuzz/fuzz_cache.c"
+
+#include "fuzz_seeds.h"
+
+#define SEED_DIR "tests/fuzz/cache"
+#define MIN_VALID 3
+#define MIN_BAD 15
+
+static void test_seeds(void **state)
+{
+    (void)state;
+    int valid, bad;
+    seeds_run_dir(SEED_DIR, mp_fuzz_cache_one, &valid, &bad);
+    if (valid < MIN_VALID || bad < MIN_BAD)
+        fail_msg("%s holds %d valid-* and %d bad-* files, expected at least %d and %d", SEED_DIR,
+                 valid, bad, MIN_VALID, MIN_BAD);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_seeds),
+    };
+    return cmocka_run_group_tests_name("fuzz_cache", tests, NULL, NULL);
+}
