@@ -64,11 +64,17 @@ static void fuzz_check_run(const report_run *r, const char *dir)
     FUZZ_CHECK(r->plan == NULL || r->plan->refcount >= 1);
 }
 
-/* The page at path is whole. */
+/* The page at path is whole, and what the run's files said reached it as
+ * text: the page has no scripts, and a name like "<script>" in a run's
+ * files must arrive escaped (regress: edge-compute-dtype-markup). */
 static void fuzz_check_page(const char *path)
 {
     FILE *f = fopen(path, "rb");
     FUZZ_CHECK(f != NULL);
+    int c, m = 0;
+    static const char tag[] = "<script";
+    while ((c = fgetc(f)) != EOF && tag[m]) m = c == tag[m] ? m + 1 : c == tag[0];
+    FUZZ_CHECK(tag[m] != '\0'); /* no "<script" anywhere */
     FUZZ_CHECK(fseek(f, 0, SEEK_END) == 0);
     long n = ftell(f);
     static const char tail[] = "</body></html>\n";

@@ -232,8 +232,9 @@ static void page(FILE *f, report_run *runs, int nr)
         report_escape(f, runs[r].label);
         fputs(": ", f);
         report_escape(f, runs[r].dir);
-        fprintf(f, " (compute dtype %s, %d epochs, %d records)</li>\n", runs[r].compute,
-                runs[r].nepochs, runs[r].nsteps);
+        fputs(" (compute dtype ", f);
+        report_escape(f, runs[r].compute);
+        fprintf(f, ", %d epochs, %d records)</li>\n", runs[r].nepochs, runs[r].nsteps);
     }
     fputs("</ul>\n", f);
     for (int r = 0; r < nr; r++) {

@@ -263,8 +263,10 @@ void report_heatmap(FILE *f, const char *title, const char *xlabel, const char *
             fprintf(
                 f,
                 "<rect class=\"cell\" x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\" "
-                "stroke=\"#eee\" stroke-width=\"0.5\"><title>%s step %g: %.3g</title></rect>",
-                lw + c * cw, top + r * cell_h, cw + 0.2, cell_h, col, rows[r], cols[c], x);
+                "stroke=\"#eee\" stroke-width=\"0.5\"><title>",
+                lw + c * cw, top + r * cell_h, cw + 0.2, cell_h, col);
+            report_escape(f, rows[r]);
+            fprintf(f, " step %g: %.3g</title></rect>", cols[c], x);
         }
         fputc('\n', f);
     }
@@ -333,8 +335,10 @@ void report_bar_chart(FILE *f, const char *title, const char *ylabel, const char
             fprintf(f,
                     "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
                     "fill=\"%s\">"
-                    "<title>%s: %.1f</title></rect>",
-                    bx, py(&fr, val), bw, y0 - py(&fr, val), report_colour(r), cats[c], val);
+                    "<title>",
+                    bx, py(&fr, val), bw, y0 - py(&fr, val), report_colour(r));
+            report_escape(f, cats[c]);
+            fprintf(f, ": %.1f</title></rect>", val);
         }
         fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" font-size=\"10\">",
                 x0 + (c + 0.5) * gw, y0 + 16);
