@@ -462,6 +462,37 @@ static void test_csv_valid(void **state)
     mp_dataset_free(ds);
 }
 
+/* The loader sizes its buffers by the rows the file can hold, not by its
+ * line count: a row of nf fields takes nf bytes at least, so the features
+ * and labels take 4 (len / nf + 1) nf bytes at most, and the file's text
+ * len more: under 8 len in all. One 512-field line over 100000 blank lines
+ * (100 KiB) asked for 204 MB before. */
+static void test_csv_memory_bound(void **state)
+{
+    (void)state;
+    enum { NF = 512, BLANK = 100000 };
+    char *t = malloc(2 * NF + BLANK + 1);
+    assert_non_null(t);
+    size_t len = 0;
+    for (int i = 0; i < NF; i++) {
+        t[len++] = i == NF - 1 ? '1' : '0';
+        t[len++] = i == NF - 1 ? '\n' : ',';
+    }
+    memset(t + len, '\n', BLANK);
+    len += BLANK;
+    t[len] = '\0';
+    mp_mem_stats before, after;
+    mp_mem_reset_peaks();
+    mp_mem_get_stats(&before);
+    mp_dataset *ds = csv_ok("wide.csv", t, NULL);
+    mp_mem_get_stats(&after);
+    assert_int_equal(mp_dataset_count(ds), 1);
+    assert_int_equal(mp_dataset_dim(ds), NF - 1);
+    mp_dataset_free(ds);
+    free(t);
+    assert_true(after.total_peak - before.total_current < 8 * len);
+}
+
 static void test_csv_invalid(void **state)
 {
     (void)state;
@@ -716,6 +747,7 @@ int main(void)
         cmocka_unit_test(test_fashion_by_name),
         cmocka_unit_test(test_fashion_real),
         cmocka_unit_test(test_csv_valid),
+        cmocka_unit_test(test_csv_memory_bound),
         cmocka_unit_test(test_csv_invalid),
         cmocka_unit_test(test_from_arrays),
         cmocka_unit_test(test_validation_split),

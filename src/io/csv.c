@@ -195,6 +195,11 @@ static mp_status parse(parser *ps, char *text, size_t len, const mp_csv_options 
                 break;
             }
             dim = nf - 1;
+            /* Rows of nf fields take nf bytes at least (nf - 1 separators
+             * and a newline), so no more than len / nf + 1 fit in the file:
+             * a wide first line over many blank lines must not size the
+             * buffers by the line count (64 KiB asked for 2 GB). */
+            if (lines > len / (size_t)nf + 1) lines = len / (size_t)nf + 1;
             if ((uint64_t)lines > SIZE_MAX / sizeof(float) / (uint64_t)dim) {
                 s = mp_set_error(MP_ERR_NOMEM, "%s: too large", ps->path);
                 break;
@@ -218,6 +223,11 @@ static mp_status parse(parser *ps, char *text, size_t len, const mp_csv_options 
                              "%s: line %lld has %d fields, expected %d (as on line "
                              "%d)",
                              ps->path, ln, ps->nf, nf, header_line ? header_line : 1);
+            break;
+        }
+        if ((size_t)n >= lines) { /* cannot happen: the bound above */
+            s = mp_set_error(MP_ERR_FORMAT, "%s: line %lld: more rows than the file can hold",
+                             ps->path, ln);
             break;
         }
         float *row = x + n * dim;
