@@ -29,6 +29,22 @@ int test_isas(mp_isa out[MP_ISA_COUNT])
     return n;
 }
 
+uint8_t *test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    assert_true(n >= 0);
+    rewind(f);
+    uint8_t *buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
 int test_scratch_dir(char *buf, size_t len, const char *prefix)
 {
     snprintf(buf, len, "/tmp/%s_XXXXXX", prefix);

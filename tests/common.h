@@ -53,6 +53,9 @@ static inline float bits_f32(uint32_t u)
 int test_scratch_dir(char *buf, size_t len, const char *prefix);
 /* Remove a scratch directory and all it holds; 0 on success. */
 int test_remove_tree(const char *dir);
+/* The whole file at path (malloc'ed, one spare byte), its size in *len;
+ * fails the test when it cannot be read. */
+uint8_t *test_read_file(const char *path, size_t *len);
 
 /* Float32 and bfloat16 unit roundoffs. */
 #define U32 0x1p-24

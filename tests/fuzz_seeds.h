@@ -25,22 +25,6 @@ static int seeds_by_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static uint8_t *seeds_read(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    uint8_t *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
 /* Run every file of dir through entry; *valid and *bad count the files of
  * those names. Each file also goes through cut short at a few lengths,
  * where only coming back counts. */
@@ -68,7 +52,7 @@ static void seeds_run_dir(const char *dir, fuzz_entry entry, int *valid, int *ba
         char path[512];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         size_t len;
-        uint8_t *data = seeds_read(path, &len);
+        uint8_t *data = test_read_file(path, &len);
         int r = entry(data, len);
         if (!strncmp(names[i], "valid-", 6)) {
             if (r != FUZZ_LOADED)
@@ -84,5 +68,24 @@ static void seeds_run_dir(const char *dir, fuzz_entry entry, int *valid, int *ba
     }
     free(names);
 }
+
+/* The test program of a target: its seed directory dir through entry,
+ * with at least min_valid valid-* and min_bad bad-* files in it (a file
+ * lost from the tree fails the test). */
+#define FUZZ_SEEDS_TEST_MAIN(group, dir, entry, min_valid, min_bad)                                \
+    static void test_seeds(void **state)                                                           \
+    {                                                                                              \
+        (void)state;                                                                               \
+        int valid, bad;                                                                            \
+        seeds_run_dir(dir, entry, &valid, &bad);                                                   \
+        if (valid < (min_valid) || bad < (min_bad))                                                \
+            fail_msg("%s holds %d valid-* and %d bad-* files, expected at least %d and %d", dir,   \
+                     valid, bad, min_valid, min_bad);                                              \
+    }                                                                                              \
+    int main(void)                                                                                 \
+    {                                                                                              \
+        const struct CMUnitTest tests[] = {cmocka_unit_test(test_seeds)};                          \
+        return cmocka_run_group_tests_name(group, tests, NULL, NULL);                              \
+    }
 
 #endif

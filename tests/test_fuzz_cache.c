@@ -12,24 +12,4 @@
 
 #include "fuzz_seeds.h"
 
-#define SEED_DIR "tests/fuzz/cache"
-#define MIN_VALID 3
-#define MIN_BAD 15
-
-static void test_seeds(void **state)
-{
-    (void)state;
-    int valid, bad;
-    seeds_run_dir(SEED_DIR, mp_fuzz_cache_one, &valid, &bad);
-    if (valid < MIN_VALID || bad < MIN_BAD)
-        fail_msg("%s holds %d valid-* and %d bad-* files, expected at least %d and %d", SEED_DIR,
-                 valid, bad, MIN_VALID, MIN_BAD);
-}
-
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_seeds),
-    };
-    return cmocka_run_group_tests_name("fuzz_cache", tests, NULL, NULL);
-}
+FUZZ_SEEDS_TEST_MAIN("fuzz_cache", "tests/fuzz/cache", mp_fuzz_cache_one, 3, 15)

@@ -68,22 +68,6 @@ static void free_list(file_list *l)
     free(l->names);
 }
 
-static uint8_t *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("cannot open %s", path);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    uint8_t *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
 static bool has_prefix(const char *s, const char *p) { return !strncmp(s, p, strlen(p)); }
 
 static const char *outcome_name(int r)
@@ -100,7 +84,7 @@ static void run_dir(const char *dir, int *valid, int *bad)
         char path[512];
         snprintf(path, sizeof path, "%s/%s", dir, l.names[i]);
         size_t len;
-        uint8_t *data = read_file(path, &len);
+        uint8_t *data = test_read_file(path, &len);
         int r = mp_fuzz_checkpoint_one(data, len);
         free(data);
         if (has_prefix(l.names[i], "valid-")) {
@@ -148,7 +132,7 @@ static void test_seed_mutations(void **state)
         char path[512];
         snprintf(path, sizeof path, "%s/%s", CORPUS_DIR, l.names[i]);
         size_t len;
-        uint8_t *data = read_file(path, &len);
+        uint8_t *data = test_read_file(path, &len);
         /* cuts: a few dozen lengths spread over the file */
         for (size_t cut = 0; cut < len; cut += len / 37 + 1) {
             if (mp_fuzz_checkpoint_one(data, cut) != MP_FUZZ_REFUSED)
