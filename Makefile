@@ -232,6 +232,21 @@ bench-mpi:
 	@echo "bench-mpi: this build has no MPI (sh scripts/deps.sh mpi, then make MPI=1)"; exit 1
 endif
 
+# $(call pip_venv,DIR,PACKAGES,WHAT): a virtual environment DIR with
+# PACKAGES from PyPI, made once (DIR/.installed); if that fails (no network,
+# no python3-venv) DIR is removed and the message says WHAT follows.
+define pip_venv
+	@if [ ! -f $(1)/.installed ]; then \
+	  echo "mixprec: installing $(2) from PyPI into $(1) (python3 -m venv; pip install $(2))"; \
+	  rm -rf $(1); mkdir -p build; \
+	  if python3 -m venv $(1) >$(1).log 2>&1 && \
+	     $(1)/bin/pip install -q --retries 2 $(2) >>$(1).log 2>&1; then \
+	    touch $(1)/.installed; \
+	  else rm -rf $(1); \
+	    echo "mixprec: could not install $(2) ($(1).log): $(3)"; fi; \
+	fi
+endef
+
 # Keras 3 on TensorFlow runs the same model in the same run (bench-conv:
 # ResNet-20, bench-gpt: gpt_mini), from a virtual environment under build/
 # made on first use (python3 -m venv, then pip install tensorflow-cpu keras
@@ -239,15 +254,7 @@ endif
 # python3-venv) the Keras columns say n/a.
 KERAS_VENV := build/venv-keras
 keras-venv:
-	@if [ ! -f $(KERAS_VENV)/.installed ]; then \
-	  echo "mixprec: installing tensorflow-cpu and keras from PyPI into $(KERAS_VENV) (python3 -m venv; pip install tensorflow-cpu keras)"; \
-	  rm -rf $(KERAS_VENV); mkdir -p build; \
-	  if python3 -m venv $(KERAS_VENV) >build/venv-keras.log 2>&1 && \
-	     $(KERAS_VENV)/bin/pip install -q --retries 2 tensorflow-cpu keras >>build/venv-keras.log 2>&1; then \
-	    touch $(KERAS_VENV)/.installed; \
-	  else rm -rf $(KERAS_VENV); \
-	    echo "mixprec: could not install tensorflow-cpu/keras (build/venv-keras.log): Keras will be n/a"; fi; \
-	fi
+	$(call pip_venv,$(KERAS_VENV),tensorflow-cpu keras,Keras will be n/a)
 
 # ml_dtypes (PyPI) as an independent reference for the MX/fp8/fp6/fp4 casts:
 # tests/interop/mx_ml_dtypes.py runs under make test when build/venv-ref (or
@@ -255,15 +262,7 @@ keras-venv:
 # Without network the test is skipped, saying so.
 REF_VENV := build/venv-ref
 ref-venv:
-	@if [ ! -f $(REF_VENV)/.installed ]; then \
-	  echo "mixprec: installing ml_dtypes and numpy from PyPI into $(REF_VENV) (a test reference)"; \
-	  rm -rf $(REF_VENV); mkdir -p build; \
-	  if python3 -m venv $(REF_VENV) >build/venv-ref.log 2>&1 && \
-	     $(REF_VENV)/bin/pip install -q --retries 2 ml_dtypes numpy >>build/venv-ref.log 2>&1; then \
-	    touch $(REF_VENV)/.installed; \
-	  else rm -rf $(REF_VENV); \
-	    echo "mixprec: could not install ml_dtypes (build/venv-ref.log): its test will be skipped"; fi; \
-	fi
+	$(call pip_venv,$(REF_VENV),ml_dtypes numpy,its test will be skipped)
 
 # The seed step in float32 and mixed_bfloat16 next to Keras 3/TensorFlow
 # (bench/step_keras.py, from the virtual environment above) and PyTorch from
