@@ -10,6 +10,7 @@
 #include <zlib.h>
 
 #include "common.h"
+#include "io/io_internal.h"
 
 /* Every test writes into one temporary directory, removed at the end. */
 static char tmpdir[64];
@@ -393,6 +394,42 @@ static void test_fashion_real(void **state)
     }
 }
 
+/* The growing read under the loaders: a file across several doublings of
+ * the buffer (64 KiB, 128 KiB, then the limit), plain and gzip, exactly at
+ * the limit, one byte over it, and a stream read up to a bound. */
+static void test_gz_read(void **state)
+{
+    (void)state;
+    enum { N = 200003 };
+    char *b = malloc(N);
+    assert_non_null(b);
+    for (int i = 0; i < N; i++) b[i] = (char)(i * 7 + i / 251);
+    for (int gz = 0; gz < 2; gz++) {
+        const char *p = write_file(gz ? "big.gz" : "big", b, N, gz);
+        char *d;
+        size_t n;
+        assert_int_equal(mp_gz_read_all(p, N, &d, &n), MP_OK);
+        assert_int_equal(n, N);
+        assert_memory_equal(d, b, N);
+        assert_int_equal(d[N], '\0');
+        free(d);
+        assert_int_equal(mp_gz_read_all(p, (size_t)N + 5, &d, &n), MP_OK);
+        assert_int_equal(n, N);
+        free(d);
+        expect_error(mp_gz_read_all(p, N - 1, &d, &n), MP_ERR_FORMAT,
+                     "larger than the 200002-byte limit");
+        assert_null(d);
+        gzFile f;
+        assert_int_equal(mp_gz_open(p, &f), MP_OK);
+        assert_int_equal(mp_gz_read_upto(f, p, 150000, &d, &n), MP_OK);
+        assert_int_equal(n, 150000);
+        assert_memory_equal(d, b, 150000);
+        free(d);
+        gzclose(f);
+    }
+    free(b);
+}
+
 /* ------------------------------------------------------------------- CSV */
 
 static mp_dataset *csv_ok(const char *name, const char *text, const mp_csv_options *o)
@@ -747,6 +784,7 @@ int main(void)
         cmocka_unit_test(test_fashion_by_name),
         cmocka_unit_test(test_fashion_real),
         cmocka_unit_test(test_csv_valid),
+        cmocka_unit_test(test_gz_read),
         cmocka_unit_test(test_csv_memory_bound),
         cmocka_unit_test(test_csv_invalid),
         cmocka_unit_test(test_from_arrays),

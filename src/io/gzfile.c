@@ -66,6 +66,34 @@ mp_status mp_gz_read(gzFile f, const char *path, void *buf, size_t len, size_t *
     return MP_OK;
 }
 
+mp_status mp_gz_read_upto(gzFile f, const char *path, size_t max_bytes, char **data, size_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    size_t cap = max_bytes < ((size_t)1 << 16) ? max_bytes : (size_t)1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    for (;;) {
+        if (!buf)
+            return mp_set_error(MP_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, cap);
+        size_t got;
+        mp_status s = mp_gz_read(f, path, buf + n, cap - n, &got);
+        n += got;
+        if (s) {
+            free(buf);
+            return s;
+        }
+        if (n < cap || cap == max_bytes) break;
+        size_t ncap = cap * 2 > max_bytes ? max_bytes : cap * 2;
+        char *nb = realloc(buf, ncap + 1);
+        if (!nb) free(buf);
+        buf = nb;
+        cap = ncap;
+    }
+    *data = buf;
+    *len = n;
+    return MP_OK;
+}
+
 mp_status mp_gz_read_all(const char *path, size_t max_bytes, char **data, size_t *len)
 {
     *data = NULL;
@@ -73,47 +101,19 @@ mp_status mp_gz_read_all(const char *path, size_t max_bytes, char **data, size_t
     gzFile f;
     mp_status s = mp_gz_open(path, &f);
     if (s) return s;
-    size_t cap = max_bytes < ((size_t)1 << 16) ? max_bytes : (size_t)1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) {
-        gzclose(f);
-        return mp_set_error(MP_ERR_NOMEM, "%s: out of memory", path);
-    }
-    for (;;) {
-        if (n == cap) {
-            if (cap >= max_bytes) {
-                char extra;
-                size_t g = 0;
-                s = mp_gz_read(f, path, &extra, 1, &g);
-                if (!s && g == 0) break; /* exactly at the limit */
-                free(buf);
-                gzclose(f);
-                if (s) return s;
-                return mp_set_error(MP_ERR_FORMAT, "%s: larger than the %zu-byte limit", path,
-                                    max_bytes);
-            }
-            size_t ncap = cap * 2 > max_bytes ? max_bytes : cap * 2;
-            char *nb = realloc(buf, ncap + 1);
-            if (!nb) {
-                free(buf);
-                gzclose(f);
-                return mp_set_error(MP_ERR_NOMEM, "%s: out of memory reading %zu bytes", path,
-                                    ncap);
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        size_t got;
-        s = mp_gz_read(f, path, buf + n, cap - n, &got);
-        n += got;
-        if (s) {
-            free(buf);
-            gzclose(f);
-            return s;
-        }
-        if (n < cap) break;
+    char *buf;
+    size_t n;
+    s = mp_gz_read_upto(f, path, max_bytes, &buf, &n);
+    if (!s && n == max_bytes) { /* at the limit: one byte more is too large */
+        char extra;
+        size_t g = 0;
+        s = mp_gz_read(f, path, &extra, 1, &g);
+        if (!s && g)
+            s = mp_set_error(MP_ERR_FORMAT, "%s: larger than the %zu-byte limit", path, max_bytes);
+        if (s) free(buf);
     }
     gzclose(f);
+    if (s) return s;
     buf[n] = '\0';
     *data = buf;
     *len = n;

@@ -13,8 +13,6 @@
  * cannot ask for an absurd allocation or overflow a product. */
 #define MAX_DIM_SIZE 0x7FFFFFFFll
 #define MAX_BYTES ((int64_t)1 << 34)
-/* The data buffer's first size (it doubles as the data arrives). */
-#define READ_CHUNK ((size_t)1 << 20)
 
 static const char *idx_type_name(unsigned t)
 {
@@ -113,38 +111,24 @@ static mp_status read_header(gzFile f, const char *path, mp_idx *out)
     return MP_OK;
 }
 
-/* The data the header announces into out->data. The buffer grows with the
- * bytes that arrive (from READ_CHUNK, doubling), so that a short file whose
- * header announces up to 2^34 bytes is refused without that allocation. */
+/* The data the header announces into out->data, read as it arrives
+ * (mp_gz_read_upto): a short file whose header announces up to 2^34 bytes
+ * is refused without that allocation. */
 static mp_status read_data(gzFile f, const char *path, mp_idx *out)
 {
     const size_t want = (size_t)out->count;
-    size_t cap = want < READ_CHUNK ? want : READ_CHUNK, have = 0;
-    uint8_t *buf = malloc(cap);
-    for (;;) {
-        if (!buf)
-            return mp_set_error(MP_ERR_NOMEM, "%s: out of memory for %zu of the %zu data bytes",
-                                path, cap, want);
-        size_t got;
-        mp_status s = mp_gz_read(f, path, buf + have, cap - have, &got);
-        have += got;
-        if (!s && have < cap)
-            s = mp_set_error(MP_ERR_FORMAT,
-                             "%s: truncated IDX data: the header announces %zu bytes, the file "
-                             "holds %zu",
-                             path, want, have);
-        if (s) {
-            free(buf);
-            return s;
-        }
-        if (have == want) break;
-        size_t ncap = cap < want / 2 ? cap * 2 : want;
-        uint8_t *nb = realloc(buf, ncap);
-        if (!nb) free(buf);
-        buf = nb;
-        cap = ncap;
+    char *buf;
+    size_t have;
+    mp_status s = mp_gz_read_upto(f, path, want, &buf, &have);
+    if (s) return s;
+    if (have < want) {
+        free(buf);
+        return mp_set_error(MP_ERR_FORMAT,
+                            "%s: truncated IDX data: the header announces %zu bytes, the file "
+                            "holds %zu",
+                            path, want, have);
     }
-    out->data = buf;
+    out->data = (uint8_t *)buf;
     return MP_OK;
 }
 

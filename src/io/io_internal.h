@@ -25,6 +25,12 @@ mp_status mp_gz_open(const char *path, gzFile *out);
  * length check, stream cut short - is MP_ERR_FORMAT naming path. */
 mp_status mp_gz_read(gzFile f, const char *path, void *buf, size_t len, size_t *got);
 
+/* Read from f until the end of the data or max_bytes, into a malloc'd
+ * buffer (one spare byte past *len) that grows as the bytes arrive (64 KiB,
+ * doubling): a size announced by a file's header is never allocated before
+ * the data is there. */
+mp_status mp_gz_read_upto(gzFile f, const char *path, size_t max_bytes, char **data, size_t *len);
+
 /* Read a whole file into a malloc'd buffer with a terminating NUL (not
  * counted in *len). max_bytes bounds what is accepted. */
 mp_status mp_gz_read_all(const char *path, size_t max_bytes, char **data, size_t *len);
