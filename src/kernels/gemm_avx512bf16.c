@@ -92,11 +92,37 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
         /* Two depth rows of contiguous values interleave into pairs; each
          * source row is walked once, left to right, across all panels. */
         const int64_t np = (nw + W - 1) / W;
+        /* lane 2j takes x0[j], lane 2j + 1 takes x1[j] (x1 is lanes 32-63) */
+        const __m512i zip = _mm512_set_epi16(
+            47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36,
+            4, 35, 3, 34, 2, 33, 1, 32, 0);
         for (int64_t p = 0; p < kp; p++) {
             const char *r0 = base + (w0 + (d0 + 2 * p) * op->sd) * es;
             const bool two = 2 * p + 1 < nd;
+            /* The rows are short runs (nw values) far apart, too short for
+             * the hardware prefetcher: ask for the pair PD ahead. */
+            enum { PD = 4 };
+            if (p + PD < kp) {
+                const char *f = r0 + 2 * PD * op->sd * es;
+                for (int64_t x = 0; x < nw * es; x += 64) {
+                    _mm_prefetch(f + x, _MM_HINT_T0);
+                    _mm_prefetch(f + op->sd * es + x, _MM_HINT_T0);
+                }
+            }
             for (int64_t q = 0; q < np; q++) {
                 uint16_t *o = out + q * kp * 2 * W + p * W * 2;
+                if (t == MP_BF16 && nw - q * W >= W && two && !(W & 15)) {
+                    /* a full panel of bf16: 16 pairs per permute */
+                    const char *s0 = r0 + q * W * es;
+                    for (int g = 0; g < W; g += 16) {
+                        __m512i x0 = _mm512_castsi256_si512(
+                            _mm256_loadu_si256((const __m256i *)(s0 + g * es)));
+                        __m512i x1 = _mm512_castsi256_si512(
+                            _mm256_loadu_si256((const __m256i *)(s0 + (op->sd + g) * es)));
+                        _mm512_storeu_si512(o + g * 2, _mm512_permutex2var_epi16(x0, zip, x1));
+                    }
+                    continue;
+                }
                 for (int g = 0; g < W; g += 8) {
                     int64_t cnt = nw - q * W - g;
                     __m256i v = _mm256_setzero_si256();
@@ -141,13 +167,19 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
     }
 }
 
+/* Blocks: a depth of 1024 (512 pairs) halves the round trips of C's partial
+ * sums against 512 and takes fc1 (k = 784) in one block; the B block, 240
+ * columns x 1024 deep, is 480 KiB of bf16, in L2 with room for the A panel
+ * streaming past. Measured on Zen 4 (2 threads, medians of 5 alternating
+ * runs): fc1 fwd 397 -> 417 GFLOP/s, fc1 dW 386 -> 408, 2048^3 371 -> 382,
+ * the rest within the noise. */
 const gemm_impl mp_gemm_avx512bf16_impl = {
     .fmt = GEMM_FMT_BF16,
     .mr = BMR,
     .nr = BNR,
-    .kc = 512,
+    .kc = 1024,
     .mc = 1024,
-    .nc = 480,
+    .nc = 240,
     .kernel = kernel_bf16,
     .pack = pack_bf16,
     .epilogue = mp_gemm_epilogue_avx512,
