@@ -93,9 +93,9 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
          * source row is walked once, left to right, across all panels. */
         const int64_t np = (nw + W - 1) / W;
         /* lane 2j takes x0[j], lane 2j + 1 takes x1[j] (x1 is lanes 32-63) */
-        const __m512i zip = _mm512_set_epi16(
-            47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36,
-            4, 35, 3, 34, 2, 33, 1, 32, 0);
+        const __m512i zip =
+            _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                             38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
         for (int64_t p = 0; p < kp; p++) {
             const char *r0 = base + (w0 + (d0 + 2 * p) * op->sd) * es;
             const bool two = 2 * p + 1 < nd;
