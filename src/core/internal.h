@@ -23,6 +23,15 @@ mp_status mp_set_error(mp_status s, const char *fmt, ...) MP_PRINTF(2, 3);
 #define MP_X86 0
 #endif
 
+/* A portable loop compiled for each vector width the CPU may have, the one
+ * to run chosen once at load (GCC's function multiversioning). The same C
+ * arithmetic in each (ISO C: no FMA contraction), so the same bits. */
+#if MP_X86 && defined(__GNUC__) && !defined(__clang__)
+#define MP_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MP_SIMD_CLONES
+#endif
+
 static inline uint32_t mp_f32_bits(float x)
 {
     union {

@@ -63,16 +63,9 @@ static inline float act_d(mp_activation a, float s)
     }
 }
 
-/* The activation loops for each vector width the CPU may have (chosen
- * once at load); the same arithmetic in each (ISO C: no FMA contraction),
- * so the same bits. */
-#if MP_X86 && defined(__GNUC__) && !defined(__clang__)
-#define ACT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ACT_CLONES
-#endif
-
-ACT_CLONES static void activate_chunk(mp_activation act, const float *x, float *y, size_t len)
+/* The activation loops for each vector width the CPU may have
+ * (MP_SIMD_CLONES, core/internal.h): the same bits in each. */
+MP_SIMD_CLONES static void activate_chunk(mp_activation act, const float *x, float *y, size_t len)
 {
     mp_activate_row(act, x, y, len);
 }
@@ -80,7 +73,7 @@ ACT_CLONES static void activate_chunk(mp_activation act, const float *x, float *
 /* The factor is a statement of its own: inline, g * (y > 0 ? 1 : 0),
  * GCC 12 folds g * 1 to g and branches on random signs instead of
  * vectorizing (scalar, one mispredict in two: 14% of a ResNet step). */
-ACT_CLONES void mp_op_relu_grad_f32(const float *g, const float *y, size_t n, float *o)
+MP_SIMD_CLONES void mp_op_relu_grad_f32(const float *g, const float *y, size_t n, float *o)
 {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) {
@@ -89,8 +82,8 @@ ACT_CLONES void mp_op_relu_grad_f32(const float *g, const float *y, size_t n, fl
     }
 }
 
-ACT_CLONES static void activation_grad_chunk(mp_activation act, const float *s, const float *g,
-                                             float *dx, size_t len)
+MP_SIMD_CLONES static void activation_grad_chunk(mp_activation act, const float *s, const float *g,
+                                                 float *dx, size_t len)
 {
     if (act == MP_ACT_GELU_TANH) { /* the costly one: a loop that vectorizes */
 #pragma omp simd
@@ -233,13 +226,13 @@ void mp_op_softmax_grad(const void *y, mp_dtype yt, const void *dy, mp_dtype dyt
 }
 
 /* o = u + v (o may be u or v). */
-ACT_CLONES static void add_chunk(const float *u, const float *v, float *o, size_t n)
+MP_SIMD_CLONES static void add_chunk(const float *u, const float *v, float *o, size_t n)
 {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) o[i] = u[i] + v[i];
 }
 
-ACT_CLONES static void add_relu_chunk(const float *u, const float *v, float *o, size_t n)
+MP_SIMD_CLONES static void add_relu_chunk(const float *u, const float *v, float *o, size_t n)
 {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) o[i] = mp_activate(MP_ACT_RELU, u[i] + v[i]);
@@ -314,16 +307,16 @@ static void my_columns(int64_t cols, int64_t *c0, int64_t *c1)
 
 /* One row into float64 column sums, in every vector width (the same
  * arithmetic, column by column, so the same bits). */
-ACT_CLONES static void add_row(double *restrict acc, const float *restrict v, int64_t w)
+MP_SIMD_CLONES static void add_row(double *restrict acc, const float *restrict v, int64_t w)
 {
 #pragma omp simd
     for (int64_t c = 0; c < w; c++) acc[c] += v[c];
 }
 
 /* One row into layer norm's parameter gradients: dg += dy * x_hat, db += dy. */
-ACT_CLONES static void add_norm_row(double *restrict dg, double *restrict db,
-                                    const float *restrict x, const float *restrict dy, float mean,
-                                    float rstd, int64_t w)
+MP_SIMD_CLONES static void add_norm_row(double *restrict dg, double *restrict db,
+                                        const float *restrict x, const float *restrict dy,
+                                        float mean, float rstd, int64_t w)
 {
 #pragma omp simd
     for (int64_t c = 0; c < w; c++) {
@@ -379,21 +372,21 @@ void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, fl
     for (int j = 0; c + j < (n); j++) *lane[j] += T(c + j);                                        \
     return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
 
-ACT_CLONES static double row_sum(const float *x, int64_t n)
+MP_SIMD_CLONES static double row_sum(const float *x, int64_t n)
 {
 #define T(i) (double)x[i]
     LANE_SUM(n, T);
 #undef T
 }
 
-ACT_CLONES static double row_dot(const float *x, const float *y, int64_t n)
+MP_SIMD_CLONES static double row_dot(const float *x, const float *y, int64_t n)
 {
 #define T(i) (double)x[i] * y[i]
     LANE_SUM(n, T);
 #undef T
 }
 
-ACT_CLONES static double row_sq_dev(const float *x, double mu, int64_t n)
+MP_SIMD_CLONES static double row_sq_dev(const float *x, double mu, int64_t n)
 {
 #define T(i) ((double)x[i] - mu) * ((double)x[i] - mu)
     LANE_SUM(n, T);
@@ -402,17 +395,17 @@ ACT_CLONES static double row_sq_dev(const float *x, double mu, int64_t n)
 
 /* The elementwise parts of layer norm, in every vector width (the same
  * arithmetic element by element, so the same bits). o may be x. */
-ACT_CLONES static void norm_row(const float *x, float m, float rs, const float *gamma,
-                                const float *beta, float *o, int64_t n)
+MP_SIMD_CLONES static void norm_row(const float *x, float m, float rs, const float *gamma,
+                                    const float *beta, float *o, int64_t n)
 {
 #pragma omp simd
     for (int64_t c = 0; c < n; c++) o[c] = (x[c] - m) * rs * gamma[c] + beta[c];
 }
 
 /* x_hat and the gradient w.r.t. the normalised value, gamma * dy. */
-ACT_CLONES static void norm_grad_in(const float *restrict x, const float *restrict dy, float m,
-                                    float rs, const float *restrict gamma, float *restrict xh,
-                                    float *restrict g, int64_t n)
+MP_SIMD_CLONES static void norm_grad_in(const float *restrict x, const float *restrict dy, float m,
+                                        float rs, const float *restrict gamma, float *restrict xh,
+                                        float *restrict g, int64_t n)
 {
 #pragma omp simd
     for (int64_t c = 0; c < n; c++) {
@@ -422,8 +415,8 @@ ACT_CLONES static void norm_grad_in(const float *restrict x, const float *restri
 }
 
 /* dx = rstd (g - mean(g) - x_hat mean(g x_hat)); o may be g. */
-ACT_CLONES static void norm_grad_out(const float *g, const float *xh, float rs, float md, float mdx,
-                                     float *o, int64_t n)
+MP_SIMD_CLONES static void norm_grad_out(const float *g, const float *xh, float rs, float md,
+                                         float mdx, float *o, int64_t n)
 {
 #pragma omp simd
     for (int64_t c = 0; c < n; c++) o[c] = rs * (g[c] - md - xh[c] * mdx);

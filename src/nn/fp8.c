@@ -181,12 +181,26 @@ static const float *widen(const void *x, mp_dtype t, size_t i, size_t n, float *
     return buf;
 }
 
-static uint32_t amax_bits(const float *v, size_t n)
+MP_SIMD_CLONES static uint32_t amax_bits(const float *v, size_t n)
 {
     uint32_t m = 0;
+#pragma omp simd reduction(max : m)
     for (size_t i = 0; i < n; i++) {
         uint32_t b = mp_f32_bits(v[i]) & 0x7FFFFFFFu;
         m = b > m ? b : m;
+    }
+    return m;
+}
+
+/* amax_bits(v) and y = v * scale in one pass (one float32 rounding each) */
+MP_SIMD_CLONES static uint32_t amax_bits_scaled(const float *v, size_t n, float scale, float *y)
+{
+    uint32_t m = 0;
+#pragma omp simd reduction(max : m)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = mp_f32_bits(v[i]) & 0x7FFFFFFFu;
+        m = b > m ? b : m;
+        y[i] = v[i] * scale;
     }
     return m;
 }
@@ -234,9 +248,8 @@ static float quantize(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const voi
         uint8_t own[CHUNK];
         size_t i = c * CHUNK, k = n - i < CHUNK ? n - i : CHUNK;
         const float *v = widen(x, t, i, k, buf);
-        uint32_t b = amax_bits(v, k);
+        uint32_t b = amax_bits_scaled(v, k, scale, y);
         m = b > m ? b : m;
-        for (size_t j = 0; j < k; j++) y[j] = v[j] * scale;
         uint8_t *q = codes ? codes + i : own;
         mp_convert_ex(q, fp8, y, MP_F32, k, MP_OVERFLOW_SATURATE);
         if (sign) carry_sign(q, v, k);

@@ -65,11 +65,6 @@ enum {
  * load; -O2 leaves loops of unknown length scalar otherwise); the same
  * arithmetic in each (ISO C: no FMA contraction), and each channel's sums
  * run over the rows in order, so the same bits on every path. */
-#if MP_X86 && defined(__GNUC__) && !defined(__clang__)
-#define BN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define BN_CLONES
-#endif
 
 #if defined(__GNUC__)
 #define BN_INLINE __attribute__((always_inline)) static inline
@@ -156,21 +151,21 @@ BN_INLINE void map_rows_of(const float *u, const float *g, int64_t nr, int64_t c
 #define MAP_ROWS(u, g, nr, k, r, a, b, e, y, relu, cc)                                             \
     map_rows_of(u, g, nr, cc, k, r, a, b, e, y, relu)
 
-BN_CLONES static void sums_x(const float *u, int64_t nr, int64_t cols, const float *k, double *p1,
-                             double *p2)
+MP_SIMD_CLONES static void sums_x(const float *u, int64_t nr, int64_t cols, const float *k,
+                                  double *p1, double *p2)
 {
     BY_COLS(SUMS_X, u, nr, k, p1, p2);
 }
 
-BN_CLONES static void sums_dy(const float *u, const float *g, int64_t nr, int64_t cols,
-                              const float *k, const float *r, double *p1, double *p2)
+MP_SIMD_CLONES static void sums_dy(const float *u, const float *g, int64_t nr, int64_t cols,
+                                   const float *k, const float *r, double *p1, double *p2)
 {
     BY_COLS(SUMS_DY, u, g, nr, k, r, p1, p2);
 }
 
-BN_CLONES static void map_rows(const float *u, const float *g, int64_t nr, int64_t cols,
-                               const float *k, const float *r, const float *a, const float *b,
-                               const float *e, float *y, bool relu)
+MP_SIMD_CLONES static void map_rows(const float *u, const float *g, int64_t nr, int64_t cols,
+                                    const float *k, const float *r, const float *a, const float *b,
+                                    const float *e, float *y, bool relu)
 {
     BY_COLS(MAP_ROWS, u, g, nr, k, r, a, b, e, y, relu);
 }
