@@ -112,17 +112,21 @@ static void micro(const gemm_impl *im, gemm_kernel_fn kern, int kw, int64_t kc, 
         kern(kc, a.p, b, c, ldc, acc);
 }
 
-/* Whether A can be read in place: float32 on a kernel that takes it so,
+/* Whether A can be read in place by a kernel that takes it so. float32:
  * along rows (unit depth stride: 8 sequential streams), or along columns
  * when the depth stride is short. A panel column is then 8 floats of a
  * row; with rows 4 KiB or more apart, the kc rows a kernel call walks land
  * in a few L1 sets and evict each other (measured slower than packing for
- * 1024- and 4096-wide rows, faster for 256). */
-static bool a_in_place(const gemm_impl *im, const gemm_operand *a)
+ * 1024- and 4096-wide rows, faster for 256). bf16: along rows, where each
+ * pair along k is a 32-bit word of the row as the packed panel has it,
+ * when k is even (every depth block then is: the last pair never reaches
+ * past a row). */
+static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k)
 {
     enum { MAX_COLUMN_STRIDE = 256 };
-    return im->kernel_a && im->fmt == GEMM_FMT_F32 && a->type == MP_F32 && !a->gather &&
-           (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
+    if (!im->kernel_a || a->gather) return false;
+    if (im->fmt == GEMM_FMT_BF16) return a->type == MP_BF16 && a->sd == 1 && !(k & 1);
+    return a->type == MP_F32 && (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
 }
 
 /* The partial sums the kernel call after tile (ir, jr) of a block starts
@@ -236,7 +240,8 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     }
     const int64_t ldw = nr_pad;
 
-    const bool in_place = a_in_place(im, &pl->a);
+    const bool in_place = a_in_place(im, &pl->a, pl->k);
+    const int64_t a_size = (int64_t)mp_dtype_size(pl->a.type);
     for (int64_t ic = m0; ic < m1; ic += mc) {
         const int64_t mb = min64(mc, m1 - ic);
         for (int64_t pc = 0; pc < pl->k; pc += kcb) {
@@ -263,7 +268,8 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                     const int64_t mr = min64(MR, mb - ir);
                     a_panel apan = {ap + (size_t)(ir / MR) * (size_t)(MR * kpad) * esz, 0, 0};
                     if (in_place && mr == MR) {
-                        apan.p = (const float *)pl->a.base + (ic + ir) * pl->a.sw + pc * pl->a.sd;
+                        apan.p = (const char *)pl->a.base +
+                                 ((ic + ir) * pl->a.sw + pc * pl->a.sd) * a_size;
                         apan.si = pl->a.sw;
                         apan.sk = pl->a.sd;
                     } else if (in_place && jc == n0) { /* a last, partial panel: packed */
@@ -405,7 +411,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     const int64_t MR0 = pl.im->mr, NR0 = pl.im->nr;
     const bool fuller =
         n < NR0 && cdiv(n, MR0) * MR0 < NR0 && pl.a.sw == 1 && !pl.a.gather && !pl.b.gather;
-    if (k > 0 && m >= 4 * n && ((n * 2 <= NR0 && !a_in_place(pl.im, &pl.a)) || fuller)) {
+    if (k > 0 && m >= 4 * n && ((n * 2 <= NR0 && !a_in_place(pl.im, &pl.a, k)) || fuller)) {
         gemm_operand t = pl.a;
         pl.a = pl.b;
         pl.b = t;
@@ -445,7 +451,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     atomic_init(&share.ap, NULL);
     atomic_init(&share.failed, 0);
     const bool sharing = nt > 1 && tm == 1 && ntl >= nt && !pl.a.gather && !pl.b.gather && k > 0 &&
-                         !a_in_place(pl.im, &pl.a);
+                         !a_in_place(pl.im, &pl.a, k);
     if (sharing)
         share.mc = row_block(pl.im, pl.m, cdiv(ntl, nt) * NR, pl.kcb < k, accumulates_in_c(&pl.e));
     if (nt <= 1) {

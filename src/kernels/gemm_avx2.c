@@ -54,9 +54,10 @@ MP_TARGET_AVX2 static void kernel_f32(int64_t kc, const void *a, const void *b, 
 
 /* A in place: one stream per row (sk = 1) or a panel column as HMR
  * consecutive floats of a row (si = 1). nv is always 1 (HNR = 16). */
-MP_TARGET_AVX2 static void kernel_f32_a(int64_t kc, const float *a, int64_t si, int64_t sk,
+MP_TARGET_AVX2 static void kernel_f32_a(int64_t kc, const void *av, int64_t si, int64_t sk,
                                         const void *b, float *c, int64_t ldc, int acc, int nv)
 {
+    const float *a = av;
     (void)nv;
     if (sk == 1)
         kernel_core(kc, a, si, 1, b, c, ldc, acc);

@@ -63,9 +63,10 @@ MP_TARGET_AVX512 static void kernel_f32_n32(int64_t kc, const void *a, const voi
 
 /* A in place: its rows (sk = 1: one stream per row) or its columns (si = 1:
  * a panel column is 8 consecutive floats) stand in for the packed panel. */
-MP_TARGET_AVX512 static void kernel_f32_a(int64_t kc, const float *a, int64_t si, int64_t sk,
+MP_TARGET_AVX512 static void kernel_f32_a(int64_t kc, const void *av, int64_t si, int64_t sk,
                                           const void *b, float *c, int64_t ldc, int acc, int nv)
 {
+    const float *a = av;
     if (sk == 1) {
         if (nv == 3)
             kernel_f32_core(kc, a, si, 1, b, c, ldc, acc, 3);

@@ -4,50 +4,82 @@
  * exactly with SIMD. vdpbf16ps reads subnormal bf16 inputs as zero and
  * flushes subnormal sums: a documented difference from the f32 paths that
  * only shows below 2^-126. */
+#include <string.h>
+
 #include "kernels/gemm_avx512_common.h"
 
 #if MP_X86
 
 enum { BMR = 8, BNR = 48 };
 
-MP_TARGET_AVX512BF16 static void kernel_bf16(int64_t kc, const void *a, const void *b, float *c,
-                                             int64_t ldc, int acc)
+/* The microkernel on the first nv (1..3) column vectors of the tile. Row
+ * i's pair kp (two bf16 along k, one 32-bit lane) is at a + i * si + kp *
+ * kstep, in bf16 elements: packed, si = 2 and kstep = 2 * BMR; A in place
+ * with unit depth stride, si = the row stride and kstep = 2. nv < 3 serves
+ * a mostly padded panel (a thin C); each element's sum runs over k in the
+ * same order whatever the variant, so the bits do not depend on it. */
+MP_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void
+kernel_bf16_core(int64_t kc, const uint16_t *ap, int64_t si, int64_t kstep, const uint16_t *bp,
+                 float *c, int64_t ldc, int acc, int nv)
 {
-    const int32_t *ap = a;
-    const uint16_t *bp = b;
-    __m512 c0[BMR], c1[BMR], c2[BMR];
+    __m512 cv[3][BMR];
 #pragma GCC unroll 8
-    for (int i = 0; i < BMR; i++) {
-        if (acc) {
-            c0[i] = _mm512_loadu_ps(c + i * ldc);
-            c1[i] = _mm512_loadu_ps(c + i * ldc + 16);
-            c2[i] = _mm512_loadu_ps(c + i * ldc + 32);
-        } else {
-            c0[i] = _mm512_setzero_ps();
-            c1[i] = _mm512_setzero_ps();
-            c2[i] = _mm512_setzero_ps();
-        }
-    }
+    for (int i = 0; i < BMR; i++)
+#pragma GCC unroll 3
+        for (int v = 0; v < nv; v++)
+            cv[v][i] = acc ? _mm512_loadu_ps(c + i * ldc + 16 * v) : _mm512_setzero_ps();
     for (int64_t kp = 0; kp < kc / 2; kp++) {
-        __m512bh b0 = (__m512bh)_mm512_load_si512(bp);
-        __m512bh b1 = (__m512bh)_mm512_load_si512(bp + 32);
-        __m512bh b2 = (__m512bh)_mm512_load_si512(bp + 64);
+        __m512bh bv[3];
+#pragma GCC unroll 3
+        for (int v = 0; v < nv; v++) bv[v] = (__m512bh)_mm512_load_si512(bp + 32 * v);
 #pragma GCC unroll 8
         for (int i = 0; i < BMR; i++) {
-            __m512bh av = (__m512bh)_mm512_set1_epi32(ap[i]);
-            c0[i] = _mm512_dpbf16_ps(c0[i], av, b0);
-            c1[i] = _mm512_dpbf16_ps(c1[i], av, b1);
-            c2[i] = _mm512_dpbf16_ps(c2[i], av, b2);
+            uint32_t pair;
+            memcpy(&pair, ap + i * si, sizeof pair);
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)pair);
+#pragma GCC unroll 3
+            for (int v = 0; v < nv; v++) cv[v][i] = _mm512_dpbf16_ps(cv[v][i], av, bv[v]);
         }
-        ap += BMR;
+        ap += kstep;
         bp += 2 * BNR;
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < BMR; i++) {
-        _mm512_storeu_ps(c + i * ldc, c0[i]);
-        _mm512_storeu_ps(c + i * ldc + 16, c1[i]);
-        _mm512_storeu_ps(c + i * ldc + 32, c2[i]);
-    }
+    for (int i = 0; i < BMR; i++)
+#pragma GCC unroll 3
+        for (int v = 0; v < nv; v++) _mm512_storeu_ps(c + i * ldc + 16 * v, cv[v][i]);
+}
+
+MP_TARGET_AVX512BF16 static void kernel_bf16(int64_t kc, const void *a, const void *b, float *c,
+                                             int64_t ldc, int acc)
+{
+    kernel_bf16_core(kc, a, 2, 2 * BMR, b, c, ldc, acc, 3);
+}
+
+MP_TARGET_AVX512BF16 static void kernel_bf16_n16(int64_t kc, const void *a, const void *b, float *c,
+                                                 int64_t ldc, int acc)
+{
+    kernel_bf16_core(kc, a, 2, 2 * BMR, b, c, ldc, acc, 1);
+}
+
+MP_TARGET_AVX512BF16 static void kernel_bf16_n32(int64_t kc, const void *a, const void *b, float *c,
+                                                 int64_t ldc, int acc)
+{
+    kernel_bf16_core(kc, a, 2, 2 * BMR, b, c, ldc, acc, 2);
+}
+
+/* A in place along its rows (sk = 1): row i's pairs are 32-bit words of
+ * the row itself, as packing would lay them out. */
+MP_TARGET_AVX512BF16 static void kernel_bf16_a(int64_t kc, const void *a, int64_t si, int64_t sk,
+                                               const void *b, float *c, int64_t ldc, int acc,
+                                               int nv)
+{
+    (void)sk; /* 1: the driver reads bf16 in place only along rows */
+    if (nv == 3)
+        kernel_bf16_core(kc, a, si, 2, b, c, ldc, acc, 3);
+    else if (nv == 2)
+        kernel_bf16_core(kc, a, si, 2, b, c, ldc, acc, 2);
+    else
+        kernel_bf16_core(kc, a, si, 2, b, c, ldc, acc, 1);
 }
 
 /* Up to 16 consecutive bf16/fp8 elements as bf16 bits; lanes past cnt are
@@ -181,6 +213,8 @@ const gemm_impl mp_gemm_avx512bf16_impl = {
     .mc = 1024,
     .nc = 240,
     .kernel = kernel_bf16,
+    .narrow = {kernel_bf16_n16, kernel_bf16_n32},
+    .kernel_a = kernel_bf16_a,
     .pack = pack_bf16,
     .epilogue = mp_gemm_epilogue_avx512,
 };

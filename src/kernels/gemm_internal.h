@@ -49,11 +49,14 @@ typedef void (*gemm_pack_fn)(const gemm_operand *op, int64_t w0, int64_t nw, int
 typedef void (*gemm_kernel_fn)(int64_t kc, const void *a, const void *b, float *c, int64_t ldc,
                                int acc);
 
-/* The microkernel on A read where it lies (float32 format only): element
- * (i, k) of the MR-row panel at a[i * si + k * sk], one of si, sk being 1;
- * writes the first 16 * nv columns of the tile (nv = NR / 16: all of it).
- * Spares packing A when A is float32 with a unit stride. */
-typedef void (*gemm_kernel_a_fn)(int64_t kc, const float *a, int64_t si, int64_t sk, const void *b,
+/* The microkernel on A read where it lies, in the kernel's own format
+ * (float32, or bf16 for the bf16 format): element (i, k) of the MR-row
+ * panel at a[i * si + k * sk], counted in elements, one of si, sk being 1
+ * (bf16: sk = 1, so that the pairs along k lie in 32 bits as the packed
+ * panel has them); writes the first 16 * nv columns of the tile (nv = NR /
+ * 16: all of it). Spares packing A when it is already in the format with a
+ * unit stride. */
+typedef void (*gemm_kernel_a_fn)(int64_t kc, const void *a, int64_t si, int64_t sk, const void *b,
                                  float *c, int64_t ldc, int acc, int nv);
 
 /* What happens to a finished f32 tile on its way to C. */
