@@ -160,6 +160,31 @@ void mp_loss_scaler_get_config(const mp_loss_scaler *s, mp_loss_scaler_config *o
  * of exponent tests, so the result is the same for any thread count. */
 #define SCAN_CHUNK ((int64_t)1 << 14)
 
+/* Whether g[0, n) holds an inf or NaN; two loops, so that the plain scan
+ * reads only. In every vector width (MP_SIMD_CLONES): -O2 leaves a loop of
+ * unknown length scalar otherwise (20M gradients on Zen 4, 2 threads: 8.96
+ * -> 1.85 ms). */
+MP_SIMD_CLONES static uint32_t any_nonfinite(const float *g, int64_t n)
+{
+    uint32_t a = 0;
+#pragma omp simd reduction(| : a)
+    for (int64_t j = 0; j < n; j++)
+        a |= (uint32_t)((mp_f32_bits(g[j]) & 0x7F800000u) == 0x7F800000u);
+    return a;
+}
+
+/* The same, and g *= inv (one float32 rounding each). */
+MP_SIMD_CLONES static uint32_t any_nonfinite_scale(float *g, int64_t n, float inv)
+{
+    uint32_t a = 0;
+#pragma omp simd reduction(| : a)
+    for (int64_t j = 0; j < n; j++) {
+        a |= (uint32_t)((mp_f32_bits(g[j]) & 0x7F800000u) == 0x7F800000u);
+        g[j] = g[j] * inv;
+    }
+    return a;
+}
+
 /* Any inf/NaN in g[0, n); if inv != 1 also g *= inv. */
 static bool scan_scale(float *g, int64_t n, float inv)
 {
@@ -167,17 +192,8 @@ static bool scan_scale(float *g, int64_t n, float inv)
     uint32_t any = 0;
 #pragma omp parallel for reduction(| : any) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
-        const int64_t end = (c + 1) * SCAN_CHUNK < n ? (c + 1) * SCAN_CHUNK : n;
-        uint32_t a = 0;
-        if (inv == 1.0f) /* two loops, so that each one vectorises */
-            for (int64_t j = c * SCAN_CHUNK; j < end; j++)
-                a |= (uint32_t)((mp_f32_bits(g[j]) & 0x7F800000u) == 0x7F800000u);
-        else
-            for (int64_t j = c * SCAN_CHUNK; j < end; j++) {
-                a |= (uint32_t)((mp_f32_bits(g[j]) & 0x7F800000u) == 0x7F800000u);
-                g[j] = g[j] * inv;
-            }
-        any |= a;
+        const int64_t j0 = c * SCAN_CHUNK, len = n - j0 < SCAN_CHUNK ? n - j0 : SCAN_CHUNK;
+        any |= inv == 1.0f ? any_nonfinite(g + j0, len) : any_nonfinite_scale(g + j0, len, inv);
     }
     return any != 0;
 }
