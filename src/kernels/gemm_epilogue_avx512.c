@@ -1,8 +1,10 @@
 /* gemm_epilogue_avx512.c - the vector GEMM epilogue: alpha, beta*C, bias and
  * relu on 16 lanes, in the same operation order as the scalar epilogue (no
- * contraction), and the final rounding through the bit-exact conversion
+ * contraction), and the final rounding: in registers for a float32, bfloat16
+ * or float16 C under at most relu, else through the bit-exact conversion
  * kernels. GELU calls the scalar activation: its erf/tanh cost is small next
  * to the products that produced the tile. */
+#include "core/convert_simd.h"
 #include "kernels/gemm_avx512_common.h"
 
 #if MP_X86
@@ -30,8 +32,12 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
         mp_gemm_epilogue_scalar(e, t, ldt, i0, j0, mr, nr);
         return;
     }
-    /* f32 out with at most relu: stored straight from the vectors */
-    const bool direct = e->c_type == MP_F32 && (e->act == MP_ACT_NONE || e->act == MP_ACT_RELU);
+    /* f32, bf16 or f16 out with at most relu: stored straight from the
+     * vectors, rounded there as the conversion kernels round (bf16: the
+     * integer round-to-nearest-even that quiets NaNs; f16: vcvtps2ph) */
+    const bool plain = e->act == MP_ACT_NONE || e->act == MP_ACT_RELU;
+    const bool direct = e->c_type == MP_F32 && plain;
+    const bool half = (e->c_type == MP_BF16 || e->c_type == MP_F16) && plain;
     const size_t csz = mp_dtype_size(e->c_type);
     for (int64_t i = 0; i < mr; i++) {
         const int64_t ci = (i0 + i) * e->ldc + j0;
@@ -46,10 +52,16 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
                 v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_NLE_UQ), v);
             if (direct)
                 _mm512_mask_storeu_ps((float *)e->c + ci + j, m, v);
+            else if (half)
+                _mm256_mask_storeu_epi16(
+                    (uint16_t *)e->c + ci + j, m,
+                    e->c_type == MP_F16
+                        ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                        : _mm512_cvtepi32_epi16(mp_bf16_round16(_mm512_castps_si512(v))));
             else
                 _mm512_store_ps(row + j, v);
         }
-        if (direct) continue;
+        if (direct || half) continue;
         if (e->act == MP_ACT_GELU || e->act == MP_ACT_GELU_TANH)
             mp_activate_row(e->act, row, row, (size_t)nr);
         mp_convert_isa(MP_ISA_AVX512, (char *)e->c + (size_t)ci * csz, e->c_type, row, MP_F32,
