@@ -224,14 +224,12 @@ float mp_float8_amax(const void *x, mp_dtype t, size_t n)
  * NaN stays NaN. So x > 0 exactly when the code is 0x80 or decodes to
  * more than 0 (mp_op_code_mask_grad), and every value keeps its
  * magnitude: only the signs of zeros change. */
-static void carry_sign(uint8_t *q, const float *v, size_t n)
+MP_SIMD_CLONES static void carry_sign(uint8_t *q, const float *v, size_t n)
 {
+#pragma omp simd
     for (size_t j = 0; j < n; j++) {
-        if (v[j] > 0.0f) {
-            if (q[j] == 0x00) q[j] = 0x80;
-        } else if (q[j] == 0x80) {
-            q[j] = 0x00;
-        }
+        const uint8_t c = q[j];
+        q[j] = v[j] > 0.0f ? (c == 0x00 ? 0x80 : c) : (c == 0x80 ? 0x00 : c);
     }
 }
 
