@@ -145,10 +145,18 @@ void mp_op_positive_mask(const void *y, mp_dtype yt, uint8_t *mask, size_t n)
     }
 }
 
+/* o = g * table[code]: the factor of each code looked up (a gather) */
+MP_SIMD_CLONES static void code_factor(const uint8_t *codes, const float *table, const float *g,
+                                       float *o, size_t len)
+{
+#pragma omp simd
+    for (size_t i = 0; i < len; i++) o[i] = g[i] * table[codes[i]];
+}
+
 /* dx = dy * (element i > 0 ? 1 : 0), as act_d: a product, so -0 and NaN
  * as there. Element i is > 0 when bit i of mask is set, or, given a table
- * of the 256 codes, when table[mask[i]] is. */
-static void positive_grad(const uint8_t *mask, const uint8_t *table, const void *dy, mp_dtype dyt,
+ * of the 256 codes (1 or 0 each), when table[mask[i]] is 1. */
+static void positive_grad(const uint8_t *mask, const float *table, const void *dy, mp_dtype dyt,
                           void *dx, mp_dtype dxt, size_t n)
 {
     const long long chunks = (long long)((n + CHUNK - 1) / CHUNK);
@@ -158,10 +166,11 @@ static void positive_grad(const uint8_t *mask, const uint8_t *table, const void 
         size_t off = (size_t)c * CHUNK, len = n - off < CHUNK ? n - off : CHUNK;
         const float *g = view(gb, dy, dyt, off, len);
         float *o = out_at(ob, dx, dxt, off);
-        for (size_t i = 0, k = off; i < len; i++, k++) {
-            const float d = (float)(table ? table[mask[k]] : (mask[k / 8] >> (k % 8)) & 1u);
-            o[i] = g[i] * d;
-        }
+        if (table)
+            code_factor(mask + off, table, g, o, len);
+        else
+            for (size_t i = 0, k = off; i < len; i++, k++)
+                o[i] = g[i] * (float)((mask[k / 8] >> (k % 8)) & 1u);
         if (dxt != MP_F32) store(dx, dxt, off, o, len);
     }
 }
@@ -175,11 +184,11 @@ void mp_op_mask_grad(const uint8_t *mask, const void *dy, mp_dtype dyt, void *dx
 void mp_op_code_mask_grad(const uint8_t *codes, mp_dtype ct, const void *dy, mp_dtype dyt, void *dx,
                           mp_dtype dxt, size_t n)
 {
-    uint8_t all[256], table[256];
-    float v[256];
+    uint8_t all[256];
+    float v[256], table[256];
     for (int c = 0; c < 256; c++) all[c] = (uint8_t)c;
     mp_convert(v, MP_F32, all, ct, 256); /* exact */
-    for (int c = 0; c < 256; c++) table[c] = c == 0x80 || v[c] > 0.0f;
+    for (int c = 0; c < 256; c++) table[c] = c == 0x80 || v[c] > 0.0f ? 1.0f : 0.0f;
     positive_grad(codes, table, dy, dyt, dx, dxt, n);
 }
 
