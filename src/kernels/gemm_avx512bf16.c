@@ -204,16 +204,15 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
  * columns x 1024 deep, is 480 KiB of bf16, in L2 with room for the A panel
  * streaming past. Measured on Zen 4 (2 threads, medians of 5 alternating
  * runs): fc1 fwd 397 -> 417 GFLOP/s, fc1 dW 386 -> 408, 2048^3 371 -> 382,
- * the rest within the noise. Rows in blocks of up to 4096: the A block
- * (4096 x 1024 bf16, 8 MiB) lives in L3 and streams one panel at a time,
- * and every further block of rows would pack all of B again (fc2 dW,
- * 4096x4096x1024: 362 -> 377 GFLOP/s against blocks of 1024). */
+ * the rest within the noise. Rows in blocks of 4096 (B packed once for
+ * fc2 dW: 362 -> 377 GFLOP/s) took the mixed_bfloat16 seed step's
+ * workspace at batch 8192 from 223 to 274 MiB: kept at 1024. */
 const gemm_impl mp_gemm_avx512bf16_impl = {
     .fmt = GEMM_FMT_BF16,
     .mr = BMR,
     .nr = BNR,
     .kc = 1024,
-    .mc = 4096,
+    .mc = 1024,
     .nc = 240,
     .kernel = kernel_bf16,
     .narrow = {kernel_bf16_n16, kernel_bf16_n32},
