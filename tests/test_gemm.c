@@ -380,11 +380,15 @@ static void test_epilogue(void **state)
  * partial tiles, bias, relu and gelu, values past float16's range, NaN. */
 static void rounded_once_body(test_rng *r)
 {
-    const int64_t dims[4][3] = {{1, 1, 5}, {7, 19, 33}, {33, 45, 64}, {64, 100, 257}};
+    /* the last two: a thin C computed as C^T (A laid out k x m, too far
+     * apart to be read in place), whose epilogue writes the tile transposed */
+    const int64_t dims[6][3] = {{1, 1, 5},      {7, 19, 33},  {33, 45, 64},
+                                {64, 100, 257}, {300, 5, 40}, {301, 13, 70}};
     const mp_dtype cts[2] = {MP_BF16, MP_F16};
     const mp_activation acts[3] = {MP_ACT_NONE, MP_ACT_RELU, MP_ACT_GELU};
-    for (int d = 0; d < 4; d++) {
+    for (int d = 0; d < 6; d++) {
         const int64_t m = dims[d][0], n = dims[d][1], k = dims[d][2];
+        const bool ta = d >= 4;
         float *a = malloc((size_t)(m * k) * sizeof *a), *b = malloc((size_t)(k * n) * sizeof *b);
         float *bias = malloc((size_t)n * sizeof *bias), *c32 = malloc((size_t)(m * n) * 4);
         uint16_t *c16 = malloc((size_t)(m * n) * 2), *want = malloc((size_t)(m * n) * 2);
@@ -396,13 +400,14 @@ static void rounded_once_body(test_rng *r)
         if (m * k > 3) a[m * k / 2] = NAN;
         for (int ci = 0; ci < 2; ci++)
             for (int ai = 0; ai < 3; ai++) {
-                mp_gemm_args g = {.m = m,
+                mp_gemm_args g = {.trans_a = ta,
+                                  .m = m,
                                   .n = n,
                                   .k = k,
                                   .alpha = 1.0f,
                                   .a = a,
                                   .a_type = MP_F32,
-                                  .lda = k,
+                                  .lda = ta ? m : k,
                                   .b = b,
                                   .b_type = MP_F32,
                                   .ldb = n,
