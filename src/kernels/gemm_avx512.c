@@ -167,8 +167,8 @@ const gemm_impl mp_gemm_avx512_impl = {
     .mr = FMR,
     .nr = FNR,
     /* Zen 4: kc 256 -> 1024 lifted 2048^3 from 187 to 205 GFLOP/s. mc 4096
-     * (as the bf16 kernel has) lifted fc2 dW from 188 to 194 but took the
-     * float32 seed step's workspace at batch 8192 from 400 to 509 MiB */
+     * lifted fc2 dW from 188 to 194 but took the float32 seed step's
+     * workspace at batch 8192 from 428 to 549 MiB (a fresh process) */
     .kc = 1024,
     .mc = 1024,
     .nc = 480,
