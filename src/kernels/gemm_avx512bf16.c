@@ -1,7 +1,9 @@
 /* gemm_avx512bf16.c - AVX512_BF16 GEMM path for bf16 and fp8 inputs: an 8x48
  * vdpbf16ps microkernel over K interleaved in pairs (one 32-bit lane holds
- * the two bf16 values it multiplies), and packers that decode fp8 to bf16
- * exactly with SIMD. vdpbf16ps reads subnormal bf16 inputs as zero and
+ * the two bf16 values it multiplies), in 16- and 32-wide variants for thin
+ * panels and one that reads a bf16 A in place along its rows (the pairs are
+ * already 32-bit words there), and packers that decode fp8 to bf16 exactly
+ * with SIMD. vdpbf16ps reads subnormal bf16 inputs as zero and
  * flushes subnormal sums: a documented difference from the f32 paths that
  * only shows below 2^-126. */
 #include <string.h>
