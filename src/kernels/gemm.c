@@ -65,7 +65,8 @@ typedef struct {
     const gemm_impl *im;
     gemm_operand a, b; /* a: width m, depth k; b: width n, depth k */
     int64_t m, n, k;
-    int64_t kcb; /* depth block, the same for every thread */
+    int64_t kcb;   /* depth block, the same for every thread */
+    bool in_place; /* the kernel reads A where it lies (a_in_place) */
     gemm_epilogue e;
 } gemm_plan;
 
@@ -240,7 +241,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     }
     const int64_t ldw = nr_pad;
 
-    const bool in_place = a_in_place(im, &pl->a, pl->k);
+    const bool in_place = pl->in_place;
     const int64_t a_size = (int64_t)mp_dtype_size(pl->a.type);
     for (int64_t ic = m0; ic < m1; ic += mc) {
         const int64_t mb = min64(mc, m1 - ic);
@@ -419,6 +420,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
         pl.n = m;
         pl.e.trans = true;
     }
+    pl.in_place = a_in_place(pl.im, &pl.a, k);
     /* Equal depth blocks rather than kc, kc, ..., remainder. */
     const int64_t nkb = k > 0 ? cdiv(k, pl.im->kc) : 1;
     pl.kcb = k > 0 ? cdiv(k, nkb) : 0;
@@ -450,8 +452,8 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     gemm_share share = {.nt = nt};
     atomic_init(&share.ap, NULL);
     atomic_init(&share.failed, 0);
-    const bool sharing = nt > 1 && tm == 1 && ntl >= nt && !pl.a.gather && !pl.b.gather && k > 0 &&
-                         !a_in_place(pl.im, &pl.a, k);
+    const bool sharing =
+        nt > 1 && tm == 1 && ntl >= nt && !pl.a.gather && !pl.b.gather && k > 0 && !pl.in_place;
     if (sharing)
         share.mc = row_block(pl.im, pl.m, cdiv(ntl, nt) * NR, pl.kcb < k, accumulates_in_c(&pl.e));
     if (nt <= 1) {
