@@ -214,16 +214,8 @@ MP_TARGET_AVX2 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t
                                           int64_t i0, int64_t j0, int64_t mr, int64_t nr)
 {
     if (e->trans && mr <= 8 && nr <= 64) {
-        /* C^T was computed: tile row i is C's column i0 + i (the bias
-         * follows it). The transposed tile, rows of 8 floats (zeros past
-         * mr, which the full loads below read and never store), is a plain
-         * one of C. */
         _Alignas(32) float tt[64 * 8];
-        gemm_epilogue plain = *e;
-        plain.trans = false;
-        for (int64_t i = 0; i < 8; i++)
-            for (int64_t j = 0; j < nr; j++) tt[j * 8 + i] = i < mr ? t[i * ldt + j] : 0.0f;
-        mp_gemm_epilogue_avx2(&plain, tt, 8, j0, i0, nr, mr);
+        mp_gemm_epilogue_transposed(e, t, ldt, i0, j0, mr, nr, tt, 8, mp_gemm_epilogue_avx2);
         return;
     }
     if (nr > HNR || e->trans) {

@@ -29,14 +29,8 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
     const __m512 zero = _mm512_setzero_ps();
     _Alignas(64) float row[64];
     if (e->trans && mr <= 16 && nr <= 64) {
-        /* C^T was computed: tile row i is C's column i0 + i (the bias
-         * follows it). The transposed tile is a plain one of C. */
         _Alignas(64) float tt[64 * 16];
-        gemm_epilogue plain = *e;
-        plain.trans = false;
-        for (int64_t i = 0; i < mr; i++)
-            for (int64_t j = 0; j < nr; j++) tt[j * 16 + i] = t[i * ldt + j];
-        mp_gemm_epilogue_avx512(&plain, tt, 16, j0, i0, nr, mr);
+        mp_gemm_epilogue_transposed(e, t, ldt, i0, j0, mr, nr, tt, 16, mp_gemm_epilogue_avx512);
         return;
     }
     if (nr > 64 || e->trans) {

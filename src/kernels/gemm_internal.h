@@ -97,6 +97,14 @@ void mp_gemm_pack_generic(const gemm_operand *op, int64_t w0, int64_t nw, int64_
                           int W, gemm_fmt fmt, void *dst);
 void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                              int64_t j0, int64_t mr, int64_t nr);
+/* A tile of C^T (e->trans: tile row i is C's column i0 + i, which the bias
+ * follows) written as the plain tile of C it is: transposed into tt (nr
+ * rows of w floats, w >= mr, zeros past mr, which a full-width load may
+ * read and no store writes), then plain_epilogue on that. The vector
+ * epilogues' way to C^T tiles. */
+void mp_gemm_epilogue_transposed(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
+                                 int64_t j0, int64_t mr, int64_t nr, float *tt, int w,
+                                 gemm_epilogue_fn plain_epilogue);
 #if MP_X86
 /* The AVX2 path's vector epilogue (gemm_avx2.c), tiles up to 16 wide. */
 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,

@@ -101,6 +101,17 @@ void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt
     }
 }
 
+void mp_gemm_epilogue_transposed(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
+                                 int64_t j0, int64_t mr, int64_t nr, float *tt, int w,
+                                 gemm_epilogue_fn plain_epilogue)
+{
+    gemm_epilogue plain = *e;
+    plain.trans = false;
+    for (int64_t i = 0; i < w; i++)
+        for (int64_t j = 0; j < nr; j++) tt[j * w + i] = i < mr ? t[i * ldt + j] : 0.0f;
+    plain_epilogue(&plain, tt, w, j0, i0, nr, mr);
+}
+
 enum { SMR = 4, SNR = 16 };
 
 /* Plain loops over a small tile: simple enough for any compiler to keep the
