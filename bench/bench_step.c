@@ -45,6 +45,15 @@ static double cpu_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* One training step; a failure ends the benchmark. */
+static void step(mp_model *m, const mp_tensor *x, const int32_t *y)
+{
+    if (mp_model_train_step(m, x, y, NULL, NULL)) {
+        fprintf(stderr, "bench_step: %s\n", mp_last_error());
+        exit(1);
+    }
+}
+
 /* Steps at `batch`; the per-category peaks cover build, compile and steps. */
 static result run(const char *policy, int64_t batch, int reps, int warmup)
 {
@@ -59,11 +68,7 @@ static result run(const char *policy, int64_t batch, int reps, int warmup)
     double t[64];
     for (int i = 0; i < warmup + reps && i < 64 + warmup; i++) {
         double t0 = now(), c0 = cpu_now();
-        mp_step_result sr;
-        if (mp_model_train_step(m, &x, y, NULL, &sr)) {
-            fprintf(stderr, "bench_step: %s\n", mp_last_error());
-            exit(1);
-        }
+        step(m, &x, y);
         if (i >= warmup) {
             t[i - warmup] = 1e3 * (now() - t0);
             r.cpu[i - warmup] = 1e3 * (cpu_now() - c0);
@@ -99,16 +104,12 @@ static void run_in_turns(const char *const *policies, int np, int64_t batch, int
     for (int i = 0; i < warmup + reps && i < warmup + MAXR; i++) {
         for (int p = 0; p < np; p++) {
             double t0 = now();
-            mp_step_result sr;
-            if (mp_model_train_step(m[p], &x, y, NULL, &sr)) {
-                fprintf(stderr, "bench_step: %s\n", mp_last_error());
-                exit(1);
-            }
+            step(m[p], &x, y);
             if (i >= warmup) t[p][i - warmup] = 1e3 * (now() - t0);
         }
     }
     for (int p = 0; p < np; p++) {
-        ms[p] = median(t[p], (size_t)reps);
+        ms[p] = median(t[p], (size_t)(reps < MAXR ? reps : MAXR));
         mp_model_free(m[p]);
     }
     mp_tensor_release(&x);
@@ -174,10 +175,7 @@ static void phases(const char *policy, int reps, int warmup, double ph[NPH + 1])
     for (int i = 0; i < warmup + reps; i++) {
         if (i == warmup) mp_prof_enable(true);
         double t0 = now();
-        if (mp_model_train_step(m, &x, y, NULL, NULL)) {
-            fprintf(stderr, "bench_step: %s\n", mp_last_error());
-            exit(1);
-        }
+        step(m, &x, y);
         if (i >= warmup) total += now() - t0;
     }
     mp_prof_times pt;
