@@ -67,21 +67,10 @@ MP_TARGET_AVX512 static void kernel_f32_a(int64_t kc, const void *av, int64_t si
                                           const void *b, float *c, int64_t ldc, int acc, int nv)
 {
     const float *a = av;
-    if (sk == 1) {
-        if (nv == 3)
-            kernel_f32_core(kc, a, si, 1, b, c, ldc, acc, 3);
-        else if (nv == 2)
-            kernel_f32_core(kc, a, si, 1, b, c, ldc, acc, 2);
-        else
-            kernel_f32_core(kc, a, si, 1, b, c, ldc, acc, 1);
-    } else {
-        if (nv == 3)
-            kernel_f32_core(kc, a, 1, sk, b, c, ldc, acc, 3);
-        else if (nv == 2)
-            kernel_f32_core(kc, a, 1, sk, b, c, ldc, acc, 2);
-        else
-            kernel_f32_core(kc, a, 1, sk, b, c, ldc, acc, 1);
-    }
+    if (sk == 1)
+        MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, si, 1, b, c, ldc, acc);
+    else
+        MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, 1, sk, b, c, ldc, acc);
 }
 
 /* Up to 8 consecutive elements of a 16/32-bit type widened to f32; lanes past

@@ -76,12 +76,7 @@ MP_TARGET_AVX512BF16 static void kernel_bf16_a(int64_t kc, const void *a, int64_
                                                int nv)
 {
     (void)sk; /* 1: the driver reads bf16 in place only along rows */
-    if (nv == 3)
-        kernel_bf16_core(kc, a, si, 2, b, c, ldc, acc, 3);
-    else if (nv == 2)
-        kernel_bf16_core(kc, a, si, 2, b, c, ldc, acc, 2);
-    else
-        kernel_bf16_core(kc, a, si, 2, b, c, ldc, acc, 1);
+    MP_GEMM_BY_NV(nv, kernel_bf16_core, kc, a, si, 2, b, c, ldc, acc);
 }
 
 /* Up to 16 consecutive bf16/fp8 elements as bf16 bits; lanes past cnt are
