@@ -16,9 +16,10 @@ mp_status mp_set_error(mp_status s, const char *fmt, ...) MP_PRINTF(2, 3);
 #if defined(__x86_64__) || defined(_M_X64)
 #define MP_X86 1
 #define MP_TARGET_AVX2 __attribute__((target("avx2,f16c,fma")))
-#define MP_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+#define MP_TARGET_AVX512                                                                           \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma,prfchw")))
 #define MP_TARGET_AVX512BF16                                                                       \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma")))
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma,prfchw")))
 #else
 #define MP_X86 0
 #endif

@@ -25,6 +25,7 @@ kernel_f32_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float
         for (int v = 0; v < nv; v++)
             cv[v][i] = acc ? _mm512_loadu_ps(c + i * ldc + 16 * v) : _mm512_setzero_ps();
     for (int64_t k = 0; k < kc; k++) {
+        mp_gemm_prefetch_c(c, ldc, k, kc, FMR, nv);
         __m512 bv[3];
 #pragma GCC unroll 3
         for (int v = 0; v < nv; v++) bv[v] = _mm512_load_ps(bp + 16 * v);

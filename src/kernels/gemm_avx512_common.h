@@ -13,6 +13,24 @@
 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                              int64_t j0, int64_t mr, int64_t nr);
 
+/* The tile's C rows are asked for with write intent in the last depth
+ * iterations of a kernel call, one row per iteration from row 0 at
+ * MP_GEMM_C_AHEAD iterations before the end: the stores that end the call
+ * then find their lines in L1. Stored cold, 24 lines at once, they held the
+ * miss buffers the streaming B panel needs for the time of a round trip to
+ * memory (an emulation of a depth block of fc2 forward, bf16, one thread:
+ * stores alone to C rows 16 KiB apart cost about 7% against a C tile in L1).
+ * 64 iterations move 12 KiB of B through L1: the lines asked for stay. */
+enum { MP_GEMM_C_AHEAD = 64 };
+
+static inline __attribute__((always_inline)) void
+mp_gemm_prefetch_c(const float *c, int64_t ldc, int64_t it, int64_t end, int rows, int nv)
+{
+    const int64_t r = it - (end - MP_GEMM_C_AHEAD);
+    if (r < 0 || r >= rows) return;
+    for (int v = 0; v < nv; v++) _mm_prefetch((const char *)(c + r * ldc + 16 * v), _MM_HINT_ET0);
+}
+
 /* core(..., nv) with nv (1..3 zmm columns of the tile) a constant in each
  * call, so that the always-inline core keeps its accumulators in registers */
 #define MP_GEMM_BY_NV(nv, core, ...)                                                               \

@@ -31,6 +31,7 @@ kernel_bf16_core(int64_t kc, const uint16_t *ap, int64_t si, int64_t kstep, cons
         for (int v = 0; v < nv; v++)
             cv[v][i] = acc ? _mm512_loadu_ps(c + i * ldc + 16 * v) : _mm512_setzero_ps();
     for (int64_t kp = 0; kp < kc / 2; kp++) {
+        mp_gemm_prefetch_c(c, ldc, kp, kc / 2, BMR, nv);
         __m512bh bv[3];
 #pragma GCC unroll 3
         for (int v = 0; v < nv; v++) bv[v] = (__m512bh)_mm512_load_si512(bp + 32 * v);
