@@ -270,7 +270,7 @@ static void large_body(test_rng *r)
                         .tb = tr >> 1,
                         .m = 300,
                         .n = 520,
-                        .k = 1100, /* two depth blocks under kc = 1024 */
+                        .k = 1100, /* two depth blocks under the FMA kernels' kc = 1024 */
                         .at = pairs[p][0],
                         .bt = pairs[p][1],
                         .ct = MP_F32,
@@ -279,6 +279,22 @@ static void large_body(test_rng *r)
                         .pad = 5};
         if (mp_isa_active() == MP_ISA_SCALAR) gc.k = 300;
         run_case(&gc, r);
+    }
+    /* Two depth blocks under the vdpbf16ps kernel's depth of 4096, A read in
+     * place (k even, along rows) and packed (transposed). */
+    for (int tr = 0; tr < 2; tr++) {
+        gemm_case deep = {.ta = tr,
+                          .tb = tr,
+                          .m = 40,
+                          .n = 70,
+                          .k = 4500,
+                          .at = MP_BF16,
+                          .bt = tr ? MP_F8E4M3 : MP_BF16,
+                          .ct = MP_F32,
+                          .alpha = 1.0f,
+                          .beta = 0.5f,
+                          .pad = 2};
+        if (mp_isa_active() != MP_ISA_SCALAR) run_case(&deep, r);
     }
     /* A thin C is computed as C^T; with several depth blocks and a full
      * epilogue written through the transposed path. */

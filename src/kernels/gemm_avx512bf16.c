@@ -197,19 +197,26 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
     }
 }
 
-/* Blocks: a depth of 1024 (512 pairs) halves the round trips of C's partial
- * sums against 512 and takes fc1 (k = 784) in one block; the B block, 240
- * columns x 1024 deep, is 480 KiB of bf16, in L2 with room for the A panel
- * streaming past. Measured on Zen 4 (2 threads, medians of 5 alternating
- * runs): fc1 fwd 397 -> 417 GFLOP/s, fc1 dW 386 -> 408, 2048^3 371 -> 382,
- * the rest within the noise. Rows in blocks of 4096 (B packed once for
- * fc2 dW: 362 -> 377 GFLOP/s) took the mixed_bfloat16 seed step's
- * workspace at batch 8192 from 223 to 274 MiB: kept at 1024. */
+/* Blocks: a depth of 4096 (2048 pairs) takes the seed MLP's products in one
+ * block, so C's partial sums never go to memory and back; a depth block of
+ * bf16 takes half the time of float32's at the same depth, so those round
+ * trips weigh twice as much here (float32 gained nothing from a deeper
+ * block). The B micro-panel, 48 columns x 4096 deep, is 384 KiB: in L2, the
+ * block of 240 columns streams from L3 (a block of 96 columns, all in L2,
+ * was no faster). Measured on Zen 4 (2 threads, medians of 20-25 calls
+ * alternating depths in one process, GFLOP/s for depth 1024 -> 4096): fc2
+ * fwd 378 -> 396, fc2 dX 361 -> 385, 1024x4096x4096 with A packed 349 ->
+ * 373, fc1 dW at batch 8192 (784x4096x8192) 366 -> 385; 2048^3 393 -> 405
+ * at depth 2048. Each element's sum runs over k in the same order whatever
+ * the depth block, so the bits do not change with it. Rows in blocks of
+ * 4096 (B packed once for fc2 dW) took the mixed_bfloat16 seed step's
+ * workspace at batch 8192 from 223 to 274 MiB: mc stays 1024 where the
+ * depth takes several blocks (gemm.c's row_block). */
 const gemm_impl mp_gemm_avx512bf16_impl = {
     .fmt = GEMM_FMT_BF16,
     .mr = BMR,
     .nr = BNR,
-    .kc = 1024,
+    .kc = 4096,
     .mc = 1024,
     .nc = 240,
     .kernel = kernel_bf16,
