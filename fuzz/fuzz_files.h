@@ -1,10 +1,10 @@
 /* fuzz_files.h - what the fuzz targets of loaders that take a path share
  * (fuzz_dataset.c, fuzz_cache.c, fuzz_report.c): a scratch directory per
  * process (under /dev/shm when there is one, so that no input touches a
- * disk; removed at exit), an input written there as a file, plain or
- * gzip-compressed, and the check that aborts on a broken invariant. A
- * header of static functions: each target (and the regression test that
- * #includes it) is one translation unit. */
+ * disk; removed at exit) and an input written there as a file, plain or
+ * gzip-compressed; the checks are fuzz_check.h's. A header of static
+ * functions: each target (and the regression test that #includes it) is
+ * one translation unit. */
 #ifndef MP_FUZZ_FILES_H
 #define MP_FUZZ_FILES_H
 
@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "fuzz_check.h"
 #include "mixprec.h"
 
 /* What one input came to. */
@@ -25,22 +26,6 @@ enum {
     FUZZ_REFUSED = 0, /* an error status (with a message) */
     FUZZ_LOADED = 1,  /* accepted, and every invariant held */
 };
-
-/* FUZZ_NAME names the target in the message. */
-#define FUZZ_CHECK(cond)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s: invariant failed at %s:%d: %s (last error: %s)\n", FUZZ_NAME,     \
-                    __FILE__, __LINE__, #cond, mp_last_error());                                   \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
-
-/* A failure must be one of the error statuses, with a message. */
-static inline bool fuzz_refused_well(mp_status s)
-{
-    return s >= MP_ERR_INVALID && s <= MP_ERR_UNSUPPORTED && mp_last_error()[0] != '\0';
-}
 
 static char fuzz_dir_path[64];
 
