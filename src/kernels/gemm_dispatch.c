@@ -41,9 +41,10 @@ enum { TIMING_N = 384, TIMING_N1 = 240, TIMING_REPS = 5 };
 /* Cache files are tiny; anything longer is not ours. */
 /* Its number goes up whenever a candidate kernel changes, so rates measured
  * on older kernels (2: the FMA kernel got narrow panels and in-place A; 3:
- * its depth block went from 256 to 1024) are measured again rather than
+ * its depth block went from 256 to 1024; 4: both AVX-512 kernels ask for
+ * their C tile ahead of its stores) are measured again rather than
  * trusted. */
-#define CACHE_MAGIC "mixprec gemm dispatch 3"
+#define CACHE_MAGIC "mixprec gemm dispatch 4"
 
 typedef struct {
     const gemm_impl *impl;
