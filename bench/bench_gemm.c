@@ -86,29 +86,38 @@ MP_TARGET_AVX512BF16 static double peak_bf16_thread(long iters)
 }
 #endif
 
-/* GFLOP/s of all threads together, best of a few tries. */
-static double measure_peak(int bf16, int threads)
+/* Floating-point operations of one run of the peak loop on `threads`
+ * threads (its time is the caller's): the FMA loop of the path the GEMM
+ * runs on, or vdpbf16ps; 0 where the CPU has neither. */
+static double peak_run(int bf16, int threads, long iters)
 {
 #if MP_X86
     if (bf16 ? !mp_isa_supported(MP_ISA_AVX512BF16) : !mp_isa_supported(MP_ISA_AVX2)) return 0;
-    /* the FMA peak of the path the GEMM runs on */
     const bool wide = mp_isa_active() >= MP_ISA_AVX512;
+    double flops = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+    flops += bf16   ? peak_bf16_thread(iters)
+             : wide ? peak_fma_thread(iters)
+                    : peak_fma256_thread(2 * iters);
+    return flops;
+#else
+    (void)bf16;
+    (void)threads;
+    (void)iters;
+    return 0;
+#endif
+}
+
+/* GFLOP/s of all threads together, best of a few tries. */
+static double measure_peak(int bf16, int threads)
+{
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
-        double flops = 0, t0 = now();
-#pragma omp parallel num_threads(threads) reduction(+ : flops)
-        flops += bf16   ? peak_bf16_thread(4000000)
-                 : wide ? peak_fma_thread(4000000)
-                        : peak_fma256_thread(8000000);
+        double t0 = now(), flops = peak_run(bf16, threads, 4000000);
         double g = flops / (now() - t0) * 1e-9;
         if (g > best) best = g;
     }
     return best;
-#else
-    (void)bf16;
-    (void)threads;
-    return 0;
-#endif
 }
 
 /* ------------------------------------------------------------------ peers */
@@ -257,7 +266,7 @@ static const shape shapes[] = {
 #define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
 typedef struct {
-    int kind; /* 0 mixprec, 1 openblas, 2 dnnl */
+    int kind; /* 0 mixprec, 1 openblas, 2 dnnl, 3 the peak loop (t: MP_F32 FMA, MP_BF16) */
     const shape *s;
     mp_dtype t;
     void *a, *b;
@@ -267,9 +276,17 @@ typedef struct {
 #endif
 } job;
 
-static void run_job(const job *j)
+/* The peak loop's length as a job: about 15 ms on a core of a few GHz, long
+ * enough that waking the threads is lost in it (at 3 ms the medians were 1-5%
+ * below the best of 5 long runs), short against the shapes it takes turns
+ * with. */
+#define PEAK_JOB_ITERS 2500000
+
+/* Floating-point operations of one run of job j. */
+static double run_job(const job *j)
 {
     const shape *s = j->s;
+    if (j->kind == 3) return peak_run(j->t == MP_BF16, mp_num_threads(), PEAK_JOB_ITERS);
     int64_t lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
     if (j->kind == 0)
         mp_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, j->a, j->t, lda, j->b, j->t, ldb, 0.0f, j->c,
@@ -281,18 +298,23 @@ static void run_job(const job *j)
     else
         dnnl_mm_run(j->dm);
 #endif
+    return 2.0 * (double)s->m * (double)s->n * (double)s->k;
 }
 
-/* Median GFLOP/s of each job. The jobs of one shape run in turns (one of
+/* Median GFLOP/s of each job, and for a job paired with a peak loop
+ * (peak_of[i] >= 0) the median over the rounds of its rate over the peak
+ * loop's in the same round. The jobs of one shape run in turns (one of
  * each per round) so that load from elsewhere on this shared machine hits
- * mixprec and its peers alike and the ratios stay fair. At least 3 rounds,
- * then more while under `budget` seconds (at most 15). */
+ * mixprec, its peers and the peak loop alike and the ratios stay fair. At
+ * least 3 rounds, then more while under `budget` seconds (at most 15). */
 #define MAX_ROUNDS 15
-static void time_jobs(const job *jobs, int nj, double budget, double *gflops)
+#define MAX_JOBS 10
+static void time_jobs(const job *jobs, int nj, double budget, const int *peak_of, double *gflops,
+                      double *frac)
 {
-    double ts[8][MAX_ROUNDS];
+    double ts[MAX_JOBS][MAX_ROUNDS], flops[MAX_JOBS];
     int n = 0;
-    for (int i = 0; i < nj; i++) run_job(&jobs[i]);
+    for (int i = 0; i < nj; i++) flops[i] = run_job(&jobs[i]);
     double start = now();
     while (n < MAX_ROUNDS && (n < 3 || now() - start < budget)) {
         for (int i = 0; i < nj; i++) {
@@ -303,9 +325,12 @@ static void time_jobs(const job *jobs, int nj, double budget, double *gflops)
         n++;
     }
     for (int i = 0; i < nj; i++) {
-        const double flops =
-            2.0 * (double)jobs[i].s->m * (double)jobs[i].s->n * (double)jobs[i].s->k;
-        gflops[i] = flops / median(ts[i], (size_t)n) * 1e-9;
+        gflops[i] = flops[i] / median(ts[i], (size_t)n) * 1e-9;
+        const int p = peak_of[i];
+        if (p < 0) continue;
+        double r[MAX_ROUNDS];
+        for (int q = 0; q < n; q++) r[q] = (flops[i] / ts[i][q]) / (flops[p] / ts[p][q]);
+        frac[i] = median(r, (size_t)n);
     }
 }
 
@@ -330,9 +355,18 @@ int main(int argc, char **argv)
 #else
     const bool have_dnnl = false;
 #endif
-    double res[NSHAPES][7];
+    /* The bf16 column is measured against the peak of the kernel that ran it. */
+    mp_gemm_dispatch_info di;
+    const bool bf16_on_fma = mp_gemm_dispatch_query(MP_BF16, MP_BF16, &di) == MP_OK &&
+                             strcmp(di.kernel[di.chosen], "avx512bf16") != 0;
+    /* 7, 8: mp f32's and mp bf16's fractions of their peak loops, round by
+     * round; 9, 10: those peak loops' GFLOP/s */
+    double res[NSHAPES][11];
+    /* sums of logs: ratios to the peers, fractions of the peak loops in
+     * turns and of the best peak (the b_ ones) */
     double sum_lr_bf = 0, sum_lr_f32 = 0, sum_lpf_bf = 0, sum_lpf_f32 = 0;
-    int n_bf = 0, n_f32 = 0, n_big = 0;
+    double sum_b_bf = 0, sum_b_f32 = 0;
+    int n_bf = 0, n_f32 = 0, n_pf = 0, n_pb = 0, n_big = 0;
     for (int si = 0; si < NSHAPES; si++) {
         const shape *s = &shapes[si];
         const size_t na = (size_t)(s->m * s->k), nb = (size_t)(s->k * s->n);
@@ -355,7 +389,7 @@ int main(int argc, char **argv)
         mp_convert(bh16, MP_F16, bf, MP_F32, nb);
         mp_convert(a8, MP_F8E4M3, af, MP_F32, na);
         mp_convert(b8, MP_F8E4M3, bf, MP_F32, nb);
-        job jobs[8];
+        job jobs[MAX_JOBS];
         int nj = 0, i_ob = -1, i_df = -1, i_db = -1;
         jobs[nj++] = (job){.kind = 0, .s = s, .t = MP_F32, .a = af, .b = bf, .c = c};
         jobs[nj++] = (job){.kind = 0, .s = s, .t = MP_BF16, .a = ah, .b = bh, .c = c};
@@ -381,8 +415,22 @@ int main(int argc, char **argv)
             }
         }
 #endif
-        double gf[8] = {0};
-        time_jobs(jobs, nj, s->big ? 4.0 : 1.0, gf);
+        int i_pf = -1, i_pb = -1;
+        if (pk_f32 > 0) {
+            i_pf = nj;
+            jobs[nj++] = (job){.kind = 3, .s = s, .t = MP_F32};
+        }
+        if (pk_bf16 > 0) {
+            i_pb = nj;
+            jobs[nj++] = (job){.kind = 3, .s = s, .t = MP_BF16};
+        }
+        const int i_pk_bf16 = bf16_on_fma ? i_pf : i_pb;
+        int peak_of[MAX_JOBS];
+        for (int i = 0; i < nj; i++) peak_of[i] = -1;
+        peak_of[0] = i_pf;
+        peak_of[1] = i_pk_bf16;
+        double gf[MAX_JOBS] = {0}, frac[MAX_JOBS] = {0};
+        time_jobs(jobs, nj, s->big ? 4.0 : 1.0, peak_of, gf, frac);
 #if HAVE_DNNL_H
         if (have_df) dnnl_mm_destroy(&dm_f32);
         if (have_db) dnnl_mm_destroy(&dm_bf16);
@@ -392,10 +440,12 @@ int main(int argc, char **argv)
         const double g_f32 = gf[0], g_bf16 = gf[1], g_f16 = gf[2], g_fp8 = gf[3];
         const double g_ob = i_ob >= 0 ? gf[i_ob] : 0, g_dnnl_f32 = i_df >= 0 ? gf[i_df] : 0;
         const double g_dnnl_bf16 = i_db >= 0 ? gf[i_db] : 0;
-        const double row[7] = {g_f32, g_bf16, g_f16, g_fp8, g_ob, g_dnnl_f32, g_dnnl_bf16};
+        const double g_pf = i_pf >= 0 ? gf[i_pf] : 0;
+        const double g_pb = i_pk_bf16 >= 0 ? gf[i_pk_bf16] : 0;
+        const double row[11] = {g_f32,       g_bf16,  g_f16,   g_fp8, g_ob, g_dnnl_f32,
+                                g_dnnl_bf16, frac[0], frac[1], g_pf,  g_pb};
         memcpy(res[si], row, sizeof row);
         if (s->big) {
-            n_big++;
             if (g_ob > 0) sum_lr_f32 += log(g_f32 / g_ob), n_f32++;
             if (g_dnnl_bf16 > 0) sum_lr_bf += log(g_bf16 / g_dnnl_bf16), n_bf++;
         }
@@ -408,20 +458,21 @@ int main(int argc, char **argv)
         free(b8);
     }
     /* The peak is measured again at the end and the better figure kept:
-     * other load on the machine during one measurement would understate it. */
+     * other load on the machine during one measurement would understate it.
+     * The fractions below are against the peak loop timed in the same
+     * rounds as each shape: the host's speed drifts by 10-15% over a run. */
     double p2 = measure_peak(0, threads), p3 = measure_peak(1, threads);
     if (p2 > pk_f32) pk_f32 = p2;
     if (p3 > pk_bf16) pk_bf16 = p3;
     printf("mixprec gemm benchmark: %d threads, isa %s\n", threads, mp_isa_name(mp_isa_active()));
     mp_gemm_dispatch_report(stdout);
-    printf("measured peak: f32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s\n", pk_f32, pk_bf16);
-    /* The bf16 column is measured against the peak of the kernel that ran it. */
-    mp_gemm_dispatch_info di;
-    if (mp_gemm_dispatch_query(MP_BF16, MP_BF16, &di) == MP_OK &&
-        strcmp(di.kernel[di.chosen], "avx512bf16") != 0) {
-        pk_bf16 = pk_f32;
+    printf(
+        "measured peak: f32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s (best of 5 runs before "
+        "and after the shapes)\n",
+        pk_f32, pk_bf16);
+    const double pk_bf16_kernel = bf16_on_fma ? pk_f32 : pk_bf16;
+    if (bf16_on_fma)
         printf("(mp bf16 runs on %s: its fraction is of the FMA peak)\n", di.kernel[di.chosen]);
-    }
     printf("peers: openblas %s, onednn %s\n",
            p_sgemm ? "yes" : "not found (apt-get install -y libopenblas0-pthread)",
            have_dnnl     ? "yes"
@@ -429,22 +480,27 @@ int main(int argc, char **argv)
                          : "left out: bench_gemm was built without <dnnl.h> "
                            "(apt-get install -y libdnnl-dev, then make bench-gemm rebuilds it)");
     print_openblas_coretypes(tries, ntries, best_core);
-    printf("GFLOP/s (fraction of the matching peak); ratios are mixprec / peer\n");
-    printf("%-26s %13s %13s %7s %7s %9s %9s %9s %9s %9s\n", "shape", "mp f32", "mp bf16", "mp f16",
-           "mp fp8", "openblas", "dnnl f32", "dnnl bf16", "f32/oblas", "bf16/dnnl");
+    printf("GFLOP/s (fraction of the matching peak loop: the median over rounds of the rate over "
+           "the loop's in the same round; pk: the loops' GFLOP/s); ratios are mixprec / peer\n");
+    printf("%-26s %13s %13s %7s %7s %9s %9s %9s %9s %9s %7s %7s\n", "shape", "mp f32", "mp bf16",
+           "mp f16", "mp fp8", "openblas", "dnnl f32", "dnnl bf16", "f32/oblas", "bf16/dnnl",
+           "pk f32", "pk bf16");
 
     for (int si = 0; si < NSHAPES; si++) {
         const double *g = res[si];
         char r1[16] = "-", r2[16] = "-", f1[32], f2[32];
         if (g[4] > 0) snprintf(r1, sizeof r1, "%.2f", g[0] / g[4]);
         if (g[6] > 0) snprintf(r2, sizeof r2, "%.2f", g[1] / g[6]);
-        snprintf(f1, sizeof f1, "%.0f (%.2f)", g[0], pk_f32 > 0 ? g[0] / pk_f32 : 0);
-        snprintf(f2, sizeof f2, "%.0f (%.2f)", g[1], pk_bf16 > 0 ? g[1] / pk_bf16 : 0);
-        printf("%-26s %13s %13s %7.0f %7.0f %9.0f %9.0f %9.0f %9s %9s\n", shapes[si].name, f1, f2,
-               g[2], g[3], g[4], g[5], g[6], r1, r2);
+        snprintf(f1, sizeof f1, "%.0f (%.2f)", g[0], g[7]);
+        snprintf(f2, sizeof f2, "%.0f (%.2f)", g[1], g[8]);
+        printf("%-26s %13s %13s %7.0f %7.0f %9.0f %9.0f %9.0f %9s %9s %7.0f %7.0f\n",
+               shapes[si].name, f1, f2, g[2], g[3], g[4], g[5], g[6], r1, r2, g[9], g[10]);
         if (shapes[si].big) {
-            if (pk_f32 > 0) sum_lpf_f32 += log(g[0] / pk_f32);
-            if (pk_bf16 > 0) sum_lpf_bf += log(g[1] / pk_bf16);
+            if (g[7] > 0) sum_lpf_f32 += log(g[7]), n_pf++;
+            if (g[8] > 0) sum_lpf_bf += log(g[8]), n_pb++;
+            if (pk_f32 > 0) sum_b_f32 += log(g[0] / pk_f32);
+            if (pk_bf16_kernel > 0) sum_b_bf += log(g[1] / pk_bf16_kernel);
+            n_big++;
         }
     }
     printf("(summary: geometric means over the big shapes, the fc1/fc2 products and 2048^3)\n");
@@ -452,9 +508,13 @@ int main(int argc, char **argv)
     char rb[16] = "n/a", rf[16] = "n/a";
     if (n_bf) snprintf(rb, sizeof rb, "%.2f", exp(sum_lr_bf / n_bf));
     if (n_f32) snprintf(rf, sizeof rf, "%.2f", exp(sum_lr_f32 / n_f32));
+    /* the fractions of the best peak understate where the host was slower
+     * during the shapes than during the best peak run, and overstate where
+     * it was slower during every peak run: both are printed */
     printf("summary: bf16_vs_onednn_bf16=%s f32_vs_openblas=%s bf16_peak_fraction=%.2f "
-           "f32_peak_fraction=%.2f\n",
-           rb, rf, pk_bf16 > 0 ? exp(sum_lpf_bf / n_big) : 0.0,
-           pk_f32 > 0 ? exp(sum_lpf_f32 / n_big) : 0.0);
+           "f32_peak_fraction=%.2f bf16_best_peak_fraction=%.2f f32_best_peak_fraction=%.2f\n",
+           rb, rf, n_pb ? exp(sum_lpf_bf / n_pb) : 0.0, n_pf ? exp(sum_lpf_f32 / n_pf) : 0.0,
+           n_big && pk_bf16_kernel > 0 ? exp(sum_b_bf / n_big) : 0.0,
+           n_big && pk_f32 > 0 ? exp(sum_b_f32 / n_big) : 0.0);
     return 0;
 }
