@@ -171,10 +171,11 @@ static bool accumulates_in_c(const gemm_epilogue *e)
 /* The rows of a block for `rows` rows whose partial sums span nr_pad
  * columns, kcb deep. The packed A block is reused across the whole n range,
  * so every element is packed once; a partial-sum buffer spanning that range
- * caps the block, and so does the A block's own size (16 MiB). Every further
- * block of rows packs all of B again, so the rows are cut into as few blocks
- * as the caps allow, of equal size: 1024 rows under a cap of 510 were 510 +
- * 510 + 4, and the 4-row block packed the whole of B for 4 rows of products.
+ * caps the block, and so does the A block's own size (16 MiB) where A is
+ * packed (a_packed). Every further block of rows packs all of B again, so
+ * the rows are cut into as few blocks as the caps allow, of equal size:
+ * 1024 rows under a cap of 510 were 510 + 510 + 4, and the 4-row block
+ * packed the whole of B for 4 rows of products.
  * With the whole depth in one block there are no partial sums to hold: rows
  * in blocks of 4 mc. fc2 dW (4096x4096x1024, 2 threads, Zen 4, medians of 40
  * calls alternating in one process): float32 188 -> 197 GFLOP/s, bf16 374 ->
@@ -182,13 +183,13 @@ static bool accumulates_in_c(const gemm_epilogue *e)
  * with it (at batch 8192 the seed step's workspace grew by 51 MiB for mc
  * 4096). */
 static int64_t row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int64_t kcb, bool multi,
-                         bool direct)
+                         bool direct, bool a_packed)
 {
     const int MR = im->mr;
     const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
     const int64_t a_cap = ((int64_t)16 << 20) / (kcb * esz) / MR * MR;
     int64_t mc = multi ? im->mc : 4 * im->mc;
-    mc = min64(mc, a_cap > MR ? a_cap : MR);
+    if (a_packed) mc = min64(mc, a_cap > MR ? a_cap : MR);
     if (multi && !direct) {
         int64_t cap = ((int64_t)1 << 22) / nr_pad / MR * MR; /* 16 MiB of floats */
         if (cap < MR) cap = MR;
@@ -235,8 +236,9 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     const bool multi = kcb < pl->k;
     const gemm_epilogue *e = &pl->e;
     const bool direct = accumulates_in_c(e);
-    const int64_t mc = share ? share->mc : row_block(im, m1 - m0, nr_pad, kcb, multi, direct);
     const bool in_place = pl->in_place;
+    const int64_t mc =
+        share ? share->mc : row_block(im, m1 - m0, nr_pad, kcb, multi, direct, !in_place);
     /* read in place, A needs a buffer only for a last, partial panel */
     const int64_t a_rows = in_place ? MR : mc;
     char *ap = share && tid ? NULL : mp_scratch(0, (size_t)a_rows * (size_t)kpad_max * esz);
@@ -467,8 +469,8 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     const bool sharing =
         nt > 1 && tm == 1 && ntl >= nt && !pl.a.gather && !pl.b.gather && k > 0 && !pl.in_place;
     if (sharing)
-        share.mc =
-            row_block(pl.im, pl.m, cdiv(ntl, nt) * NR, pl.kcb, pl.kcb < k, accumulates_in_c(&pl.e));
+        share.mc = row_block(pl.im, pl.m, cdiv(ntl, nt) * NR, pl.kcb, pl.kcb < k,
+                             accumulates_in_c(&pl.e), true);
     if (nt <= 1) {
         ok = run_region(&pl, 0, pl.m, 0, pl.n, NULL, 0);
     } else {

@@ -20,7 +20,8 @@ void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const float *t, int64_t ldt
  * miss buffers the streaming B panel needs for the time of a round trip to
  * memory (an emulation of a depth block of fc2 forward, bf16, one thread:
  * stores alone to C rows 16 KiB apart cost about 7% against a C tile in L1).
- * 64 iterations move 12 KiB of B through L1: the lines asked for stay. */
+ * 64 iterations move 12 KiB of B through L1: the lines asked for stay.
+ * Calls shorter than that ask for nothing. */
 enum { MP_GEMM_C_AHEAD = 64 };
 
 static inline __attribute__((always_inline)) void
