@@ -1,8 +1,8 @@
 /* bench_step.c - one training step (forward, loss, backward, Adam update) of
  * the seed MLP 784 -> 4096 -> 4096 -> 10 at batch 1024 per policy: median ms
  * after warm-up (the policies stepping in turns), peak memory per category
- * at batch 1024 and 8192, and in the
- * same run PyTorch's step (bench/step_torch.py) when python3-torch is there.
+ * at batch 1024 and 8192, and in the same run PyTorch's step
+ * (bench/step_torch.py) when python3-torch is there.
  * mixed_float8 (its middle Dense in float8, the first and last in bfloat16)
  * also gets the float8 recipe's own work timed apart: the amax and scaled
  * casts (to fp8 and back to bfloat16) of one step: kernel, input twice,

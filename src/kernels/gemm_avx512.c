@@ -156,9 +156,9 @@ const gemm_impl mp_gemm_avx512_impl = {
     .fmt = GEMM_FMT_F32,
     .mr = FMR,
     .nr = FNR,
-    /* Zen 4: kc 256 -> 1024 lifted 2048^3 from 187 to 205 GFLOP/s. mc 4096
-     * lifted fc2 dW from 188 to 194 but took the float32 seed step's
-     * workspace at batch 8192 from 428 to 549 MiB (a fresh process) */
+    /* Zen 4: kc 256 -> 1024 lifted 2048^3 from 187 to 205 GFLOP/s. Row
+     * blocks: mc, or 4 mc where the depth is one block (gemm.c's
+     * row_block says why) */
     .kc = 1024,
     .mc = 1024,
     .nc = 480,

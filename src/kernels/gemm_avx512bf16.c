@@ -208,10 +208,8 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
  * fwd 378 -> 396, fc2 dX 361 -> 385, 1024x4096x4096 with A packed 349 ->
  * 373, fc1 dW at batch 8192 (784x4096x8192) 366 -> 385; 2048^3 393 -> 405
  * at depth 2048. Each element's sum runs over k in the same order whatever
- * the depth block, so the bits do not change with it. Rows in blocks of
- * 4096 (B packed once for fc2 dW) took the mixed_bfloat16 seed step's
- * workspace at batch 8192 from 223 to 274 MiB: mc stays 1024 where the
- * depth takes several blocks (gemm.c's row_block). */
+ * the depth block, so the bits do not change with it. Row blocks: mc, or 4
+ * mc where the depth is one block (gemm.c's row_block says why). */
 const gemm_impl mp_gemm_avx512bf16_impl = {
     .fmt = GEMM_FMT_BF16,
     .mr = BMR,

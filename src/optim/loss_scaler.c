@@ -160,6 +160,12 @@ void mp_loss_scaler_get_config(const mp_loss_scaler *s, mp_loss_scaler_config *o
  * of exponent tests, so the result is the same for any thread count. */
 #define SCAN_CHUNK ((int64_t)1 << 14)
 
+/* 1 for an inf or NaN: the exponent all ones */
+static inline uint32_t nonfinite(float x)
+{
+    return (uint32_t)((mp_f32_bits(x) & 0x7F800000u) == 0x7F800000u);
+}
+
 /* Whether g[0, n) holds an inf or NaN; two loops, so that the plain scan
  * reads only. In every vector width (MP_SIMD_CLONES): -O2 leaves a loop of
  * unknown length scalar otherwise (20M gradients on Zen 4, 2 threads: 8.96
@@ -168,8 +174,7 @@ MP_SIMD_CLONES static uint32_t any_nonfinite(const float *g, int64_t n)
 {
     uint32_t a = 0;
 #pragma omp simd reduction(| : a)
-    for (int64_t j = 0; j < n; j++)
-        a |= (uint32_t)((mp_f32_bits(g[j]) & 0x7F800000u) == 0x7F800000u);
+    for (int64_t j = 0; j < n; j++) a |= nonfinite(g[j]);
     return a;
 }
 
@@ -179,7 +184,7 @@ MP_SIMD_CLONES static uint32_t any_nonfinite_scale(float *g, int64_t n, float in
     uint32_t a = 0;
 #pragma omp simd reduction(| : a)
     for (int64_t j = 0; j < n; j++) {
-        a |= (uint32_t)((mp_f32_bits(g[j]) & 0x7F800000u) == 0x7F800000u);
+        a |= nonfinite(g[j]);
         g[j] = g[j] * inv;
     }
     return a;

@@ -61,10 +61,11 @@ enum {
     PARTIAL_DOUBLES = 1 << 20 /* their float64 partials at most */
 };
 
-/* The row loops for each vector width the CPU may have (chosen once at
- * load; -O2 leaves loops of unknown length scalar otherwise); the same
- * arithmetic in each (ISO C: no FMA contraction), and each channel's sums
- * run over the rows in order, so the same bits on every path. */
+/* The row loops for each vector width the CPU may have (MP_SIMD_CLONES,
+ * chosen once at load; -O2 leaves loops of unknown length scalar
+ * otherwise); the same arithmetic in each (ISO C: no FMA contraction), and
+ * each channel's sums run over the rows in order, so the same bits on every
+ * path. */
 
 #if defined(__GNUC__)
 #define BN_INLINE __attribute__((always_inline)) static inline
