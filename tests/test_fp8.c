@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "core/internal.h"
 #include "nn/model_internal.h"
 #include "nn/quant.h"
 
@@ -81,6 +82,130 @@ static void test_scale_rule(void **state)
     assert_true(isnan(mp_float8_amax(x, MP_F32, 5000)));
     x[17] = -INFINITY;
     assert_true(mp_float8_amax(x, MP_F32, 5000) == INFINITY);
+}
+
+/* ---------------------------------------- the scaled cast, every path */
+
+/* One value through the recipe's cast by the library's scalar casts: the
+ * code of v * scale (saturating), the sign carried in a zero code where
+ * asked, and the code's value in bfloat16. */
+static void ref_cast(float v, float scale, mp_dtype fp8, bool sign, uint8_t *code, uint16_t *dec)
+{
+    float y = v * scale, d;
+    mp_convert_isa(MP_ISA_SCALAR, code, fp8, &y, MP_F32, 1, MP_OVERFLOW_SATURATE);
+    if (sign && v > 0.0f && *code == 0x00) *code = 0x80;
+    if (sign && !(v > 0.0f) && *code == 0x80) *code = 0x00;
+    mp_convert_isa(MP_ISA_SCALAR, &d, MP_F32, code, fp8, 1, MP_OVERFLOW_SATURATE);
+    mp_convert_isa(MP_ISA_SCALAR, dec, MP_BF16, &d, MP_F32, 1, MP_OVERFLOW_SATURATE);
+}
+
+/* Inputs that reach every branch of the cast: random bit patterns (NaNs,
+ * infinities, subnormals, huge and tiny values), values spread over the
+ * formats' range at the scale, and fixed cases (zeros of both signs, ties
+ * between neighbouring codes, the saturation edge, values that round to
+ * zero). */
+static void cast_inputs(float *x, size_t n, float scale, uint64_t seed)
+{
+    const float fixed[] = {0.0f,      -0.0f,    INFINITY,  -INFINITY,   NAN,
+                           -NAN,      1.0625f,  -1.0625f,  1.1875f,     448.0f,
+                           464.0f,    -480.0f,  57344.0f,  61440.0f,    0x1p-10f,
+                           -0x1p-10f, 0x1p-20f, -0x1p-20f, FLT_MIN / 4, 1e-30f};
+    test_rng r = {seed};
+    for (size_t i = 0; i < n; i++) {
+        if (i % 3 == 0)
+            x[i] = bits_f32(test_rng_u32(&r));
+        else if (i % 3 == 1)
+            x[i] = (float)test_rng_uniform(&r, -600.0, 600.0) / scale;
+        else
+            x[i] = fixed[(i / 3) % (sizeof fixed / sizeof *fixed)] / (i % 2 ? scale : 1.0f);
+    }
+}
+
+/* Element i of the input as the cast sees it: x, or its bfloat16 xb
+ * widened. */
+static float widened(const float *x, const uint16_t *xb, bool bf, size_t i)
+{
+    return bf ? bits_f32((uint32_t)xb[i] << 16) : x[i];
+}
+
+/* mp_fp8_scaled_cast (one pass, where the path has it) and the public
+ * mp_float8_quantize_bf16 (one pass or one pass per step, by path) against
+ * the scalar route: codes, bfloat16 values and amax bit for bit, float32
+ * and bfloat16 inputs, both formats, the sign carried or not, either output
+ * left out, lengths with tails and several parallel chunks. */
+static void test_scaled_cast_every_path(void **state)
+{
+    (void)state;
+    enum { N = 9 * 4096 + 37 };
+    const size_t lens[] = {1, 15, 37, 4096 + 45, N};
+    const float scales[] = {1.0f, 1234.5f, 0x1p-20f, 3e5f};
+    float *x = malloc(N * sizeof *x);
+    /* the outputs one element longer than any n: nothing is written past n */
+    uint16_t *xb = malloc(N * sizeof *xb), *dec = malloc((N + 1) * 2), *rdec = malloc(N * 2);
+    uint8_t *codes = malloc(N + 1), *rcodes = malloc(N);
+    assert_non_null(x && xb && dec && rdec && codes && rcodes);
+    mp_isa isas[MP_ISA_COUNT];
+    const int nisa = test_isas(isas);
+    int one_pass = 0;
+    for (int fi = 0; fi < 2; fi++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int si = 0; si < 4; si++)
+                for (int sg = 0; sg < 2; sg++) {
+                    const mp_dtype fp8 = fi ? MP_F8E5M2 : MP_F8E4M3, t = ti ? MP_BF16 : MP_F32;
+                    const float scale = scales[si];
+                    cast_inputs(x, N, scale, 100u + (uint64_t)(8 * fi + 4 * ti + si));
+                    for (size_t i = 0; i < N; i++) xb[i] = (uint16_t)(f32_bits(x[i]) >> 16);
+                    const void *in = ti ? (const void *)xb : x;
+                    for (size_t i = 0; i < N; i++)
+                        ref_cast(widened(x, xb, ti, i), scale, fp8, sg, &rcodes[i], &rdec[i]);
+                    for (int p = 0; p < nisa; p++) {
+                        assert_int_equal(mp_isa_set(isas[p]), MP_OK);
+                        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+                            const size_t n = lens[li];
+                            uint32_t amax = 0, want = 0;
+                            for (size_t i = 0; i < n; i++) {
+                                const uint32_t a = f32_bits(widened(x, xb, ti, i)) & 0x7FFFFFFFu;
+                                want = a > want ? a : want;
+                            }
+                            memset(codes, 0x55, N + 1);
+                            memset(dec, 0x55, 2 * (N + 1));
+                            if (mp_fp8_scaled_cast(codes, dec, fp8, in, t, n, scale, sg, &amax)) {
+                                one_pass++;
+                                assert_int_equal(amax, want);
+                                assert_memory_equal(codes, rcodes, n);
+                                assert_memory_equal(dec, rdec, 2 * n);
+                                assert_int_equal(codes[n], 0x55); /* nothing past n */
+                                assert_int_equal(dec[n], 0x5555);
+                                /* either output alone */
+                                memset(codes, 0x55, N + 1);
+                                assert_true(mp_fp8_scaled_cast(codes, NULL, fp8, in, t, n, scale,
+                                                               sg, &amax));
+                                assert_memory_equal(codes, rcodes, n);
+                                memset(dec, 0x55, 2 * (N + 1));
+                                assert_true(
+                                    mp_fp8_scaled_cast(NULL, dec, fp8, in, t, n, scale, sg, &amax));
+                                assert_memory_equal(dec, rdec, 2 * n);
+                                assert_int_equal(amax, want);
+                            }
+                            if (sg) continue; /* the public cast carries no sign */
+                            memset(codes, 0x55, N + 1);
+                            memset(dec, 0x55, 2 * (N + 1));
+                            float got = mp_float8_quantize_bf16(codes, dec, fp8, in, t, n, scale);
+                            assert_int_equal(f32_bits(got), want);
+                            assert_memory_equal(codes, rcodes, n);
+                            assert_memory_equal(dec, rdec, 2 * n);
+                        }
+                    }
+                    mp_isa_reset();
+                }
+    /* the one-pass kernel ran wherever the CPU has AVX-512 */
+    if (mp_isa_supported(MP_ISA_AVX512)) assert_true(one_pass > 0);
+    free(x);
+    free(xb);
+    free(dec);
+    free(rdec);
+    free(codes);
+    free(rcodes);
 }
 
 /* A scripted amax sequence through one tensor's state: the scale after each
@@ -381,6 +506,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scale_rule),
+        cmocka_unit_test(test_scaled_cast_every_path),
         cmocka_unit_test(test_delayed_scaling_script),
         cmocka_unit_test(test_dense_forward_emulation),
         cmocka_unit_test(test_dense_backward_emulation),

@@ -139,6 +139,18 @@ static const mp_fp8_format mp_fp8_e5m2 = {/* IEEE-like */
                                           .ovf_nonsat = 0x7C, .inf_enc = 0x7C, .nan_enc = 0x7E};
 const mp_fp8_format *mp_fp8_format_of(mp_dtype t);
 
+/* The float8 recipe's scaled cast in one pass over n values of x (float32
+ * or bfloat16): codes[i] = fp8(x[i] * scale) (one float32 rounding, then the
+ * cast with saturation); with `sign`, a zero code carries x[i] > 0 (0x80 for
+ * a positive x cast to zero, 0x00 for any other zero, as nn/fp8.c's
+ * carry_sign); decoded[i] = that code's value in bfloat16 (exact). Either
+ * output may be NULL. *amax_bits: the largest |x[i]| as float32 bits (a NaN
+ * above inf above every finite value). False, touching nothing, where the
+ * active path has no such kernel or x's type is another: the caller then
+ * takes the conversions one pass at a time, which give the same bits. */
+bool mp_fp8_scaled_cast(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const void *x, mp_dtype t,
+                        size_t n, float scale, bool sign, uint32_t *amax_bits);
+
 /* Whether the active ISA was forced (a valid MP_ISA or mp_isa_set) rather
  * than left to the library: a forced path skips measured kernel choice. */
 bool mp_isa_forced(void);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h"
 #include "nn/model_internal.h"
 #include "nn/quant.h"
 
@@ -234,7 +235,9 @@ MP_SIMD_CLONES static void carry_sign(uint8_t *q, const float *v, size_t n)
 }
 
 /* codes (or NULL) and their values in bfloat16 (or NULL) of x * scale,
- * the codes carrying x's sign when `sign`; the amax of x */
+ * the codes carrying x's sign when `sign`; the amax of x. Each chunk in one
+ * pass where the path has the kernel (mp_fp8_scaled_cast), else one pass
+ * per step in L1: the same bits. */
 static float quantize(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const void *x, mp_dtype t,
                       size_t n, float scale, bool sign)
 {
@@ -245,8 +248,14 @@ static float quantize(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const voi
         float buf[CHUNK], y[CHUNK];
         uint8_t own[CHUNK];
         size_t i = c * CHUNK, k = n - i < CHUNK ? n - i : CHUNK;
+        uint32_t b;
+        if (mp_fp8_scaled_cast(codes ? codes + i : NULL, decoded ? decoded + i : NULL, fp8,
+                               (const char *)x + i * mp_dtype_size(t), t, k, scale, sign, &b)) {
+            m = b > m ? b : m;
+            continue;
+        }
         const float *v = widen(x, t, i, k, buf);
-        uint32_t b = amax_bits_scaled(v, k, scale, y);
+        b = amax_bits_scaled(v, k, scale, y);
         m = b > m ? b : m;
         uint8_t *q = codes ? codes + i : own;
         mp_convert_ex(q, fp8, y, MP_F32, k, MP_OVERFLOW_SATURATE);
