@@ -305,7 +305,10 @@ static double run_job(const job *j)
  * (peak_of[i] >= 0) the median over the rounds of its rate over the peak
  * loop's in the same round. The jobs of one shape run in turns (one of
  * each per round) so that load from elsewhere on this shared machine hits
- * mixprec, its peers and the peak loop alike and the ratios stay fair. At
+ * mixprec, its peers and the peak loop alike and the ratios stay fair; each
+ * round starts one job further on, so that no job always runs after the
+ * same one and finds the caches as that one leaves them (oneDNN float32
+ * always followed OpenBLAS, which had just read the same A). At
  * least 3 rounds, then more while under `budget` seconds (at most 15). */
 #define MAX_ROUNDS 15
 #define MAX_JOBS 10
@@ -317,7 +320,8 @@ static void time_jobs(const job *jobs, int nj, double budget, const int *peak_of
     for (int i = 0; i < nj; i++) flops[i] = run_job(&jobs[i]);
     double start = now();
     while (n < MAX_ROUNDS && (n < 3 || now() - start < budget)) {
-        for (int i = 0; i < nj; i++) {
+        for (int q = 0; q < nj; q++) {
+            const int i = (q + n) % nj;
             double t0 = now();
             run_job(&jobs[i]);
             ts[i][n] = now() - t0;
