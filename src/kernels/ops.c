@@ -15,21 +15,56 @@
 
 #define CHUNK 2048
 
-static inline void load(float *dst, const void *src, mp_dtype t, size_t off, size_t n)
+/* The lines of the n elements from element `next` asked for, for reading
+ * or for writing, while the chunk before them is worked on. A chunk is a
+ * page or two, and the hardware prefetchers stop at page boundaries: each
+ * chunk used to begin by waiting for every one of its lines (the relu
+ * gradient of 1024 x 4096 bfloat16 values, 2 threads, Zen 5: 1.6 -> 0.83
+ * ms; their column sums 0.49 -> 0.34 ms). The addresses are computed as
+ * integers: past an array's end they are never dereferenced, and a
+ * prefetch does not fault. */
+static inline void ahead(const void *base, mp_dtype t, size_t next, size_t n, bool write)
+{
+    const size_t es = mp_dtype_size(t);
+    const uintptr_t p = (uintptr_t)base + next * es;
+    if (write)
+        for (size_t b = 0; b < n * es; b += 64) __builtin_prefetch((const void *)(p + b), 1);
+    else
+        for (size_t b = 0; b < n * es; b += 64) __builtin_prefetch((const void *)(p + b), 0);
+}
+
+/* n elements from off decoded into dst; those from `next` asked for. */
+static inline void load_at(float *dst, const void *src, mp_dtype t, size_t off, size_t n,
+                           size_t next)
 {
     mp_convert(dst, MP_F32, (const char *)src + off * mp_dtype_size(t), t, n);
+    ahead(src, t, next, n, false);
+}
+/* The same where the next n elements follow: chunks and rows in order. */
+static inline void load(float *dst, const void *src, mp_dtype t, size_t off, size_t n)
+{
+    load_at(dst, src, t, off, n, off + n);
 }
 static inline void store(void *dst, mp_dtype t, size_t off, const float *src, size_t n)
 {
     mp_convert((char *)dst + off * mp_dtype_size(t), t, src, MP_F32, n);
+    ahead(dst, t, off + n, n, true);
 }
 /* n elements from off, read in place when they are float32 already,
- * decoded into buf otherwise. */
+ * decoded into buf otherwise; those from `next` asked for. */
+static inline const float *view_at(float *buf, const void *src, mp_dtype t, size_t off, size_t n,
+                                   size_t next)
+{
+    if (t != MP_F32) {
+        load_at(buf, src, t, off, n, next);
+        return buf;
+    }
+    ahead(src, t, next, n, false);
+    return (const float *)src + off;
+}
 static inline const float *view(float *buf, const void *src, mp_dtype t, size_t off, size_t n)
 {
-    if (t == MP_F32) return (const float *)src + off;
-    load(buf, src, t, off, n);
-    return buf;
+    return view_at(buf, src, t, off, n, off + n);
 }
 /* Where a result of n elements at off is computed: straight into dst when it
  * is float32, else into buf for store() to round. */
@@ -348,7 +383,10 @@ void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, fl
         if (w > 0) {
             memset(acc, 0, (size_t)w * sizeof *acc);
             for (int64_t r = 0; r < rows; r++)
-                add_row(acc, view(buf, x, xt, (size_t)(r * cols + c0), (size_t)w), w);
+                add_row(acc,
+                        view_at(buf, x, xt, (size_t)(r * cols + c0), (size_t)w,
+                                (size_t)((r + 1) * cols + c0)),
+                        w);
             for (int64_t c = 0; c < w; c++)
                 out[c0 + c] = (float)((accumulate ? (double)out[c0 + c] : 0.0) + acc[c]);
         }
@@ -492,9 +530,9 @@ void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const
             memset(dg, 0, (size_t)w * sizeof *dg);
             memset(db, 0, (size_t)w * sizeof *db);
             for (int64_t r = 0; r < rows; r++) {
-                const size_t off = (size_t)(r * cols + c0);
-                add_norm_row(dg, db, view(xb, x, xt, off, (size_t)w),
-                             view(gb, dy, dyt, off, (size_t)w), mean[r], rstd[r], w);
+                const size_t off = (size_t)(r * cols + c0), next = off + (size_t)cols;
+                add_norm_row(dg, db, view_at(xb, x, xt, off, (size_t)w, next),
+                             view_at(gb, dy, dyt, off, (size_t)w, next), mean[r], rstd[r], w);
             }
             for (int64_t c = 0; c < w; c++) {
                 dgamma[c0 + c] = (float)((accumulate ? (double)dgamma[c0 + c] : 0.0) + dg[c]);
