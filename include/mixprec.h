@@ -257,6 +257,12 @@ typedef struct {
     int64_t ldc;
     const float *bias;        /* per-column (length n) or NULL */
     mp_activation activation; /* applied after alpha*AB + beta*C + bias */
+    /* NULL, or set to true when a value of C as stored is not finite (NaN
+     * or +-inf, an overflowing sum included), left as it was otherwise;
+     * float32 C only. Each tile is read back while it is still in L1, so a
+     * caller that must know (a gradient about to be applied) need not scan
+     * C again from memory. */
+    bool *c_nonfinite;
 } mp_gemm_args;
 
 mp_gemm_args mp_gemm_args_default(void);

@@ -534,6 +534,110 @@ static void test_determinism(void **state)
     free(c2);
 }
 
+/* c_nonfinite, one case: C = alpha A B + beta C (A m x k, B k x n, both
+ * float32 or bfloat16, transposed as asked) with finite inputs of about
+ * 1, except that `bad` puts huge values (1e30, finite: only their product
+ * overflows, to inf in C(bi, bj) alone) or a NaN (NaN in row bi and column
+ * bj of C) at A(bi, 0) and B(0, bj). bad: 0 none, 1 overflow, 2 NaN.
+ * Returns the report, after checking that C holds non-finite values where
+ * expected and nowhere else. */
+static bool nonfinite_case(int64_t m, int64_t n, int64_t k, bool ta, bool tb, mp_dtype t,
+                           float alpha, int bad, int64_t bi, int64_t bj, test_rng *r)
+{
+    const size_t es = mp_dtype_size(t);
+    float *af = malloc((size_t)(m * k) * sizeof *af), *bf = malloc((size_t)(k * n) * sizeof *bf);
+    void *a = malloc((size_t)(m * k) * es), *b = malloc((size_t)(k * n) * es);
+    float *c = malloc((size_t)(m * n) * sizeof *c);
+    assert_non_null(af && bf && a && b && c);
+    for (int64_t i = 0; i < m * k; i++) af[i] = (float)test_rng_uniform(r, 0.5, 1.0);
+    for (int64_t i = 0; i < k * n; i++) bf[i] = (float)test_rng_uniform(r, 0.5, 1.0);
+    const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    if (bad) {
+        const float v = bad == 1 ? 1e30f : NAN;
+        af[ta ? bi : bi * lda] = v; /* A(bi, 0) */
+        bf[tb ? bj * ldb : bj] = v; /* B(0, bj) */
+    }
+    mp_convert(a, t, af, MP_F32, (size_t)(m * k));
+    mp_convert(b, t, bf, MP_F32, (size_t)(k * n));
+    for (int64_t i = 0; i < m * n; i++) c[i] = 1.0f;
+    bool flag = false;
+    mp_gemm_args g = mp_gemm_args_default();
+    g.trans_a = ta, g.trans_b = tb;
+    g.m = m, g.n = n, g.k = k;
+    g.alpha = alpha;
+    g.a = a, g.a_type = t, g.lda = lda;
+    g.b = b, g.b_type = t, g.ldb = ldb;
+    g.c = c, g.ldc = n;
+    g.c_nonfinite = &flag;
+    assert_int_equal(mp_gemm_ex(&g), MP_OK);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++)
+            assert_int_equal(!isfinite(c[i * n + j]),
+                             bad == 1 ? i == bi && j == bj : bad == 2 && (i == bi || j == bj));
+    free(af), free(bf), free(a), free(b), free(c);
+    return flag;
+}
+
+/* c_nonfinite: reported exactly when C holds a NaN or an infinity, from a
+ * NaN input or from finite inputs whose sum overflows, wherever it lies
+ * (the first tile, the last and partial ones, the middle), through every
+ * way the driver writes C: straight from the kernel (alpha 1), through
+ * the epilogue (alpha 2), depth blocks chained through partial sums (k
+ * beyond the depth block), a thin C computed transposed, bfloat16 inputs;
+ * on every ISA path. A report already true stays true; a C of another
+ * type is refused. */
+static void nonfinite_body(test_rng *r)
+{
+    const struct {
+        int64_t m, n, k;
+        bool ta, tb;
+    } shapes[] = {{37, 53, 29, false, false},
+                  {64, 96, 16, true, false},
+                  {19, 130, 5000, false, true},
+                  {300, 10, 40, false, false},
+                  {300, 10, 40, true, false}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int al = 0; al < 2; al++) {
+                const int64_t m = shapes[s].m, n = shapes[s].n, k = shapes[s].k;
+                const mp_dtype t = ti ? MP_BF16 : MP_F32;
+                const float alpha = al ? 2.0f : 1.0f;
+                const bool ta = shapes[s].ta, tb = shapes[s].tb;
+                assert_false(nonfinite_case(m, n, k, ta, tb, t, alpha, 0, 0, 0, r));
+                const int64_t at[3][2] = {{0, 0}, {m - 1, n - 1}, {m / 2, n / 3}};
+                for (int p = 0; p < 3; p++)
+                    for (int bad = 1; bad <= 2; bad++)
+                        assert_true(
+                            nonfinite_case(m, n, k, ta, tb, t, alpha, bad, at[p][0], at[p][1], r));
+            }
+}
+
+static void expect_invalid(const mp_gemm_args *g, const char *what);
+
+static void test_c_nonfinite(void **state)
+{
+    (void)state;
+    for_each_isa(nonfinite_body, 71);
+    /* left true; refused for a bfloat16 C; alpha 0 still reports beta C */
+    float a[4] = {1, 1, 1, 1}, b[4] = {1, 1, 1, 1}, c[4] = {1, 1, 1, 1};
+    bool flag = true;
+    mp_gemm_args g = mp_gemm_args_default();
+    g.m = g.n = g.k = 2;
+    g.a = a, g.b = b, g.c = c;
+    g.lda = g.ldb = g.ldc = 2;
+    g.c_nonfinite = &flag;
+    assert_int_equal(mp_gemm_ex(&g), MP_OK);
+    assert_true(flag);
+    flag = false;
+    g.alpha = 0.0f;
+    g.beta = 1.0f;
+    c[3] = INFINITY;
+    assert_int_equal(mp_gemm_ex(&g), MP_OK);
+    assert_true(flag);
+    g.c_type = MP_BF16;
+    expect_invalid(&g, "c_nonfinite");
+}
+
 static void expect_invalid(const mp_gemm_args *g, const char *what)
 {
     mp_clear_error();
@@ -615,6 +719,7 @@ int main(void)
         cmocka_unit_test(test_rounded_once),
         cmocka_unit_test(test_large),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_c_nonfinite),
     };
     return cmocka_run_group_tests_name("gemm", tests, NULL, NULL);
 }

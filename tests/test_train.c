@@ -234,6 +234,70 @@ static void test_nan_batch_is_skipped(void **state)
     }
 }
 
+/* A weight gradient that overflows from finite data, with a finite loss and
+ * every other gradient finite, skips the step (no loss scaler: float32 and
+ * mixed_bfloat16). The Dense GEMM that writes it reports it (the step does
+ * not read that gradient again, mp_gemm_args.c_nonfinite), so this fails
+ * if the report were lost. Input column 0 is 1e25 and the first kernel's
+ * row 0 is zero, so the forward never sees it; the second kernel is 1e15,
+ * so the loss is about 1e32 and the hidden layer's gradient about 1e31:
+ * dW1's row 0, 1e25 * 1e31 summed over the batch, overflows, and nothing
+ * else does (dW1's other rows and db1 are below 1e33). */
+static void test_overflowing_weight_gradient_is_skipped(void **state)
+{
+    (void)state;
+    const char *policies[] = {"float32", "mixed_bfloat16"};
+    for (int pi = 0; pi < 2; pi++) {
+        mp_set_global_policy(policies[pi]);
+        mp_model *m = mp_model_new(5);
+        mp_node x = mp_input(m, 1, (int64_t[]){16}, NULL);
+        x = mp_dense(m, x, 32, MP_ACT_NONE, NULL);
+        x = mp_dense(m, x, 1, MP_ACT_NONE, NULL);
+        mp_set_global_policy("float32");
+        assert_int_equal(mp_model_build(m, x, 8), MP_OK);
+        mp_compile_options co = mp_compile_options_default();
+        co.loss = MP_LOSS_MEAN_SQUARED_ERROR;
+        assert_int_equal(mp_model_compile(m, &co), MP_OK);
+        assert_null(mp_model_loss_scaler(m));
+        mp_model_param *w1 = mp_model_get_param(m, 0), *w2 = mp_model_get_param(m, 2);
+        assert_int_equal(w1->n, 16 * 32);
+        for (int j = 0; j < 32; j++) w1->master[j] = 0.0f; /* row 0 */
+        for (int64_t j = 0; j < w2->n; j++) w2->master[j] = 1e15f;
+        mp_model_mark_masters_changed(m);
+        test_rng r = {2};
+        mp_tensor xt, t;
+        mp_tensor_init(&xt, MP_F32, 2, (int64_t[]){8, 16}, MP_MEM_OTHER);
+        mp_tensor_init(&t, MP_F32, 2, (int64_t[]){8, 1}, MP_MEM_OTHER);
+        fill(&xt, &r, -1, 1);
+        fill(&t, &r, -1, 1);
+        for (int b = 0; b < 8; b++) ((float *)xt.data)[b * 16] = 1e25f;
+        int np = mp_model_num_params(m);
+        float **saved = calloc((size_t)np, sizeof *saved);
+        for (int i = 0; i < np; i++) {
+            mp_model_param *p = mp_model_get_param(m, i);
+            saved[i] = malloc((size_t)p->n * 4);
+            memcpy(saved[i], p->master, (size_t)p->n * 4);
+        }
+        mp_step_result res;
+        assert_int_equal(mp_model_train_step(m, &xt, NULL, &t, &res), MP_OK);
+        assert_true(isfinite(res.loss));
+        assert_false(res.applied);
+        assert_int_equal(mp_model_steps_skipped(m), 1);
+        /* the overflow is where it was meant to be, and only there */
+        for (int i = 0; i < np; i++) {
+            mp_model_param *p = mp_model_get_param(m, i);
+            for (int64_t j = 0; j < p->n; j++)
+                assert_int_equal(!isfinite(p->grad[j]), i == 0 && j < 32);
+            assert_memory_equal(saved[i], p->master, (size_t)p->n * 4);
+            free(saved[i]);
+        }
+        free(saved);
+        mp_tensor_release(&xt);
+        mp_tensor_release(&t);
+        mp_model_free(m);
+    }
+}
+
 /* Training steps reduce the loss of a learnable problem in every policy. */
 static void test_train_steps_learn(void **state)
 {
@@ -302,6 +366,7 @@ int main(void)
         cmocka_unit_test(test_accumulation_equals_big_batch),
         cmocka_unit_test(test_nan_batch_is_skipped),
         cmocka_unit_test(test_train_steps_learn),
+        cmocka_unit_test(test_overflowing_weight_gradient_is_skipped),
         cmocka_unit_test(test_compile_errors),
     };
     return cmocka_run_group_tests_name("train", tests, NULL, NULL);

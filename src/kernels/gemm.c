@@ -68,6 +68,7 @@ typedef struct {
     int64_t kcb;   /* depth block, the same for every thread */
     bool in_place; /* the kernel reads A where it lies (a_in_place) */
     gemm_epilogue e;
+    atomic_int *nonfinite; /* NULL, or set to 1 when a value written to C is not finite */
 } gemm_plan;
 
 static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
@@ -168,6 +169,34 @@ static bool accumulates_in_c(const gemm_epilogue *e)
            e->act == MP_ACT_NONE && !e->trans;
 }
 
+/* Whether any of the n floats at p is NaN or +-inf: all exponent bits set. */
+MP_SIMD_CLONES static bool any_nonfinite(const float *p, int64_t n)
+{
+    uint32_t bad = 0;
+#pragma omp simd reduction(| : bad)
+    for (int64_t j = 0; j < n; j++) bad |= (mp_f32_bits(p[j]) & 0x7F800000u) == 0x7F800000u;
+    return bad != 0;
+}
+
+/* After the final values of tile rows [i0, i0+mr) x cols [j0, j0+nr) went
+ * to C (float32), read them back from L1 for pl->nonfinite. */
+static void check_tile(const gemm_plan *pl, int64_t i0, int64_t j0, int64_t mr, int64_t nr)
+{
+    const gemm_epilogue *e = &pl->e;
+    if (atomic_load_explicit(pl->nonfinite, memory_order_relaxed)) return;
+    const float *c = e->c;
+    /* as stored: C^T's rows are the tile's columns */
+    const int64_t rows = e->trans ? nr : mr, cols = e->trans ? mr : nr;
+    const int64_t r0 = e->trans ? j0 : i0, c0 = e->trans ? i0 : j0;
+    const float *at = c + r0 * e->ldc + c0;
+    bool bad = false;
+    if (pl->im->nonfinite)
+        bad = pl->im->nonfinite(at, e->ldc, rows, cols);
+    else
+        for (int64_t r = 0; r < rows && !bad; r++) bad = any_nonfinite(at + r * e->ldc, cols);
+    if (bad) atomic_store_explicit(pl->nonfinite, 1, memory_order_relaxed);
+}
+
 /* The rows of a block for `rows` rows whose partial sums span nr_pad
  * columns, kcb deep. The packed A block is reused across the whole n range,
  * so every element is packed once; a partial-sum buffer spanning that range
@@ -225,8 +254,10 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     if (pl->k == 0) {
         memset(tile, 0, sizeof tile);
         for (int64_t i = m0; i < m1; i += MR)
-            for (int64_t j = n0; j < n1; j += NR)
+            for (int64_t j = n0; j < n1; j += NR) {
                 im->epilogue(&pl->e, tile, NR, i, j, min64(MR, m1 - i), min64(NR, n1 - j));
+                if (pl->nonfinite) check_tile(pl, i, j, min64(MR, m1 - i), min64(NR, n1 - j));
+            }
         return true;
     }
 
@@ -312,6 +343,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                             micro(im, kern, kw, kpad, apan, bpan, t, ldw, !first);
                             if (last) im->epilogue(e, t, ldw, ic + ir, jc + jr, mr, nr);
                         }
+                        if (pl->nonfinite && last) check_tile(pl, ic + ir, jc + jr, mr, nr);
                     }
                 }
             }
@@ -360,6 +392,10 @@ static mp_status validate(const mp_gemm_args *g)
         return mp_set_error(MP_ERR_INVALID,
                             "mp_gemm: output dtype %d unsupported (float32, bfloat16 or float16)",
                             (int)g->c_type);
+    if (g->c_nonfinite && g->c_type != MP_F32)
+        return mp_set_error(MP_ERR_INVALID,
+                            "mp_gemm: c_nonfinite is reported for a float32 C only (c is dtype %d)",
+                            (int)g->c_type);
     if ((unsigned)g->activation > MP_ACT_GELU_TANH)
         return mp_set_error(MP_ERR_INVALID, "mp_gemm: unknown activation %d", (int)g->activation);
     /* Rows and width of each operand as stored. */
@@ -388,6 +424,9 @@ static mp_status validate(const mp_gemm_args *g)
     return MP_OK;
 }
 
+static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
+                          const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite);
+
 mp_status mp_gemm_ex(const mp_gemm_args *g)
 {
     mp_status st = validate(g);
@@ -396,12 +435,19 @@ mp_status mp_gemm_ex(const mp_gemm_args *g)
 
     gemm_operand a = {g->a, g->a_type, g->trans_a ? 1 : g->lda, g->trans_a ? g->lda : 1, NULL};
     gemm_operand b = {g->b, g->b_type, g->trans_b ? g->ldb : 1, g->trans_b ? 1 : g->ldb, NULL};
+    atomic_int nonfinite;
+    atomic_init(&nonfinite, 0);
     gemm_epilogue e = {g->alpha, g->beta, g->c, g->c_type, g->ldc, g->bias, g->activation, false};
-    return mp_gemm_run(g->m, g->n, g->k, &a, &b, &e);
+    double t0 = mp_prof_leaf_enter();
+    st = gemm_run(g->m, g->n, g->k, &a, &b, &e, g->c_nonfinite ? &nonfinite : NULL);
+    mp_prof_leaf_leave(MP_PROF_GEMM, t0);
+    if (st == MP_OK && g->c_nonfinite && atomic_load(&nonfinite)) *g->c_nonfinite = true;
+    return st;
 }
 
+/* nonfinite: NULL, or set to 1 when a value written to C is not finite */
 static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
-                          const gemm_operand *b, const gemm_epilogue *e)
+                          const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite)
 {
     gemm_plan pl;
     /* alpha == 0 reads neither A nor B, as in BLAS. */
@@ -413,6 +459,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     pl.a = *a;
     pl.b = *b;
     pl.e = *e;
+    pl.nonfinite = nonfinite;
     /* A thin C (n well below the kernel's NR) wastes most of each register
      * tile; as C^T = op(B)^T op(A)^T the thin side meets the short MR, where
      * it fills more of the tiles it needs (n = 10: 10 of 16 columns on the
@@ -504,7 +551,7 @@ mp_status mp_gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
 {
     if (m == 0 || n == 0) return MP_OK;
     double t0 = mp_prof_leaf_enter();
-    mp_status s = gemm_run(m, n, kk, a, b, e);
+    mp_status s = gemm_run(m, n, kk, a, b, e, NULL);
     mp_prof_leaf_leave(MP_PROF_GEMM, t0);
     return s;
 }

@@ -167,6 +167,7 @@ const gemm_impl mp_gemm_avx512_impl = {
     .kernel_a = kernel_f32_a,
     .pack = pack_f32,
     .epilogue = mp_gemm_epilogue_avx512,
+    .nonfinite = mp_gemm_nonfinite_avx512,
 };
 
 #endif

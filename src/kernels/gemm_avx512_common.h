@@ -12,6 +12,7 @@
 
 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                              int64_t j0, int64_t mr, int64_t nr);
+bool mp_gemm_nonfinite_avx512(const float *c, int64_t ldc, int64_t rows, int64_t cols);
 
 /* The tile's C rows are asked for with write intent in the last depth
  * iterations of a kernel call, one row per iteration from row 0 at

@@ -88,6 +88,9 @@ typedef struct {
     gemm_kernel_a_fn kernel_a; /* optional */
     gemm_pack_fn pack;         /* for both operands */
     gemm_epilogue_fn epilogue;
+    /* Optional: whether any of rows x cols floats at c (rows ldc apart) is
+     * NaN or +-inf; NULL: the driver's portable loop serves. */
+    bool (*nonfinite)(const float *c, int64_t ldc, int64_t rows, int64_t cols);
 } gemm_impl;
 
 /* Portable pieces (gemm_scalar.c): widen any dtype to f32 / bf16 bits. */

@@ -428,10 +428,18 @@ mp_status mp_model_share_grad(mp_model *m, int node, const mp_tensor *g)
     return MP_OK;
 }
 
+bool mp_model_grad_seen_finite(const mp_model *m, const float *grad)
+{
+    for (int i = 0; grad && i < m->nparams; i++)
+        if (m->params[i].p.grad == grad) return m->params[i].grad_finite;
+    return false;
+}
+
 /* Backward from the gradients already placed on nodes. */
 static mp_status run_backward(mp_model *m, bool accumulate)
 {
-    for (int i = 0; i < m->nparams; i++) m->params[i].grad_written = false;
+    for (int i = 0; i < m->nparams; i++)
+        m->params[i].grad_written = m->params[i].grad_finite = false;
     for (int i = m->nlayers - 1; i >= 0; i--) {
         mp_layer *l = &m->layers[i];
         if (!l->reachable || !l->has_grad || !l->ops->backward) continue;

@@ -83,6 +83,11 @@ typedef struct {
      * when the pass starts: a parameter two layers share (a tied embedding
      * table) takes the second writer's part as a sum */
     bool grad_written;
+    /* set by a layer whose backward wrote all of p.grad and saw every
+     * value finite as it did (Dense: its GEMM's c_nonfinite), cleared when
+     * the pass starts: the step's check before the optimizer need not read
+     * that gradient again (mp_model_grad_seen_finite) */
+    bool grad_finite;
 } param_slot;
 
 struct mp_model {
@@ -168,5 +173,9 @@ mp_status mp_model_add_grad(mp_model *m, int node, const void *g, mp_dtype gt);
  * node's dtype and shape, so no copy is made; a later contribution then
  * sums into a new buffer (the same bits as a copy accumulated in place). */
 mp_status mp_model_share_grad(mp_model *m, int node, const mp_tensor *g);
+
+/* Whether the backward pass just run saw every value of gradient `grad`
+ * finite as it wrote it (param_slot.grad_finite); false when unknown. */
+bool mp_model_grad_seen_finite(const mp_model *m, const float *grad);
 
 #endif

@@ -189,8 +189,12 @@ static mp_status dense_backward(mp_model *m, mp_layer *l, bool accumulate)
     gw.c = w->grad;
     gw.c_type = MP_F32;
     gw.ldc = units;
+    bool dw_nonfinite = false;
+    gw.c_nonfinite = &dw_nonfinite;
     mp_status s = mp_gemm_ex(&gw);
     if (s) return s;
+    /* the GEMM wrote all of dW (its sum, when accumulating) and saw it */
+    m->params[l->param_first].grad_finite = !dw_nonfinite;
     mp_op_column_sum(dz.data, dz.dtype, rows, units, b->grad, accumulate);
     if (mp_layer_input_is_data(m, l, 0)) return MP_OK;
     mp_tensor dx;
