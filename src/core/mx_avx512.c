@@ -13,6 +13,7 @@
  * rounding onto the element grid is the fp8 one of convert_avx512.c: integer
  * round-to-nearest-even on the float32 bits for element normals, a float32
  * add of a magic power of two for element subnormals. */
+#include "core/convert_simd.h"
 #include "mx_internal.h"
 
 #if MP_X86
@@ -93,10 +94,13 @@ MP_TARGET_AVX512 INLINE __m512 mag_value(__m512i mag, mp_mx_format f)
 }
 
 /* The signed float32 value of element codes (one per 32-bit lane), as
- * mp_mx_element_to_f32: inf and NaN codes of E4M3 and E5M2 included. */
+ * mp_mx_element_to_f32: inf and NaN codes of E4M3 and E5M2 included (by
+ * convert_simd.h's float8 decode). */
 MP_TARGET_AVX512 INLINE __m512i element_bits(__m512i code, mp_mx_format f)
 {
     const mp_mx_elem e = mp_mx_elems[f];
+    if (e.fp8 == MP_F8E4M3 || e.fp8 == MP_F8E5M2) /* the float8 decode itself */
+        return _mm512_castps_si512(mp_fp8_decode16(code, e.fp8));
     __m512i mag;
     __mmask16 neg;
     if (f == MP_MXINT8) {
@@ -108,18 +112,6 @@ MP_TARGET_AVX512 INLINE __m512i element_bits(__m512i code, mp_mx_format f)
         mag = _mm512_and_si512(code, _mm512_set1_epi32((int)(e.sign_bit - 1)));
     }
     __m512i v = _mm512_castps_si512(mag_value(mag, f));
-    if (e.fp8 == MP_F8E4M3) {
-        __mmask16 nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
-        v = _mm512_mask_mov_epi32(v, nan, _mm512_set1_epi32(0x7FC00000));
-    } else if (e.fp8 == MP_F8E5M2) {
-        __mmask16 special = _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(0x7C));
-        __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7C));
-        __m512i s =
-            _mm512_or_si512(_mm512_set1_epi32(0x7F800000),
-                            _mm512_slli_epi32(_mm512_and_si512(mag, _mm512_set1_epi32(3)), 21));
-        v = _mm512_mask_mov_epi32(v, special, s);
-        v = _mm512_mask_or_epi32(v, nan, v, _mm512_set1_epi32(0x400000));
-    }
     return _mm512_mask_or_epi32(v, neg, v, _mm512_set1_epi32((int)0x80000000u));
 }
 
