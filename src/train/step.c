@@ -220,8 +220,8 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
         if ((s = mp_loss_scaler_apply_gradients(t->scaler, t->opt, &res.applied))) return s;
     } else {
         /* without scaling a non-finite gradient still must not reach the
-         * weights: check (one read-only pass) and skip the step as the
-         * scaler would */
+         * weights: check (a read-only pass over what the backward did not
+         * see) and skip the step as the scaler would */
         if (grads_all_finite(m, t->opt, !o)) {
             if ((s = mp_optimizer_step(t->opt))) return s;
             res.applied = true;
