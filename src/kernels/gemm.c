@@ -65,8 +65,9 @@ typedef struct {
     const gemm_impl *im;
     gemm_operand a, b; /* a: width m, depth k; b: width n, depth k */
     int64_t m, n, k;
-    int64_t kcb;   /* depth block, the same for every thread */
-    bool in_place; /* the kernel reads A where it lies (a_in_place) */
+    int64_t kcb;     /* depth block, the same for every thread */
+    bool in_place;   /* the kernel reads A where it lies (a_in_place) */
+    bool b_in_place; /* and B's full panels (b_in_place) */
     gemm_epilogue e;
     atomic_int *nonfinite; /* NULL, or set to 1 when a value written to C is not finite */
 } gemm_plan;
@@ -105,10 +106,13 @@ typedef struct {
     int64_t si, sk;
 } a_panel;
 
+/* sb: B's depth stride, NR where it is packed */
 static void micro(const gemm_impl *im, gemm_kernel_fn kern, int kw, int64_t kc, a_panel a,
-                  const void *b, float *c, int64_t ldc, int acc)
+                  const void *b, int64_t sb, float *c, int64_t ldc, int acc)
 {
-    if (a.si)
+    if (sb != im->nr)
+        im->kernel_ab(kc, a.p, a.si ? a.si : 1, a.si ? a.sk : im->mr, b, sb, c, ldc, acc, kw / 16);
+    else if (a.si)
         im->kernel_a(kc, a.p, a.si, a.sk, b, c, ldc, acc, kw / 16);
     else
         kern(kc, a.p, b, c, ldc, acc);
@@ -129,6 +133,18 @@ static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k)
     if (!im->kernel_a || a->gather) return false;
     if (im->fmt == GEMM_FMT_BF16) return a->type == MP_BF16 && a->sd == 1 && !(k & 1);
     return a->type == MP_F32 && (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
+}
+
+/* Whether the kernel reads B's full panels where they lie: float32 laid
+ * out along n (a panel row is NR consecutive floats), when C has at most
+ * two panels of rows. Each B element then takes part in at most 2 MR
+ * products, and packing it (a read and a write of all of B, then a read
+ * of the copy) costs more than the products: fc3's weight gradient,
+ * 4096x10x1024 f32 done as C^T = dz^T x, packed x 16 MiB for 84 MFLOP. */
+static bool b_in_place(const gemm_impl *im, const gemm_operand *b, int64_t m)
+{
+    return im->kernel_ab && im->fmt == GEMM_FMT_F32 && b->type == MP_F32 && b->sw == 1 &&
+           !b->gather && m <= 2 * im->mr;
 }
 
 /* The partial sums the kernel call after tile (ir, jr) of a block starts
@@ -310,7 +326,10 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
             }
             for (int64_t jc = n0; jc < n1; jc += nc) {
                 const int64_t nb = min64(nc, n1 - jc);
-                if (!pack(im, &pl->b, jc, nb, pc, kb, NR, bp)) return false;
+                /* read in place, B needs packing only for a last, partial panel */
+                const int64_t nfull = pl->b_in_place ? nb / NR * NR : 0;
+                if (nfull < nb && !pack(im, &pl->b, jc + nfull, nb - nfull, pc, kb, NR, bp))
+                    return false;
                 for (int64_t ir = 0; ir < mb; ir += MR) {
                     const int64_t mr = min64(MR, mb - ir);
                     a_panel apan = {ap + (size_t)(ir / MR) * (size_t)(MR * kpad) * esz, 0, 0};
@@ -328,19 +347,26 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                     for (int64_t jr = 0; jr < nb; jr += NR) {
                         if (!first && (direct || multi))
                             prefetch_tile(pl, ir, jr, mb, nb, ic, jc, n0, cw, ldw);
-                        const char *bpan = bp + (size_t)(jr / NR) * (size_t)(NR * kpad) * esz;
+                        const char *bpan =
+                            bp + (size_t)((jr - nfull) / NR) * (size_t)(NR * kpad) * esz;
+                        int64_t sb = NR;
+                        if (jr < nfull) {
+                            bpan = (const char *)pl->b.base +
+                                   ((jc + jr) * pl->b.sw + pc * pl->b.sd) * (int64_t)esz;
+                            sb = pl->b.sd;
+                        }
                         const int64_t nr = min64(NR, nb - jr);
                         int kw;
                         const gemm_kernel_fn kern = kernel_for(im, nr, &kw);
                         if (direct && mr == MR && nr == kw) {
                             float *cp = (float *)e->c + (ic + ir) * e->ldc + jc + jr;
-                            micro(im, kern, kw, kpad, apan, bpan, cp, e->ldc, !first);
+                            micro(im, kern, kw, kpad, apan, bpan, sb, cp, e->ldc, !first);
                         } else if (!multi) {
-                            micro(im, kern, kw, kpad, apan, bpan, tile, NR, 0);
+                            micro(im, kern, kw, kpad, apan, bpan, sb, tile, NR, 0);
                             im->epilogue(e, tile, NR, ic + ir, jc + jr, mr, nr);
                         } else {
                             float *t = cw + ir * ldw + (jc - n0) + jr;
-                            micro(im, kern, kw, kpad, apan, bpan, t, ldw, !first);
+                            micro(im, kern, kw, kpad, apan, bpan, sb, t, ldw, !first);
                             if (last) im->epilogue(e, t, ldw, ic + ir, jc + jr, mr, nr);
                         }
                         if (pl->nonfinite && last) check_tile(pl, ic + ir, jc + jr, mr, nr);
@@ -483,6 +509,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
         pl.e.trans = true;
     }
     pl.in_place = a_in_place(pl.im, &pl.a, k);
+    pl.b_in_place = b_in_place(pl.im, &pl.b, pl.m);
     /* Equal depth blocks rather than kc, kc, ..., remainder. */
     const int64_t nkb = k > 0 ? cdiv(k, pl.im->kc) : 1;
     pl.kcb = k > 0 ? cdiv(k, nkb) : 0;

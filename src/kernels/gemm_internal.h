@@ -59,6 +59,13 @@ typedef void (*gemm_kernel_fn)(int64_t kc, const void *a, const void *b, float *
 typedef void (*gemm_kernel_a_fn)(int64_t kc, const void *a, int64_t si, int64_t sk, const void *b,
                                  float *c, int64_t ldc, int acc, int nv);
 
+/* kernel_a with B read where it lies too (float32 format): row k of the
+ * NR-wide panel at b + k * sb floats, its 16 * nv columns all inside B.
+ * For a product with few rows of A (a thin C computed transposed, a small
+ * batch), whose B would be packed for one or two panels' use. */
+typedef void (*gemm_kernel_ab_fn)(int64_t kc, const void *a, int64_t si, int64_t sk, const void *b,
+                                  int64_t sb, float *c, int64_t ldc, int acc, int nv);
+
 /* What happens to a finished f32 tile on its way to C. */
 typedef struct {
     float alpha, beta;
@@ -85,8 +92,9 @@ typedef struct {
      * tile (reading the same NR-wide B panel), for panels that are mostly
      * padding; NULL: the full kernel serves. */
     gemm_kernel_fn narrow[2];
-    gemm_kernel_a_fn kernel_a; /* optional */
-    gemm_pack_fn pack;         /* for both operands */
+    gemm_kernel_a_fn kernel_a;   /* optional */
+    gemm_kernel_ab_fn kernel_ab; /* optional, float32 format only */
+    gemm_pack_fn pack;           /* for both operands */
     gemm_epilogue_fn epilogue;
     /* Optional: whether any of rows x cols floats at c (rows ldc apart) is
      * NaN or +-inf; NULL: the driver's portable loop serves. */
