@@ -306,14 +306,20 @@ static double run_job(const job *j)
  * loop's in the same round. The jobs of one shape run in turns (one of
  * each per round) so that load from elsewhere on this shared machine hits
  * mixprec, its peers and the peak loop alike and the ratios stay fair; each
- * round starts one job further on, so that no job always runs after the
- * same one and finds the caches as that one leaves them (oneDNN float32
- * always followed OpenBLAS, which had just read the same A). At
+ * round starts one job further on. Turns alone leave each job after the
+ * same neighbour (a rotated cycle keeps its order), and a small product
+ * (fc3's: 0.3-1 ms, its 16 MiB operand in or out of the caches) ran at
+ * the cache state its neighbour left: mixprec float32 after a job with
+ * other buffers, oneDNN float32 after OpenBLAS, which had just used the
+ * same ones (fc3's input gradient 104 against 207 GFLOP/s for the same
+ * mixprec kernels on float16 inputs that followed another mixprec job).
+ * With `warm`, each timed run follows an untimed run of the same job, so
+ * every job finds its own operands where its last run left them. At
  * least 3 rounds, then more while under `budget` seconds (at most 15). */
 #define MAX_ROUNDS 15
 #define MAX_JOBS 10
-static void time_jobs(const job *jobs, int nj, double budget, const int *peak_of, double *gflops,
-                      double *frac)
+static void time_jobs(const job *jobs, int nj, double budget, bool warm, const int *peak_of,
+                      double *gflops, double *frac)
 {
     double ts[MAX_JOBS][MAX_ROUNDS], flops[MAX_JOBS];
     int n = 0;
@@ -322,6 +328,7 @@ static void time_jobs(const job *jobs, int nj, double budget, const int *peak_of
     while (n < MAX_ROUNDS && (n < 3 || now() - start < budget)) {
         for (int q = 0; q < nj; q++) {
             const int i = (q + n) % nj;
+            if (warm) run_job(&jobs[i]);
             double t0 = now();
             run_job(&jobs[i]);
             ts[i][n] = now() - t0;
@@ -434,7 +441,7 @@ int main(int argc, char **argv)
         peak_of[0] = i_pf;
         peak_of[1] = i_pk_bf16;
         double gf[MAX_JOBS] = {0}, frac[MAX_JOBS] = {0};
-        time_jobs(jobs, nj, s->big ? 4.0 : 1.0, peak_of, gf, frac);
+        time_jobs(jobs, nj, s->big ? 4.0 : 1.0, !s->big, peak_of, gf, frac);
 #if HAVE_DNNL_H
         if (have_df) dnnl_mm_destroy(&dm_f32);
         if (have_db) dnnl_mm_destroy(&dm_bf16);
