@@ -177,6 +177,26 @@ static inline void prefetch_tile(const gemm_plan *pl, int64_t ir, int64_t jr, in
     }
 }
 
+/* A tile that goes to C through the epilogue (from the tile buffer or the
+ * partial sums) is stored after the kernel call that computes it: its C
+ * lines are asked for, to be written, before the call, which takes long
+ * enough for them to arrive. fc1's forward with bias and relu
+ * (1024x4096x784, 2 threads, Zen 5, medians of 15-21 calls alternating
+ * in one process): bf16 inputs and C 8.54 -> 8.11 and 8.62 -> 8.23 ms,
+ * float32 19.76 -> 18.70 ms; the same product with nothing to apply,
+ * stored from the kernel's registers, 7.72 and 17.67 ms. */
+static inline void prefetch_out(const gemm_epilogue *e, int64_t i0, int64_t j0, int64_t mr,
+                                int64_t nr)
+{
+    if (e->trans) return; /* a thin C^T: its few columns are rows of C */
+    const int64_t cs = (int64_t)mp_dtype_size(e->c_type), bytes = nr * cs;
+    for (int64_t i = 0; i < mr; i++) {
+        const char *row = (const char *)e->c + ((i0 + i) * e->ldc + j0) * cs;
+        for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(row + x, 1, 3);
+        __builtin_prefetch(row + bytes - 1, 1, 3);
+    }
+}
+
 /* With nothing to apply on the way out, full tiles accumulate in C itself
  * and skip the round trip through a buffer. */
 static bool accumulates_in_c(const gemm_epilogue *e)
@@ -358,7 +378,9 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                         const int64_t nr = min64(NR, nb - jr);
                         int kw;
                         const gemm_kernel_fn kern = kernel_for(im, nr, &kw);
-                        if (direct && mr == MR && nr == kw) {
+                        const bool in_c = direct && mr == MR && nr == kw;
+                        if (!in_c && last) prefetch_out(e, ic + ir, jc + jr, mr, nr);
+                        if (in_c) {
                             float *cp = (float *)e->c + (ic + ir) * e->ldc + jc + jr;
                             micro(im, kern, kw, kpad, apan, bpan, sb, cp, e->ldc, !first);
                         } else if (!multi) {
