@@ -73,28 +73,24 @@ MP_TARGET_AVX512 static void kernel_f32_n32(int64_t kc, const void *a, const voi
     kernel_f32_core(kc, a, 1, FMR, b, FNR, c, ldc, acc, 2);
 }
 
-/* A in place: its rows (sk = 1: one stream per row) or its columns (si = 1:
- * a panel column is 8 consecutive floats) stand in for the packed panel. */
-MP_TARGET_AVX512 static void kernel_f32_a(int64_t kc, const void *av, int64_t si, int64_t sk,
-                                          const void *b, float *c, int64_t ldc, int acc, int nv)
-{
-    const float *a = av;
-    if (sk == 1)
-        MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, si, 1, b, FNR, c, ldc, acc);
-    else
-        MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, 1, sk, b, FNR, c, ldc, acc);
-}
-
-/* A and B where they lie (A packed: si = 1, sk = FMR). */
-MP_TARGET_AVX512 static void kernel_f32_ab(int64_t kc, const void *av, int64_t si, int64_t sk,
-                                           const void *b, int64_t sb, float *c, int64_t ldc,
-                                           int acc, int nv)
+/* A and B where they lie (A packed: si = 1, sk = FMR; B packed: sb = FNR). */
+MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
+kernel_f32_ab(int64_t kc, const void *av, int64_t si, int64_t sk, const void *b, int64_t sb,
+              float *c, int64_t ldc, int acc, int nv)
 {
     const float *a = av;
     if (sk == 1)
         MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, si, 1, b, sb, c, ldc, acc);
     else
         MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, 1, sk, b, sb, c, ldc, acc);
+}
+
+/* A in place: its rows (sk = 1: one stream per row) or its columns (si = 1:
+ * a panel column is 8 consecutive floats) stand in for the packed panel. */
+MP_TARGET_AVX512 static void kernel_f32_a(int64_t kc, const void *a, int64_t si, int64_t sk,
+                                          const void *b, float *c, int64_t ldc, int acc, int nv)
+{
+    kernel_f32_ab(kc, a, si, sk, b, FNR, c, ldc, acc, nv);
 }
 
 /* Up to 8 consecutive elements of a 16/32-bit type widened to f32; lanes past
