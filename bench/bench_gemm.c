@@ -305,16 +305,18 @@ static double run_job(const job *j)
  * (peak_of[i] >= 0) the median over the rounds of its rate over the peak
  * loop's in the same round. The jobs of one shape run in turns (one of
  * each per round) so that load from elsewhere on this shared machine hits
- * mixprec, its peers and the peak loop alike and the ratios stay fair; each
- * round starts one job further on. Turns alone leave each job after the
- * same neighbour (a rotated cycle keeps its order), and a small product
- * (fc3's: 0.3-1 ms, its 16 MiB operand in or out of the caches) ran at
- * the cache state its neighbour left: mixprec float32 after a job with
- * other buffers, oneDNN float32 after OpenBLAS, which had just used the
- * same ones (fc3's input gradient 104 against 207 GFLOP/s for the same
- * mixprec kernels on float16 inputs that followed another mixprec job).
- * With `warm`, each timed run follows an untimed run of the same job, so
- * every job finds its own operands where its last run left them. At
+ * mixprec, its peers and the peak loop alike and the ratios stay fair. A
+ * small product (fc3's: 0.3-1 ms) runs at the state its neighbour leaves
+ * (its 16 MiB operand in or out of the caches, the cores after the peak
+ * loops' 15 ms of every FMA unit busy), and in a fixed or rotated cycle
+ * every job keeps its neighbour: mixprec float32 always followed the bf16
+ * peak loop, oneDNN float32 followed OpenBLAS on the same operands. So
+ * each round runs the jobs in a shuffled order, and with `warm` each timed
+ * run follows an untimed run of the same job, so every job finds its own
+ * operands where its last run left them. (fc3's forward, float32, Zen 5:
+ * mixprec 112 against oneDNN 147 GFLOP/s in the rotated cycle, 120 against
+ * 144 shuffled; 166-200 against 191-200 with the peak loops and the other
+ * input types left out.) At
  * least 3 rounds, then more while under `budget` seconds (at most 15). */
 #define MAX_ROUNDS 15
 #define MAX_JOBS 10
@@ -326,8 +328,19 @@ static void time_jobs(const job *jobs, int nj, double budget, bool warm, const i
     for (int i = 0; i < nj; i++) flops[i] = run_job(&jobs[i]);
     double start = now();
     while (n < MAX_ROUNDS && (n < 3 || now() - start < budget)) {
+        /* this round's order: a shuffle (Fisher-Yates, a fixed LCG seeded
+         * by the round), so each job follows different neighbours */
+        int order[MAX_JOBS];
+        uint64_t z = 0x9E3779B97F4A7C15ull * (uint64_t)(n + 1);
+        for (int q = 0; q < nj; q++) order[q] = q;
+        for (int q = nj - 1; q > 0; q--) {
+            z = z * 6364136223846793005ull + 1442695040888963407ull;
+            const int r = (int)((z >> 33) % (uint64_t)(q + 1)), t = order[q];
+            order[q] = order[r];
+            order[r] = t;
+        }
         for (int q = 0; q < nj; q++) {
-            const int i = (q + n) % nj;
+            const int i = order[q];
             if (warm) run_job(&jobs[i]);
             double t0 = now();
             run_job(&jobs[i]);
