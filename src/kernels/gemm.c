@@ -147,6 +147,16 @@ static bool b_in_place(const gemm_impl *im, const gemm_operand *b, int64_t m)
            !b->gather && m <= 2 * im->mr;
 }
 
+/* Every line of `rows` runs of `bytes` bytes, ld_bytes apart, asked for
+ * with write intent (a run across a line boundary included). */
+static inline void prefetch_rows(const char *p, int64_t ld_bytes, int64_t rows, int64_t bytes)
+{
+    for (int64_t i = 0; i < rows; i++, p += ld_bytes) {
+        for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(p + x, 1, 3);
+        __builtin_prefetch(p + bytes - 1, 1, 3);
+    }
+}
+
 /* The partial sums the kernel call after tile (ir, jr) of a block starts
  * from (C itself, or the buffer cw) are loaded at its top and every FMA
  * chain waits for them: asked for one call ahead, they arrive while this
@@ -171,10 +181,8 @@ static inline void prefetch_tile(const gemm_plan *pl, int64_t ir, int64_t jr, in
         row = (const float *)pl->e.c + (ic + ir) * pl->e.ldc + jc + jr;
         ld = pl->e.ldc;
     }
-    for (int i = 0; i < MR && ir + i < mb; i++) {
-        for (int b = 0; b < NR; b += 16) __builtin_prefetch(row + i * ld + b, 1, 3);
-        __builtin_prefetch(row + i * ld + NR - 1, 1, 3); /* a row across a line boundary */
-    }
+    prefetch_rows((const char *)row, ld * (int64_t)sizeof(float), min64(MR, mb - ir),
+                  NR * (int64_t)sizeof(float));
 }
 
 /* A tile that goes to C through the epilogue (from the tile buffer or the
@@ -189,12 +197,8 @@ static inline void prefetch_out(const gemm_epilogue *e, int64_t i0, int64_t j0, 
                                 int64_t nr)
 {
     if (e->trans) return; /* a thin C^T: its few columns are rows of C */
-    const int64_t cs = (int64_t)mp_dtype_size(e->c_type), bytes = nr * cs;
-    for (int64_t i = 0; i < mr; i++) {
-        const char *row = (const char *)e->c + ((i0 + i) * e->ldc + j0) * cs;
-        for (int64_t x = 0; x < bytes; x += 64) __builtin_prefetch(row + x, 1, 3);
-        __builtin_prefetch(row + bytes - 1, 1, 3);
-    }
+    const int64_t cs = (int64_t)mp_dtype_size(e->c_type);
+    prefetch_rows((const char *)e->c + (i0 * e->ldc + j0) * cs, e->ldc * cs, mr, nr * cs);
 }
 
 /* With nothing to apply on the way out, full tiles accumulate in C itself
