@@ -263,16 +263,6 @@ typedef struct {
      * caller that must know (a gradient about to be applied) need not scan
      * C again from memory. */
     bool *c_nonfinite;
-    /* NULL, or the output y of a relu (m x n, row stride ld_relu_out, of
-     * dtype relu_out_type: float32, bfloat16 or float16) whose derivative
-     * multiplies C on its way out: C = c * (y > 0 ? 1 : 0), c being the
-     * value mp_gemm would store (rounded to C's dtype first). The bits of
-     * mp_gemm followed by relu's backward on its result (-0 and NaN
-     * alike), in one pass: a backward step's input-gradient GEMM then
-     * hands on the gradient at the pre-activation of a relu before it. */
-    const void *relu_out;
-    mp_dtype relu_out_type;
-    int64_t ld_relu_out;
 } mp_gemm_args;
 
 mp_gemm_args mp_gemm_args_default(void);

@@ -206,7 +206,7 @@ static inline void prefetch_out(const gemm_epilogue *e, int64_t i0, int64_t j0, 
 static bool accumulates_in_c(const gemm_epilogue *e)
 {
     return e->c_type == MP_F32 && e->alpha == 1.0f && e->beta == 0.0f && !e->bias &&
-           e->act == MP_ACT_NONE && !e->trans && !e->gate;
+           e->act == MP_ACT_NONE && !e->trans;
 }
 
 /* Whether any of the n floats at p is NaN or +-inf: all exponent bits set. */
@@ -450,28 +450,21 @@ static mp_status validate(const mp_gemm_args *g)
                             (int)g->c_type);
     if ((unsigned)g->activation > MP_ACT_GELU_TANH)
         return mp_set_error(MP_ERR_INVALID, "mp_gemm: unknown activation %d", (int)g->activation);
-    if (g->relu_out && g->relu_out_type != MP_F32 && g->relu_out_type != MP_BF16 &&
-        g->relu_out_type != MP_F16)
-        return mp_set_error(MP_ERR_INVALID,
-                            "mp_gemm: relu_out dtype %d unsupported (float32, bfloat16 or float16)",
-                            (int)g->relu_out_type);
     /* Rows and width of each operand as stored. */
     const int64_t ar = g->trans_a ? g->k : g->m, aw = g->trans_a ? g->m : g->k;
     const int64_t br = g->trans_b ? g->n : g->k, bw = g->trans_b ? g->k : g->n;
     struct {
-        const char *name, *ld_name;
+        const char *name;
         int64_t rows, width, ld;
         const void *p;
-    } ops[4] = {{"a", "lda", ar, aw, g->lda, g->a},
-                {"b", "ldb", br, bw, g->ldb, g->b},
-                {"c", "ldc", g->m, g->n, g->ldc, g->c},
-                {"relu_out", "ld_relu_out", g->m, g->n, g->ld_relu_out, g->relu_out}};
-    for (int i = 0; i < (g->relu_out ? 4 : 3); i++) {
+    } ops[3] = {
+        {"a", ar, aw, g->lda, g->a}, {"b", br, bw, g->ldb, g->b}, {"c", g->m, g->n, g->ldc, g->c}};
+    for (int i = 0; i < 3; i++) {
         int64_t need = ops[i].width > 1 ? ops[i].width : 1;
         if (ops[i].ld < need)
             return mp_set_error(MP_ERR_INVALID,
-                                "mp_gemm: %s=%lld is smaller than the row width %lld",
-                                ops[i].ld_name, (long long)ops[i].ld, (long long)need);
+                                "mp_gemm: ld%s=%lld is smaller than the row width %lld",
+                                ops[i].name, (long long)ops[i].ld, (long long)need);
         if (ops[i].rows > 0 && ops[i].width > 0) {
             if (!ops[i].p) return mp_set_error(MP_ERR_INVALID, "mp_gemm: %s is NULL", ops[i].name);
             if (ops[i].rows - 1 > (INT64_MAX / 8 - ops[i].width) / ops[i].ld)
@@ -496,16 +489,7 @@ mp_status mp_gemm_ex(const mp_gemm_args *g)
     gemm_operand b = {g->b, g->b_type, g->trans_b ? g->ldb : 1, g->trans_b ? 1 : g->ldb, NULL};
     atomic_int nonfinite;
     atomic_init(&nonfinite, 0);
-    gemm_epilogue e = {.alpha = g->alpha,
-                       .beta = g->beta,
-                       .c = g->c,
-                       .c_type = g->c_type,
-                       .ldc = g->ldc,
-                       .bias = g->bias,
-                       .act = g->activation,
-                       .gate = g->relu_out,
-                       .gate_type = g->relu_out_type,
-                       .ldg = g->ld_relu_out};
+    gemm_epilogue e = {g->alpha, g->beta, g->c, g->c_type, g->ldc, g->bias, g->activation, false};
     double t0 = mp_prof_leaf_enter();
     st = gemm_run(g->m, g->n, g->k, &a, &b, &e, g->c_nonfinite ? &nonfinite : NULL);
     mp_prof_leaf_leave(MP_PROF_GEMM, t0);

@@ -218,7 +218,7 @@ MP_TARGET_AVX2 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t
         mp_gemm_epilogue_transposed(e, t, ldt, i0, j0, mr, nr, tt, 8, mp_gemm_epilogue_avx2);
         return;
     }
-    if (nr > HNR || e->trans || e->gate) { /* a relu gate: the portable loop */
+    if (nr > HNR || e->trans) {
         mp_gemm_epilogue_scalar(e, t, ldt, i0, j0, mr, nr);
         return;
     }

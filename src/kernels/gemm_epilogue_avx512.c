@@ -23,22 +23,6 @@ MP_TARGET_AVX512 static inline __m512 load_c(const void *c, mp_dtype t, int64_t 
     }
 }
 
-/* mp_gemm_gate on 16 lanes: v rounded to C's type (a bf16 or f16 value
- * read back as float32) times (y > 0 ? 1 : 0), the product relu's
- * backward forms. */
-MP_TARGET_AVX512 static inline __m512 gate16(const gemm_epilogue *e, __m512 v, int64_t gi,
-                                             __mmask16 m)
-{
-    if (e->c_type == MP_BF16)
-        v = _mm512_castsi512_ps(_mm512_slli_epi32(mp_bf16_round16(_mm512_castps_si512(v)), 16));
-    else if (e->c_type == MP_F16)
-        v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    const __m512 y = load_c(e->gate, e->gate_type, gi, m);
-    const __m512 d = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ),
-                                         _mm512_set1_ps(1.0f));
-    return _mm512_mul_ps(v, d);
-}
-
 MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const float *t, int64_t ldt,
                                               int64_t i0, int64_t j0, int64_t mr, int64_t nr)
 {
@@ -50,7 +34,7 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
         mp_gemm_epilogue_transposed(e, t, ldt, i0, j0, mr, nr, tt, 16, mp_gemm_epilogue_avx512);
         return;
     }
-    if (nr > 64 || e->trans || (e->gate && e->act != MP_ACT_NONE && e->act != MP_ACT_RELU)) {
+    if (nr > 64 || e->trans) {
         mp_gemm_epilogue_scalar(e, t, ldt, i0, j0, mr, nr);
         return;
     }
@@ -72,7 +56,6 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
             if (e->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, e->bias + j0 + j));
             if (e->act == MP_ACT_RELU)
                 v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_NLE_UQ), v);
-            if (e->gate) v = gate16(e, v, (i0 + i) * e->ldg + j0 + j, m);
             if (direct)
                 _mm512_mask_storeu_ps((float *)e->c + ci + j, m, v);
             else if (half)

@@ -77,11 +77,6 @@ typedef struct {
     /* The driver computed C^T (a thin C is done as B^T A^T): tile (i, j) is
      * C(j, i) and the bias follows i. */
     bool trans;
-    /* NULL, or relu's output: the stored value times (gate > 0 ? 1 : 0)
-     * (mp_gemm_args.relu_out), gate indexed as C, ldg apart */
-    const void *gate;
-    mp_dtype gate_type;
-    int64_t ldg;
 } gemm_epilogue;
 
 /* Writes rows [i0, i0+mr) x cols [j0, j0+nr) of C from the f32 tile t. */
@@ -111,10 +106,6 @@ float mp_gemm_load_f32(const void *base, mp_dtype t, int64_t idx);
 uint16_t mp_gemm_load_bf16(const void *base, mp_dtype t, int64_t idx);
 void mp_gemm_pack_generic(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
                           int W, gemm_fmt fmt, void *dst);
-/* relu's derivative at y applied to v as C stores it: v rounded to c_type,
- * times (y > 0 ? 1 : 0), the product mp_op_activation_grad forms (so -0 and
- * NaN come out alike); exact in c_type. */
-float mp_gemm_gate(float v, mp_dtype c_type, float y);
 void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                              int64_t j0, int64_t mr, int64_t nr);
 /* A tile of C^T (e->trans: tile row i is C's column i0 + i, which the bias

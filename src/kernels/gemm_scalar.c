@@ -72,21 +72,10 @@ void mp_gemm_pack_generic(const gemm_operand *op, int64_t w0, int64_t nw, int64_
 
 /* The order alpha*acc, beta*c, sum, + bias is the one every epilogue uses
  * (without contraction), so all ISA paths round the same way here. */
-float mp_gemm_gate(float v, mp_dtype c_type, float y)
-{
-    if (c_type == MP_BF16)
-        v = mp_bf16_to_f32(mp_f32_to_bf16(v));
-    else if (c_type == MP_F16)
-        v = mp_f16_to_f32(mp_f32_to_f16(v));
-    const float d = (float)(y > 0.0f);
-    return v * d;
-}
-
 void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                              int64_t j0, int64_t mr, int64_t nr)
 {
     const int64_t rs = e->trans ? 1 : e->ldc, cs = e->trans ? e->ldc : 1;
-    const int64_t grs = e->trans ? 1 : e->ldg, gcs = e->trans ? e->ldg : 1;
     for (int64_t i = 0; i < mr; i++) {
         for (int64_t j = 0; j < nr; j++) {
             const int64_t ci = (i0 + i) * rs + (j0 + j) * cs;
@@ -97,10 +86,6 @@ void mp_gemm_epilogue_scalar(const gemm_epilogue *e, const float *t, int64_t ldt
             }
             if (e->bias) v = v + e->bias[e->trans ? i0 + i : j0 + j];
             v = mp_activate(e->act, v);
-            if (e->gate)
-                v = mp_gemm_gate(
-                    v, e->c_type,
-                    mp_gemm_load_f32(e->gate, e->gate_type, (i0 + i) * grs + (j0 + j) * gcs));
             switch (e->c_type) {
             case MP_BF16:
                 ((uint16_t *)e->c)[ci] = mp_f32_to_bf16(v);
