@@ -369,6 +369,26 @@ static void epilogue_body(test_rng *r)
                     }
                     run_case(&gc, r);
                 }
+    /* alpha 1, beta 0, at most bias and relu, whole 16-lane rows in the
+     * tiles (n = 96 and the first two tiles of n = 100): the vector
+     * epilogues' loop for the commonest tiles (gemm_epilogue_avx512.c's
+     * plain_rows), against the same float64 reference */
+    for (int ci = 0; ci < 3; ci++)
+        for (int ii = 0; ii < 2; ii++)
+            for (int act = 0; act < 2; act++)
+                for (int v = 0; v < 2; v++) {
+                    gemm_case p = {.m = 33,
+                                   .n = v ? 100 : 96,
+                                   .k = 64,
+                                   .at = ins[ii][0],
+                                   .bt = ins[ii][1],
+                                   .ct = cts[ci],
+                                   .alpha = 1.0f,
+                                   .pad = 2,
+                                   .act = (mp_activation)act,
+                                   .bias = v == 0 || act == 1};
+                    run_case(&p, r);
+                }
     /* k == 0: C = beta * C (+ epilogue). */
     gemm_case z = {.m = 17,
                    .n = 33,
@@ -414,6 +434,11 @@ static void rounded_once_body(test_rng *r)
         for (int64_t i = 0; i < k * n; i++) b[i] = (float)test_rng_uniform(r, -32.0, 32.0);
         for (int64_t j = 0; j < n; j++) bias[j] = (float)test_rng_uniform(r, -100.0, 100.0);
         if (m * k > 3) a[m * k / 2] = NAN;
+        /* a NaN whose low payload bits would carry into the sign if it
+         * were rounded as a number (0x7FFFFFFF + 0x7FFF): bf16 must quiet
+         * it to 0x7FFF */
+        const uint32_t payload = 0x7FFFFFFFu;
+        if (m * k > 7) memcpy(&a[m * k / 5], &payload, sizeof payload);
         for (int ci = 0; ci < 2; ci++)
             for (int ai = 0; ai < 3; ai++) {
                 mp_gemm_args g = {.trans_a = ta,
