@@ -33,9 +33,6 @@ MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
 plain_rows(mp_dtype ct, const float *t, int64_t ldt, void *c, int64_t ldc, const float *bias,
            bool relu, int64_t mr, int64_t nr)
 {
-    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
-    const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
-    const __m512i quiet = _mm512_set1_epi32(0x40);
     const __m512 zero = _mm512_setzero_ps();
     const size_t cs = ct == MP_F32 ? 4 : 2;
     for (int64_t i = 0; i < mr; i++, t += ldt)
@@ -49,14 +46,9 @@ plain_rows(mp_dtype ct, const float *t, int64_t ldt, void *c, int64_t ldc, const
             } else if (ct == MP_F16) {
                 _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT |
                                                                          _MM_FROUND_NO_EXC));
-            } else { /* mp_bf16_round16 with its constants hoisted */
-                const __m512i u = _mm512_castps_si512(v);
-                const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
-                const __m512i hi = _mm512_srli_epi32(u, 16);
-                __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, half), _mm512_and_si512(hi, one));
-                r = _mm512_mask_mov_epi32(_mm512_srli_epi32(r, 16), nan,
-                                          _mm512_or_si512(hi, quiet));
-                _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+            } else {
+                _mm256_storeu_si256((__m256i *)p,
+                                    _mm512_cvtepi32_epi16(mp_bf16_round16(_mm512_castps_si512(v))));
             }
         }
 }
