@@ -73,8 +73,8 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
      * integer round-to-nearest-even that quiets NaNs; f16: vcvtps2ph).
      * The fields are read into locals first: C could alias *e for all the
      * compiler knows, and it would read them again after every store. A
-     * full vector is stored unmasked (Zen 5: masked stores cost a short-
-     * depth product's epilogue about a third more). */
+     * full vector is loaded and stored unmasked (Zen 5, masked stores of
+     * every vector: 4096x1024x256 bf16 with a bias, 4.26 -> 3.79 ms). */
     const mp_dtype ct = e->c_type;
     const mp_activation act = e->act;
     void *const c = e->c;
