@@ -393,6 +393,49 @@ static void test_causal(void **state)
 
 /* threads 0: the library's default; scalar: the portable product loops
  * instead of the AVX-512 ones (mp_isa_set), which must give the same bits. */
+/* Each output is rounded once: o, dq, dk and dv written in bfloat16 or
+ * float16 equal, bit for bit, mp_convert of the same call's float32
+ * outputs (the kernel's own row rounding against the conversion kernels);
+ * with a NaN in v, whose rows must come out quiet NaNs. */
+static void test_outputs_rounded_once(void **state)
+{
+    (void)state;
+    const mp_dtype types[] = {MP_BF16, MP_F16};
+    for (int ty = 0; ty < 2; ty++) {
+        const mp_dtype t = types[ty];
+        attn_case c = make_case(2, 130, 2, 64, t, 41);
+        const mp_attn_geom *g = &c.g;
+        const int64_t n = c.n;
+        const size_t es = mp_dtype_size(t);
+        ((uint16_t *)c.v)[n - 5] = 0x7FC1; /* a NaN in the last key row (both types) */
+        float *o32 = malloc((size_t)n * 4), *lse = malloc((size_t)(2 * 2 * 130) * 4);
+        float *g32[3];
+        void *o16 = malloc((size_t)n * es), *g16[3], *want = malloc((size_t)n * es);
+        for (int i = 0; i < 3; i++) g32[i] = malloc((size_t)n * 4), g16[i] = malloc((size_t)n * es);
+        assert_int_equal(mp_attention_forward(g, c.q, t, c.k, t, c.v, t, o32, MP_F32, lse), MP_OK);
+        assert_int_equal(mp_attention_forward(g, c.q, t, c.k, t, c.v, t, o16, t, lse), MP_OK);
+        mp_convert(want, t, o32, MP_F32, (size_t)n);
+        assert_memory_equal(o16, want, (size_t)n * es);
+        assert_int_equal(mp_attention_backward(g, c.q, t, c.k, t, c.v, t, o16, t, lse, c.dout, t,
+                                               g32[0], g32[1], g32[2], MP_F32),
+                         MP_OK);
+        assert_int_equal(mp_attention_backward(g, c.q, t, c.k, t, c.v, t, o16, t, lse, c.dout, t,
+                                               g16[0], g16[1], g16[2], t),
+                         MP_OK);
+        for (int i = 0; i < 3; i++) {
+            mp_convert(want, t, g32[i], MP_F32, (size_t)n);
+            if (memcmp(g16[i], want, (size_t)n * es))
+                fail_msg("%s: %s rounded otherwise than its float32 result", mp_dtype_name(t),
+                         i == 0   ? "dq"
+                         : i == 1 ? "dk"
+                                  : "dv");
+            free(g32[i]), free(g16[i]);
+        }
+        free(o32), free(lse), free(o16), free(want);
+        free_case(&c);
+    }
+}
+
 static void run_config(int threads, bool scalar, const attn_case *c, mp_dtype ty, void *o,
                        float *lse, void *dq, void *dk, void *dv)
 {
@@ -508,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_backward_analytic),
         cmocka_unit_test(test_backward_finite_differences),
         cmocka_unit_test(test_causal),
+        cmocka_unit_test(test_outputs_rounded_once),
         cmocka_unit_test(test_thread_count_and_isa_independent),
         cmocka_unit_test(test_scratch_linear),
     };
