@@ -100,20 +100,47 @@ INLINE void store_row(void *dst, mp_dtype t, size_t off, const float *src, int64
     }
 }
 
+/* Rows of a head are heads * d apart: a tile's 64 loads each waited for
+ * memory (the hardware prefetchers stop at page boundaries and take time
+ * to lock on to a stride). Row row0 + r is asked for ROWS_AHEAD rows
+ * before it is loaded. gpt_mini's attention in bf16 (batch 32 x 128, 4
+ * heads, d 64, 2 threads, Zen 5, medians of 31 calls alternating in one
+ * process): forward 5.0 -> 3.5 ms, backward 8.1 -> 5.4 ms; 8 rows ahead
+ * 4-5% faster than 4, the same as 16; float32 rows unchanged. */
+enum { ROWS_AHEAD = 8 };
+INLINE void ask_row(const mp_attn_geom *g, const void *src, mp_dtype t, int64_t b, int64_t h,
+                    int64_t row)
+{
+    const size_t es = mp_dtype_size(t);
+    const char *p = (const char *)src + row_off(g, b, h, row) * es;
+    for (size_t x = 0; x < (size_t)g->d * es; x += 64) __builtin_prefetch(p + x);
+    __builtin_prefetch(p + (size_t)g->d * es - 1);
+}
+INLINE void ask_rows(const mp_attn_geom *g, const void *src, mp_dtype t, int64_t b, int64_t h,
+                     int64_t row0, int64_t n)
+{
+    for (int64_t r = 0; r < n && r < ROWS_AHEAD; r++) ask_row(g, src, t, b, h, row0 + r);
+}
+
 /* n rows from row0 into dst [n][dp], dp = d padded to CH. */
 INLINE void load_rows(float *dst, const mp_attn_geom *g, const void *src, mp_dtype t, int64_t b,
                       int64_t h, int64_t row0, int64_t n)
 {
     const int64_t dp = (int64_t)pad16((size_t)g->d);
-    for (int64_t r = 0; r < n; r++)
+    ask_rows(g, src, t, b, h, row0, n);
+    for (int64_t r = 0; r < n; r++) {
+        if (r + ROWS_AHEAD < n) ask_row(g, src, t, b, h, row0 + r + ROWS_AHEAD);
         load_row(dst + r * dp, src, t, row_off(g, b, h, row0 + r), g->d);
+    }
 }
 
 /* n rows from row0 transposed into dst [d][TILE], through one row of tmp. */
 INLINE void load_rows_t(float *dst, float *tmp, const mp_attn_geom *g, const void *src, mp_dtype t,
                         int64_t b, int64_t h, int64_t row0, int64_t n)
 {
+    ask_rows(g, src, t, b, h, row0, n);
     for (int64_t r = 0; r < n; r++) {
+        if (r + ROWS_AHEAD < n) ask_row(g, src, t, b, h, row0 + r + ROWS_AHEAD);
         load_row(tmp, src, t, row_off(g, b, h, row0 + r), g->d);
         for (int64_t k = 0; k < g->d; k++) dst[k * TILE + r] = tmp[k];
     }
@@ -237,7 +264,9 @@ INLINE void load_query_side(const mp_attn_geom *g, float *Q, float *dO, float *l
     /* the rows a last group of four reads past nr */
     memset(Q + nr * dp, 0, (size_t)((TILE - nr) * dp) * sizeof(float));
     memset(dO + nr * dp, 0, (size_t)((TILE - nr) * dp) * sizeof(float));
+    ask_rows(g, o, ot, b, h, q0, nr);
     for (int64_t r = 0; r < nr; r++) {
+        if (r + ROWS_AHEAD < nr) ask_row(g, o, ot, b, h, q0 + r + ROWS_AHEAD);
         load_row(tmp, o, ot, row_off(g, b, h, q0 + r), d);
         D[r] = row_dot(dO + r * dp, tmp, d);
         ls[r] = lse[(b * g->heads + h) * g->t + q0 + r];
