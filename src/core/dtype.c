@@ -80,14 +80,7 @@ void mp_dtype_get_info(mp_dtype t, mp_dtype_info *info)
 
 /* ------------------------------------------------------------- encoding */
 
-uint16_t mp_f32_to_bf16(float x)
-{
-    uint32_t u = mp_f32_bits(x);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
-    /* Adding 0x7FFF plus the kept LSB rounds to nearest even; a carry out of
-     * the largest finite value lands on infinity, as IEEE requires. */
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+uint16_t mp_f32_to_bf16(float x) { return mp_bf16_from_bits(mp_f32_bits(x)); }
 
 uint16_t mp_f32_to_f16(float x)
 {

@@ -50,6 +50,17 @@ static inline float mp_bits_f32(uint32_t u)
     return v.f;
 }
 
+/* float32 bits to bfloat16, rounded to nearest even, a NaN quieted: the
+ * definition mp_f32_to_bf16 exports, inline so that loops over it
+ * vectorize (the attention kernel's output rows). Adding 0x7FFF plus the
+ * kept LSB rounds to nearest even; a carry out of the largest finite value
+ * lands on infinity, as IEEE requires. */
+static inline uint16_t mp_bf16_from_bits(uint32_t u)
+{
+    const uint32_t nan = (u >> 16) | 0x40u, num = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : num);
+}
+
 /* Round the finite magnitude with f32 bits `a`, divided by 2^exp_offset, to
  * a format with `mbits` fraction bits and exponent bias `bias`,
  * round-to-nearest-even, subnormals included: one rounding of the exact

@@ -80,10 +80,10 @@ INLINE void load_row(float *dst, const void *src, mp_dtype t, size_t off, int64_
     memset(dst + d, 0, (pad16((size_t)d) - (size_t)d) * sizeof(float));
 }
 
-/* One row rounded once to t. bfloat16 here, by mp_f32_to_bf16's integer
- * rounding (to nearest even, NaN quieted) in a loop that vectorizes: an
- * mp_convert call per 64-element row took a seventh of the kernel's time
- * in gpt_mini's bf16 steps. */
+/* One row rounded once to t. bfloat16 here, by mp_f32_to_bf16's
+ * definition (mp_bf16_from_bits) in a loop that vectorizes: an mp_convert
+ * call per 64-element row took a seventh of the kernel's time in
+ * gpt_mini's bf16 steps. */
 INLINE void store_row(void *dst, mp_dtype t, size_t off, const float *src, int64_t d)
 {
     if (t != MP_BF16) {
@@ -95,8 +95,7 @@ INLINE void store_row(void *dst, mp_dtype t, size_t off, const float *src, int64
     for (int64_t i = 0; i < d; i++) {
         uint32_t u;
         memcpy(&u, src + i, sizeof u);
-        const uint32_t nan = (u >> 16) | 0x40u, num = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-        h[i] = (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : num);
+        h[i] = mp_bf16_from_bits(u);
     }
 }
 
