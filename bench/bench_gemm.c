@@ -320,6 +320,14 @@ static double run_job(const job *j)
  * least 3 rounds, then more while under `budget` seconds (at most 15). */
 #define MAX_ROUNDS 15
 #define MAX_JOBS 10
+
+/* One step of a 64-bit LCG (Knuth's MMIX constants): the operands' values
+ * and the rounds' job orders, the same on every run. */
+static uint64_t lcg(uint64_t *z)
+{
+    *z = *z * 6364136223846793005ull + 1442695040888963407ull;
+    return *z;
+}
 static void time_jobs(const job *jobs, int nj, double budget, bool warm, const int *peak_of,
                       double *gflops, double *frac)
 {
@@ -334,8 +342,7 @@ static void time_jobs(const job *jobs, int nj, double budget, bool warm, const i
         uint64_t z = 0x9E3779B97F4A7C15ull * (uint64_t)(n + 1);
         for (int q = 0; q < nj; q++) order[q] = q;
         for (int q = nj - 1; q > 0; q--) {
-            z = z * 6364136223846793005ull + 1442695040888963407ull;
-            const int r = (int)((z >> 33) % (uint64_t)(q + 1)), t = order[q];
+            const int r = (int)((lcg(&z) >> 33) % (uint64_t)(q + 1)), t = order[q];
             order[q] = order[r];
             order[r] = t;
         }
@@ -398,8 +405,7 @@ int main(int argc, char **argv)
         void *ah = malloc(na * 2), *bh = malloc(nb * 2), *a8 = malloc(na), *b8 = malloc(nb);
         uint64_t z = 12345 + (uint64_t)si;
         for (size_t i = 0; i < na + nb; i++) {
-            z = z * 6364136223846793005ull + 1442695040888963407ull;
-            float v = (float)((double)(z >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+            float v = (float)((double)(lcg(&z) >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
             if (i < na)
                 af[i] = v;
             else
