@@ -70,10 +70,7 @@ INLINE void load_row(float *dst, const void *src, mp_dtype t, size_t off, int64_
     } else if (t == MP_BF16) {
         const uint16_t *h = (const uint16_t *)p;
 #pragma omp simd
-        for (int64_t i = 0; i < d; i++) {
-            const uint32_t u = (uint32_t)h[i] << 16;
-            memcpy(dst + i, &u, sizeof u);
-        }
+        for (int64_t i = 0; i < d; i++) dst[i] = mp_bits_f32((uint32_t)h[i] << 16);
     } else {
         mp_convert(dst, MP_F32, p, t, (size_t)d);
     }
@@ -92,11 +89,7 @@ INLINE void store_row(void *dst, mp_dtype t, size_t off, const float *src, int64
     }
     uint16_t *h = (uint16_t *)dst + off;
 #pragma omp simd
-    for (int64_t i = 0; i < d; i++) {
-        uint32_t u;
-        memcpy(&u, src + i, sizeof u);
-        h[i] = mp_bf16_from_bits(u);
-    }
+    for (int64_t i = 0; i < d; i++) h[i] = mp_bf16_from_bits(mp_f32_bits(src[i]));
 }
 
 /* Rows of a head are heads * d apart: a tile's 64 loads each waited for
