@@ -150,18 +150,21 @@ mp_status mp_loss_compute(const mp_loss_spec *spec, const mp_tensor *pred, float
         double *terms = rows > 0 ? mp_scratch(9, (size_t)rows * sizeof *terms) : NULL;
         if (rows > 0 && !terms) return mp_set_error(MP_ERR_NOMEM, "loss: out of memory");
         int failed = 0;
-#pragma omp parallel for schedule(static) if (rows * cols >= 65536)
-        for (int64_t r = 0; r < rows; r++) {
+#pragma omp parallel if (rows * cols >= 65536)
+        {
             float *p = mp_scratch(3, (size_t)cols * sizeof *p),
                   *t = mp_scratch(4, (size_t)cols * sizeof *t),
                   *g = mp_scratch(5, (size_t)cols * sizeof *g);
             if (!p || !t || !g) {
 #pragma omp atomic write
                 failed = 1;
-                continue;
             }
-            terms[r] = loss_row(spec, pred, ps, r, cols, p, t, g);
-            if (grad) store_grad(grad, r, cols, g, k);
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++) {
+                if (!p || !t || !g) continue;
+                terms[r] = loss_row(spec, pred, ps, r, cols, p, t, g);
+                if (grad) store_grad(grad, r, cols, g, k);
+            }
         }
         if (failed) return mp_set_error(MP_ERR_NOMEM, "loss: out of memory");
         for (int64_t r = 0; r < rows; r++) total += terms[r];
