@@ -708,7 +708,17 @@ static void test_api(void **state)
     fclose(f);
     assert_non_null(strstr(buf, "gemm bf16/fp8 inputs: "));
     assert_non_null(strstr(buf, "gemm other input types: "));
+    assert_non_null(strstr(buf, "gemm blocks at depth 4096 (L1d "));
     if (ncands >= 2) {
+#if MP_X86
+        /* the vdpbf16ps kernel's blocks, as the driver takes them */
+        int64_t kcb, nc;
+        mp_gemm_blocks(&mp_gemm_avx512bf16_impl, 4096, &kcb, &nc);
+        char want[96];
+        snprintf(want, sizeof want, "avx512bf16 %lld deep x %lld columns", (long long)kcb,
+                 (long long)nc);
+        assert_non_null(strstr(buf, want));
+#endif
         assert_non_null(strstr(buf, "a x b"));
         assert_non_null(strstr(buf, "bf16 x bf16        100.0       300.0  avx512bf16  timed in "
                                     "this process"));

@@ -280,13 +280,15 @@ static void large_body(test_rng *r)
         if (mp_isa_active() == MP_ISA_SCALAR) gc.k = 300;
         run_case(&gc, r);
     }
-    /* Two depth blocks under the vdpbf16ps kernel's depth of 4096, A read in
-     * place (k even, along rows) and packed (transposed). */
+    /* Two depth blocks under the vdpbf16ps kernel's depth of 4096 (three
+     * under its kc_l1 of 2048, where n = 200 crosses the column block that
+     * then keeps B in half of L2), A read in place (k even, along rows) and
+     * packed (transposed). */
     for (int tr = 0; tr < 2; tr++) {
         gemm_case deep = {.ta = tr,
                           .tb = tr,
                           .m = 40,
-                          .n = 70,
+                          .n = 200,
                           .k = 4500,
                           .at = MP_BF16,
                           .bt = tr ? MP_F8E4M3 : MP_BF16,

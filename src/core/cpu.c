@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -184,4 +185,20 @@ uint32_t mp_cpu_signature(void)
 {
     (void)mp_cpu();
     return signature;
+}
+
+size_t mp_cpu_cache_bytes(int level)
+{
+    static atomic_long l1 = -1, l2 = -1;
+    atomic_long *slot = level == 1 ? &l1 : level == 2 ? &l2 : NULL;
+    if (!slot) return 0;
+    long v = atomic_load(slot);
+    if (v < 0) {
+#if defined(_SC_LEVEL1_DCACHE_SIZE) && defined(_SC_LEVEL2_CACHE_SIZE)
+        v = sysconf(level == 1 ? _SC_LEVEL1_DCACHE_SIZE : _SC_LEVEL2_CACHE_SIZE);
+#endif
+        if (v < 0) v = 0;
+        atomic_store(slot, v);
+    }
+    return (size_t)v;
 }

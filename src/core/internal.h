@@ -170,6 +170,9 @@ void mp_isa_reset(void);
 /* CPUID leaf 1 EAX (family, model, stepping); 0 off x86. Two CPUs with one
  * brand string (a hypervisor's generic "Xeon Processor") differ here. */
 uint32_t mp_cpu_signature(void);
+/* Per-core data cache sizes in bytes, level 1 or 2, as the C library reads
+ * them from the CPU (sysconf); 0 where unknown. */
+size_t mp_cpu_cache_bytes(int level);
 
 /* Tracked huge-page-friendly allocation used by the arena. */
 void mp_mem_charge(mp_mem_category cat, size_t bytes);

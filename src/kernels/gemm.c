@@ -66,6 +66,7 @@ typedef struct {
     gemm_operand a, b; /* a: width m, depth k; b: width n, depth k */
     int64_t m, n, k;
     int64_t kcb;     /* depth block, the same for every thread */
+    int64_t nc;      /* column block */
     bool in_place;   /* the kernel reads A where it lies (a_in_place) */
     bool b_in_place; /* and B's full panels (b_in_place) */
     gemm_epilogue e;
@@ -304,7 +305,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     const int64_t kcb = pl->kcb;
     const int64_t kpad_max = im->fmt == GEMM_FMT_BF16 ? kcb + (kcb & 1) : kcb;
     const int64_t nr_pad = cdiv(n1 - n0, NR) * NR;
-    const int64_t nc = min64(im->nc, nr_pad);
+    const int64_t nc = min64(pl->nc, nr_pad);
     const bool multi = kcb < pl->k;
     const gemm_epilogue *e = &pl->e;
     const bool direct = accumulates_in_c(e);
@@ -431,6 +432,26 @@ static int64_t part(int64_t tiles, int parts, int idx, int unit, int64_t total)
     return t < total ? t : total;
 }
 
+/* Depth blocks of equal size rather than kc, kc, ..., remainder; kc_l1
+ * and the B block's cap where the CPU's caches allow them (gemm_impl says
+ * how). */
+void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t *kcb, int64_t *nc)
+{
+    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const int64_t l1 = (int64_t)mp_cpu_cache_bytes(1), l2 = (int64_t)mp_cpu_cache_bytes(2);
+    const bool l1_fit = im->kc_l1 > 0 && 3 * im->mr * im->kc_l1 * esz <= 2 * l1 && l2 > 0;
+    const int64_t kc = l1_fit ? im->kc_l1 : im->kc;
+    const int64_t nkb = k > 0 ? cdiv(k, kc) : 1;
+    *kcb = k > 0 ? cdiv(k, nkb) : 0;
+    if (im->fmt == GEMM_FMT_BF16 && (*kcb & 1) && *kcb < k) ++*kcb;
+    *nc = im->nc;
+    if (l1_fit && *kcb > 0) {
+        const int64_t kpad = *kcb + (im->fmt == GEMM_FMT_BF16 ? (*kcb & 1) : 0);
+        const int64_t fit = l2 / 2 / (kpad * esz) / im->nr * im->nr;
+        *nc = min64(*nc, fit > im->nr ? fit : im->nr);
+    }
+}
+
 static mp_status validate(const mp_gemm_args *g)
 {
     if (!g) return mp_set_error(MP_ERR_INVALID, "mp_gemm: NULL arguments");
@@ -536,10 +557,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     }
     pl.in_place = a_in_place(pl.im, &pl.a, k);
     pl.b_in_place = b_in_place(pl.im, &pl.b, pl.m);
-    /* Equal depth blocks rather than kc, kc, ..., remainder. */
-    const int64_t nkb = k > 0 ? cdiv(k, pl.im->kc) : 1;
-    pl.kcb = k > 0 ? cdiv(k, nkb) : 0;
-    if (pl.im->fmt == GEMM_FMT_BF16 && (pl.kcb & 1) && pl.kcb < k) pl.kcb++;
+    mp_gemm_blocks(pl.im, k, &pl.kcb, &pl.nc);
 
     const int MR = pl.im->mr, NR = pl.im->nr;
     const int64_t mt = cdiv(pl.m, MR), ntl = cdiv(pl.n, NR);

@@ -87,6 +87,12 @@ typedef struct {
     gemm_fmt fmt;
     int mr, nr;
     int64_t kc, mc, nc; /* cache blocks: kc in depth units, mc/nc multiples of mr/nr */
+    /* Optional (0: none): on a CPU whose L1d holds an mr x kc_l1 A
+     * micro-panel in two thirds of its size, the depth block is kc_l1
+     * instead of kc and the packed B block is kept within half of L2
+     * (nc lowered to fit): the A micro-panel then stays in L1 while the
+     * block's B panels pass, and the B block stays in L2. */
+    int64_t kc_l1;
     gemm_kernel_fn kernel;
     /* Optional: narrow[v] computes only the first 16 * (v + 1) columns of a
      * tile (reading the same NR-wide B panel), for panels that are mostly
@@ -156,6 +162,9 @@ void mp_gemm_dispatch_reset(void);
 /* Tests: GFLOP/s that replace the timing, 2 x candidates of them: with the
  * caller's threads, then on one thread (NULL: time again). */
 void mp_gemm_dispatch_test_rates(const double *gflops);
+/* The depth block (*kcb) and column block (*nc) the driver uses on im for
+ * depth k on this CPU (gemm.c). */
+void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t *kcb, int64_t *nc);
 /* The kernel the driver picks for an input-type pair (gemm.c). */
 const gemm_impl *mp_gemm_impl_for(mp_dtype at, mp_dtype bt);
 
