@@ -371,24 +371,25 @@ static void epilogue_body(test_rng *r)
                     }
                     run_case(&gc, r);
                 }
-    /* alpha 1, beta 0, at most bias and relu, whole 16-lane rows in the
-     * tiles (n = 96 and the first two tiles of n = 100): the vector
-     * epilogues' loop for the commonest tiles (gemm_epilogue_avx512.c's
-     * plain_rows), against the same float64 reference */
+    /* alpha 1 or not (a float8 GEMM's inverse scales), beta 0, at most bias
+     * and relu, whole 16-lane rows in the tiles (n = 96 and the first two
+     * tiles of n = 100): the vector epilogues' loop for the commonest tiles
+     * (gemm_epilogue_avx512.c's plain_rows), against the same float64
+     * reference */
     for (int ci = 0; ci < 3; ci++)
         for (int ii = 0; ii < 2; ii++)
             for (int act = 0; act < 2; act++)
-                for (int v = 0; v < 2; v++) {
+                for (int v = 0; v < 4; v++) {
                     gemm_case p = {.m = 33,
-                                   .n = v ? 100 : 96,
+                                   .n = v & 1 ? 100 : 96,
                                    .k = 64,
                                    .at = ins[ii][0],
                                    .bt = ins[ii][1],
                                    .ct = cts[ci],
-                                   .alpha = 1.0f,
+                                   .alpha = v & 2 ? 0.375f : 1.0f,
                                    .pad = 2,
                                    .act = (mp_activation)act,
-                                   .bias = v == 0 || act == 1};
+                                   .bias = !(v & 1) || act == 1};
                     run_case(&p, r);
                 }
     /* k == 0: C = beta * C (+ epilogue). */
@@ -569,13 +570,13 @@ static void test_determinism(void **state)
  * Returns the report, after checking that C holds non-finite values where
  * expected and nowhere else. */
 static bool nonfinite_case(int64_t m, int64_t n, int64_t k, bool ta, bool tb, mp_dtype t,
-                           float alpha, int bad, int64_t bi, int64_t bj, test_rng *r)
+                           float alpha, bool gelu, int bad, int64_t bi, int64_t bj, test_rng *r)
 {
     const size_t es = mp_dtype_size(t);
     float *af = malloc((size_t)(m * k) * sizeof *af), *bf = malloc((size_t)(k * n) * sizeof *bf);
     void *a = malloc((size_t)(m * k) * es), *b = malloc((size_t)(k * n) * es);
-    float *c = malloc((size_t)(m * n) * sizeof *c);
-    assert_non_null(af && bf && a && b && c);
+    float *c = malloc((size_t)(m * n) * sizeof *c), *bias = calloc((size_t)n, sizeof *bias);
+    assert_non_null(af && bf && a && b && c && bias);
     for (int64_t i = 0; i < m * k; i++) af[i] = (float)test_rng_uniform(r, 0.5, 1.0);
     for (int64_t i = 0; i < k * n; i++) bf[i] = (float)test_rng_uniform(r, 0.5, 1.0);
     const int64_t lda = ta ? m : k, ldb = tb ? k : n;
@@ -596,12 +597,16 @@ static bool nonfinite_case(int64_t m, int64_t n, int64_t k, bool ta, bool tb, mp
     g.b = b, g.b_type = t, g.ldb = ldb;
     g.c = c, g.ldc = n;
     g.c_nonfinite = &flag;
+    if (gelu) { /* the epilogue's row path: an activation on the way to a float32 C */
+        g.bias = bias;
+        g.activation = MP_ACT_GELU_TANH;
+    }
     assert_int_equal(mp_gemm_ex(&g), MP_OK);
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++)
             assert_int_equal(!isfinite(c[i * n + j]),
                              bad == 1 ? i == bi && j == bj : bad == 2 && (i == bi || j == bj));
-    free(af), free(bf), free(a), free(b), free(c);
+    free(af), free(bf), free(a), free(b), free(c), free(bias);
     return flag;
 }
 
@@ -625,17 +630,17 @@ static void nonfinite_body(test_rng *r)
                   {300, 10, 40, true, false}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int ti = 0; ti < 2; ti++)
-            for (int al = 0; al < 2; al++) {
+            for (int al = 0; al < 3; al++) { /* alpha 1, alpha 2, a bias and GELU */
                 const int64_t m = shapes[s].m, n = shapes[s].n, k = shapes[s].k;
                 const mp_dtype t = ti ? MP_BF16 : MP_F32;
-                const float alpha = al ? 2.0f : 1.0f;
-                const bool ta = shapes[s].ta, tb = shapes[s].tb;
-                assert_false(nonfinite_case(m, n, k, ta, tb, t, alpha, 0, 0, 0, r));
+                const float alpha = al == 1 ? 2.0f : 1.0f;
+                const bool ta = shapes[s].ta, tb = shapes[s].tb, gelu = al == 2;
+                assert_false(nonfinite_case(m, n, k, ta, tb, t, alpha, gelu, 0, 0, 0, r));
                 const int64_t at[3][2] = {{0, 0}, {m - 1, n - 1}, {m / 2, n / 3}};
                 for (int p = 0; p < 3; p++)
                     for (int bad = 1; bad <= 2; bad++)
-                        assert_true(
-                            nonfinite_case(m, n, k, ta, tb, t, alpha, bad, at[p][0], at[p][1], r));
+                        assert_true(nonfinite_case(m, n, k, ta, tb, t, alpha, gelu, bad, at[p][0],
+                                                   at[p][1], r));
             }
 }
 

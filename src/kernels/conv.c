@@ -54,7 +54,7 @@ mp_status mp_conv2d_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, c
     const int64_t m = g->n * g->oh * g->ow, k = g->kh * g->kw * g->c;
     gemm_operand a = {x, xt, 0, 0, &patches};
     gemm_operand b = {w, wt, 1, g->o, NULL}; /* W [k, o]: width o, depth k */
-    gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, g->o, bias, act, false};
+    gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, g->o, bias, act, false, NULL};
     return mp_gemm_run(m, g->o, k, &a, &b, &e);
 }
 
@@ -66,8 +66,8 @@ mp_status mp_conv2d_backward_filter(const mp_conv_geom *g, const void *x, mp_dty
     const int64_t m = g->kh * g->kw * g->c, k = g->n * g->oh * g->ow;
     gemm_operand a = {x, xt, 0, 0, &patches_t};
     gemm_operand b = {dy, dyt, 1, g->o, NULL}; /* dY [pixels, o]: width o, depth pixels */
-    gemm_epilogue e = {alpha_of(g), accumulate ? 1.0f : 0.0f, dw, MP_F32, g->o, NULL, MP_ACT_NONE,
-                       false};
+    gemm_epilogue e = {
+        alpha_of(g), accumulate ? 1.0f : 0.0f, dw, MP_F32, g->o, NULL, MP_ACT_NONE, false, NULL};
     return mp_gemm_run(m, g->o, k, &a, &b, &e);
 }
 
@@ -111,7 +111,8 @@ static mp_status backward_data_phases(const mp_conv_geom *g, const void *dy, mp_
                 const gemm_gather dy_patches = {GATHER_DY_PATCHES, &p},
                                   kernel_t = {GATHER_KERNEL_T, &p};
                 gemm_operand a = {dy, dyt, 0, 0, &dy_patches}, b = {k, wt, 0, 0, &kernel_t};
-                gemm_epilogue e = {alpha_of(g), 0.0f, sub, dxt, g->c, NULL, MP_ACT_NONE, false};
+                gemm_epilogue e = {alpha_of(g), 0.0f,        sub,   dxt, g->c,
+                                   NULL,        MP_ACT_NONE, false, NULL};
                 mp_status s = mp_gemm_run(p.n * p.h * p.w, g->c, p.kh * p.kw * g->o, &a, &b, &e);
                 if (s) return s;
             }
@@ -137,6 +138,6 @@ mp_status mp_conv2d_backward_data(const mp_conv_geom *g, const void *dy, mp_dtyp
     const int64_t m = g->n * g->h * g->w, k = g->kh * g->kw * g->o;
     gemm_operand a = {dy, dyt, 0, 0, &dy_patches};
     gemm_operand b = {w, wt, 0, 0, &kernel_t};
-    gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false};
+    gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false, NULL};
     return mp_gemm_run(m, g->c, k, &a, &b, &e);
 }

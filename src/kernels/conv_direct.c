@@ -200,7 +200,7 @@ mp_status mp_conv_direct_forward(const mp_conv_geom *g, const void *x, mp_dtype 
 {
     const conv_spec s = {x,     xt,    g->n,  g->h,  g->w,  g->c,  g->oh, g->ow, g->o, g->kh, g->kw,
                          g->sh, g->sw, g->pt, g->pl, g->oh, g->ow, 0,     0,     1,    1};
-    const gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, g->o, bias, act, false};
+    const gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, g->o, bias, act, false, NULL};
     const int64_t nw = g->kh * g->kw * g->c * g->o;
     float *wbuf = mp_scratch(SLOT_W, (size_t)(2 * nw) * sizeof(float));
     if (!wbuf) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
@@ -225,7 +225,7 @@ mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dy
     if (!wbuf) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
     const conv_family *f = mp_conv_family(dyt, wt, true);
     const void *wf = widen_kernel(f, w, wt, nw, wbuf + nw);
-    const gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false};
+    const gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false, NULL};
     const size_t pixel = (size_t)g->c * mp_dtype_size(dxt);
     for (int64_t ph = 0; ph < g->sh && ph < g->h; ph++)
         for (int64_t pw = 0; pw < g->sw && pw < g->w; pw++) {

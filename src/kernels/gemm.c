@@ -297,7 +297,8 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
         for (int64_t i = m0; i < m1; i += MR)
             for (int64_t j = n0; j < n1; j += NR) {
                 im->epilogue(&pl->e, tile, NR, i, j, min64(MR, m1 - i), min64(NR, n1 - j));
-                if (pl->nonfinite) check_tile(pl, i, j, min64(MR, m1 - i), min64(NR, n1 - j));
+                if (pl->nonfinite && !im->epilogue_checks)
+                    check_tile(pl, i, j, min64(MR, m1 - i), min64(NR, n1 - j));
             }
         return true;
     }
@@ -396,7 +397,12 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                             micro(im, kern, kw, kpad, apan, bpan, sb, t, ldw, !first);
                             if (last) im->epilogue(e, t, ldw, ic + ir, jc + jr, mr, nr);
                         }
-                        if (pl->nonfinite && last) check_tile(pl, ic + ir, jc + jr, mr, nr);
+                        /* a tile the epilogue wrote was checked there (C's lines,
+                         * asked for before the kernel call, may have left L1 by
+                         * then; reading them back cost a fp8 dW 4096x4096x1024
+                         * 2.7-4.2 ms of 40) */
+                        if (pl->nonfinite && last && (in_c || !im->epilogue_checks))
+                            check_tile(pl, ic + ir, jc + jr, mr, nr);
                     }
                 }
             }
@@ -510,7 +516,8 @@ mp_status mp_gemm_ex(const mp_gemm_args *g)
     gemm_operand b = {g->b, g->b_type, g->trans_b ? g->ldb : 1, g->trans_b ? 1 : g->ldb, NULL};
     atomic_int nonfinite;
     atomic_init(&nonfinite, 0);
-    gemm_epilogue e = {g->alpha, g->beta, g->c, g->c_type, g->ldc, g->bias, g->activation, false};
+    gemm_epilogue e = {g->alpha, g->beta,       g->c,  g->c_type, g->ldc,
+                       g->bias,  g->activation, false, NULL};
     double t0 = mp_prof_leaf_enter();
     st = gemm_run(g->m, g->n, g->k, &a, &b, &e, g->c_nonfinite ? &nonfinite : NULL);
     mp_prof_leaf_leave(MP_PROF_GEMM, t0);
@@ -533,6 +540,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     pl.b = *b;
     pl.e = *e;
     pl.nonfinite = nonfinite;
+    pl.e.nonfinite = pl.im->epilogue_checks ? nonfinite : NULL;
     /* A thin C (n well below the kernel's NR) wastes most of each register
      * tile; as C^T = op(B)^T op(A)^T the thin side meets the short MR, where
      * it fills more of the tiles it needs (n = 10: 10 of 16 columns on the

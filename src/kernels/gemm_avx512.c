@@ -187,6 +187,7 @@ const gemm_impl mp_gemm_avx512_impl = {
     .kernel_ab = kernel_f32_ab,
     .pack = pack_f32,
     .epilogue = mp_gemm_epilogue_avx512,
+    .epilogue_checks = true,
     .nonfinite = mp_gemm_nonfinite_avx512,
 };
 

@@ -257,6 +257,7 @@ const gemm_impl mp_gemm_avx512bf16_impl = {
     .kernel_a = kernel_bf16_a,
     .pack = pack_bf16,
     .epilogue = mp_gemm_epilogue_avx512,
+    .epilogue_checks = true,
     .nonfinite = mp_gemm_nonfinite_avx512,
 };
 

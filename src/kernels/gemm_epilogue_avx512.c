@@ -23,26 +23,38 @@ MP_TARGET_AVX512 static inline __m512 load_c(const void *c, mp_dtype t, int64_t 
     }
 }
 
-/* The commonest tiles on their way out: full rows of 16 lanes, alpha 1,
- * no beta, at most a bias and relu. The general loop below tests its flags
- * and rebuilds its constants for every vector (about 50 instructions a
- * vector as GCC compiles it, a fifth of a depth-256 product's time); here
- * the type is a constant of each copy and the rest is fixed outside the
- * loops. The same operations as the general loop, so the same bits. */
-MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
-plain_rows(mp_dtype ct, const float *t, int64_t ldt, void *c, int64_t ldc, const float *bias,
-           bool relu, int64_t mr, int64_t nr)
+/* Lanes of v that are NaN or +-inf (all exponent bits set). */
+MP_TARGET_AVX512 static inline __mmask16 nonfinite16(__m512 v)
 {
-    const __m512 zero = _mm512_setzero_ps();
+    const __m512i exp = _mm512_set1_epi32(0x7F800000);
+    return _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exp), exp);
+}
+
+/* The commonest tiles on their way out: full rows of 16 lanes, no beta, at
+ * most alpha, a bias and relu. The general loop below tests its flags and
+ * rebuilds its constants for every vector (about 50 instructions a vector
+ * as GCC compiles it, a fifth of a depth-256 product's time); here the type
+ * is a constant of each copy and the rest is fixed outside the loops. The
+ * same operations as the general loop, so the same bits. A float32 C's
+ * non-finite lanes are gathered into *bad as they are stored. */
+MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
+plain_rows(mp_dtype ct, const float *t, int64_t ldt, void *c, int64_t ldc, float alpha,
+           const float *bias, bool relu, int64_t mr, int64_t nr, __mmask16 *bad)
+{
+    const __m512 zero = _mm512_setzero_ps(), va = _mm512_set1_ps(alpha);
+    const bool scaled = alpha != 1.0f; /* 1 * v is v, NaN and -0 included */
     const size_t cs = ct == MP_F32 ? 4 : 2;
+    __mmask16 seen = 0;
     for (int64_t i = 0; i < mr; i++, t += ldt)
         for (int64_t j = 0; j < nr; j += 16) {
             __m512 v = _mm512_loadu_ps(t + j);
+            if (scaled) v = _mm512_mul_ps(va, v);
             if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + j));
             if (relu) v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_NLE_UQ), v);
             char *p = (char *)c + (size_t)(i * ldc + j) * cs;
             if (ct == MP_F32) {
                 _mm512_storeu_ps(p, v);
+                seen |= nonfinite16(v);
             } else if (ct == MP_F16) {
                 _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT |
                                                                          _MM_FROUND_NO_EXC));
@@ -51,6 +63,13 @@ plain_rows(mp_dtype ct, const float *t, int64_t ldt, void *c, int64_t ldc, const
                                     _mm512_cvtepi32_epi16(mp_bf16_round16(_mm512_castps_si512(v))));
             }
         }
+    *bad |= seen;
+}
+
+/* Reports what one call found to e->nonfinite (set only, never cleared). */
+static void report(const gemm_epilogue *e, __mmask16 bad)
+{
+    if (bad && e->nonfinite) atomic_store_explicit(e->nonfinite, 1, memory_order_relaxed);
 }
 
 MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const float *t, int64_t ldt,
@@ -66,6 +85,11 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
     }
     if (nr > 64 || e->trans) {
         mp_gemm_epilogue_scalar(e, t, ldt, i0, j0, mr, nr);
+        if (e->nonfinite) { /* read back, as stored: C^T's rows are the tile's columns */
+            const int64_t rows = e->trans ? nr : mr, cols = e->trans ? mr : nr;
+            const int64_t at = e->trans ? j0 * e->ldc + i0 : i0 * e->ldc + j0;
+            report(e, mp_gemm_nonfinite_avx512((const float *)e->c + at, e->ldc, rows, cols));
+        }
         return;
     }
     /* f32, bf16 or f16 out with at most relu: stored straight from the
@@ -86,15 +110,17 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
     const bool direct = ct == MP_F32 && plain;
     const bool half = (ct == MP_BF16 || ct == MP_F16) && plain;
     const size_t csz = mp_dtype_size(ct);
-    if (plain && !has_beta && !scaled && nr % 16 == 0) {
+    __mmask16 bad = 0;
+    if (plain && !has_beta && nr % 16 == 0) {
         const float *b = bias ? bias + j0 : NULL;
         char *c0 = (char *)c + (size_t)(i0 * ldc + j0) * csz;
         if (ct == MP_BF16)
-            plain_rows(MP_BF16, t, ldt, c0, ldc, b, relu, mr, nr);
+            plain_rows(MP_BF16, t, ldt, c0, ldc, e->alpha, b, relu, mr, nr, &bad);
         else if (ct == MP_F16)
-            plain_rows(MP_F16, t, ldt, c0, ldc, b, relu, mr, nr);
+            plain_rows(MP_F16, t, ldt, c0, ldc, e->alpha, b, relu, mr, nr, &bad);
         else
-            plain_rows(MP_F32, t, ldt, c0, ldc, b, relu, mr, nr);
+            plain_rows(MP_F32, t, ldt, c0, ldc, e->alpha, b, relu, mr, nr, &bad);
+        report(e, bad);
         return;
     }
     for (int64_t i = 0; i < mr; i++) {
@@ -114,6 +140,7 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
                     _mm512_storeu_ps(p, v);
                 else
                     _mm512_mask_storeu_ps(p, m, v);
+                bad |= nonfinite16(v) & m;
             } else if (half) {
                 uint16_t *p = (uint16_t *)c + ci + j;
                 const __m256i h =
@@ -132,7 +159,12 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
             mp_activate_row(act, row, row, (size_t)nr);
         mp_convert_isa(MP_ISA_AVX512, (char *)c + (size_t)ci * csz, ct, row, MP_F32, (size_t)nr,
                        MP_OVERFLOW_SATURATE);
+        if (ct == MP_F32) /* the row as stored, a copy */
+            for (int64_t j = 0; j < nr; j += 16)
+                bad |= nonfinite16(_mm512_load_ps(row + j)) &
+                       (__mmask16)(nr - j >= 16 ? 0xFFFFu : (1u << (nr - j)) - 1u);
     }
+    report(e, bad);
 }
 
 /* A tile's rows read back from L1, 16 lanes at a time: about 50
@@ -146,8 +178,12 @@ MP_TARGET_AVX512 bool mp_gemm_nonfinite_avx512(const float *c, int64_t ldc, int6
     __mmask16 bad = 0;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < cols; j += 16) {
-            const __mmask16 m =
-                cols - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (cols - j)) - 1u);
+            if (cols - j >= 16) {
+                const __m512i v = _mm512_loadu_si512(c + r * ldc + j);
+                bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, exp), exp);
+                continue;
+            }
+            const __mmask16 m = (__mmask16)((1u << (cols - j)) - 1u);
             const __m512i v = _mm512_maskz_loadu_epi32(m, c + r * ldc + j);
             bad |= _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(v, exp), exp);
         }

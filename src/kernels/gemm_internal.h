@@ -4,6 +4,8 @@
 #ifndef MP_GEMM_INTERNAL_H
 #define MP_GEMM_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "kernels/activation.h"
 #include "kernels/conv.h"
 
@@ -77,6 +79,10 @@ typedef struct {
     /* The driver computed C^T (a thin C is done as B^T A^T): tile (i, j) is
      * C(j, i) and the bias follows i. */
     bool trans;
+    /* NULL, or set to 1 by an epilogue that checks (gemm_impl's
+     * epilogue_checks) when it writes a value to C that is NaN or +-inf
+     * (a float32 C: mp_gemm_args.c_nonfinite). */
+    atomic_int *nonfinite;
 } gemm_epilogue;
 
 /* Writes rows [i0, i0+mr) x cols [j0, j0+nr) of C from the f32 tile t. */
@@ -102,6 +108,9 @@ typedef struct {
     gemm_kernel_ab_fn kernel_ab; /* optional, float32 format only */
     gemm_pack_fn pack;           /* for both operands */
     gemm_epilogue_fn epilogue;
+    /* whether the epilogue reports non-finite values through e->nonfinite
+     * as it writes them; else the driver reads each tile back */
+    bool epilogue_checks;
     /* Optional: whether any of rows x cols floats at c (rows ldc apart) is
      * NaN or +-inf; NULL: the driver's portable loop serves. */
     bool (*nonfinite)(const float *c, int64_t ldc, int64_t rows, int64_t cols);
