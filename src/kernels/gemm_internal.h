@@ -79,9 +79,10 @@ typedef struct {
     /* The driver computed C^T (a thin C is done as B^T A^T): tile (i, j) is
      * C(j, i) and the bias follows i. */
     bool trans;
-    /* NULL, or set to 1 by an epilogue that checks (gemm_impl's
-     * epilogue_checks) when it writes a value to C that is NaN or +-inf
-     * (a float32 C: mp_gemm_args.c_nonfinite). */
+    /* NULL, or set to 1 when a value written to a float32 C is NaN or
+     * +-inf (mp_gemm_args.c_nonfinite): by the epilogue as it stores where
+     * the impl's epilogue checks (gemm_impl.epilogue_checks), else by the
+     * driver reading the tile back. */
     atomic_int *nonfinite;
 } gemm_epilogue;
 
@@ -141,7 +142,8 @@ void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t, int64_t ldt, 
 bool mp_gemm_pack_gather(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
                          int W, gemm_fmt fmt, void *dst);
 /* The driver on prepared operands: C[m x n] = epilogue(A B) with A width m,
- * B width n, both depth k (k == 0 or alpha == 0: A and B are not read). */
+ * B width n, both depth k (k == 0 or alpha == 0: A and B are not read);
+ * e->nonfinite as gemm_epilogue says. Timed as the profile's GEMM leaf. */
 mp_status mp_gemm_run(int64_t m, int64_t n, int64_t k, const gemm_operand *a, const gemm_operand *b,
                       const gemm_epilogue *e);
 extern const gemm_impl mp_gemm_scalar_impl;
