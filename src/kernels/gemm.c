@@ -275,6 +275,22 @@ typedef struct {
     int64_t nblk;
 } gemm_share;
 
+/* Thread tid's share of the W-wide panels of widths [w0, w0 + nw) and
+ * depths [pc, pc + kb) of op, packed into the team's buffer buf, once
+ * every thread is done with the block before (a barrier on each side). */
+static void pack_share(const gemm_impl *im, const gemm_operand *op, int W, int64_t w0, int64_t nw,
+                       int64_t pc, int64_t kb, int64_t kpad, char *buf, const gemm_share *sh,
+                       int tid)
+{
+    const size_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const int64_t np = cdiv(nw, W), p0 = np * tid / sh->nt, p1 = np * (tid + 1) / sh->nt;
+#pragma omp barrier
+    if (p1 > p0)
+        im->pack(op, w0 + p0 * W, min64(nw, p1 * W) - p0 * W, pc, kb, W,
+                 buf + (size_t)p0 * (size_t)(W * kpad) * esz);
+#pragma omp barrier
+}
+
 /* Computes rows [m0, m1) x cols [n0, n1) of C; false if out of memory.
  * share: NULL, or the team's shared A or B packing (thread t of
  * share->nt). */
@@ -337,15 +353,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
             const int64_t kpad = im->fmt == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
             const bool first = pc == 0, last = pc + kb >= pl->k;
             if (ashare) {
-                /* this thread's share of the block's panels, once every
-                 * thread is done with the previous block */
-                const int64_t np = cdiv(mb, MR), p0 = np * tid / ashare->nt,
-                              p1 = np * (tid + 1) / ashare->nt;
-#pragma omp barrier
-                if (p1 > p0)
-                    im->pack(&pl->a, ic + p0 * MR, min64(mb, p1 * MR) - p0 * MR, pc, kb, MR,
-                             ap + (size_t)p0 * (size_t)(MR * kpad) * esz);
-#pragma omp barrier
+                pack_share(im, &pl->a, MR, ic, mb, pc, kb, kpad, ap, ashare, tid);
             } else if (mb > 0 && !in_place && !pack(im, &pl->a, ic, mb, pc, kb, MR, ap)) {
                 return false;
             }
@@ -353,14 +361,8 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                 const int64_t nb = min64(nc, n1 - jc);
                 /* read in place, B needs packing only for a last, partial panel */
                 const int64_t nfull = pl->b_in_place ? nb / NR * NR : 0;
-                if (bshare) { /* as A's share above, once the block before is done */
-                    const int64_t np = cdiv(nb, NR), p0 = np * tid / bshare->nt,
-                                  p1 = np * (tid + 1) / bshare->nt;
-#pragma omp barrier
-                    if (p1 > p0)
-                        im->pack(&pl->b, jc + p0 * NR, min64(nb, p1 * NR) - p0 * NR, pc, kb, NR,
-                                 bp + (size_t)p0 * (size_t)(NR * kpad) * esz);
-#pragma omp barrier
+                if (bshare) {
+                    pack_share(im, &pl->b, NR, jc, nb, pc, kb, kpad, bp, bshare, tid);
                 } else if (nfull < nb &&
                            !pack(im, &pl->b, jc + nfull, nb - nfull, pc, kb, NR, bp)) {
                     return false;
