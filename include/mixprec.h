@@ -279,13 +279,16 @@ mp_status mp_gemm_ex(const mp_gemm_args *args);
  * path (MP_ISA, mp_isa_set) times nothing. Every kernel accumulates in
  * float32 within the same error bound: the choice changes speed, not
  * accuracy (though not the last bits: pin MP_ISA where runs in different
- * processes must agree bit for bit and the cache is off). */
+ * processes must agree bit for bit and the cache is off). The ranks of a
+ * data-parallel job agree by themselves: mp_dist_init gives every rank
+ * rank 0's choices. */
 typedef enum {
     MP_DISPATCH_ONLY = 0,     /* one kernel can run the pair */
     MP_DISPATCH_FORCED = 1,   /* MP_ISA or mp_isa_set chose the path */
     MP_DISPATCH_MEASURED = 2, /* timed in this process */
     MP_DISPATCH_CACHED = 3,   /* timed earlier, read from the cache file */
     MP_DISPATCH_DEFAULT = 4,  /* timing ran out of memory: the most specialised kernel */
+    MP_DISPATCH_AGREED = 5,   /* data parallel: rank 0's choice, taken by every rank */
 } mp_dispatch_source;
 
 #define MP_DISPATCH_MAX_KERNELS 4

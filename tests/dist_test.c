@@ -403,6 +403,27 @@ static void test_bfloat16_sum(void)
     CHECK(nranks == 1 || differ > 0, "bfloat16 sum: no weight differs from float32 sums");
 }
 
+/* The GEMM kernel for every pair of bf16-like input types is rank 0's on
+ * every rank (mp_dist_init shares it; each rank timing its own, with the
+ * cache off as here, could differ), so the ranks' products agree bit for
+ * bit. */
+static void test_kernels_agree(void)
+{
+    const mp_dtype like[3] = {MP_BF16, MP_F8E4M3, MP_F8E5M2};
+    uint64_t h = 1469598103934665603ull;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            mp_gemm_dispatch_info in;
+            if (mp_gemm_dispatch_query(like[a], like[b], &in)) die("dispatch query");
+            for (const char *p = in.kernel[in.chosen]; *p; p++)
+                h = (h ^ (uint8_t)*p) * 1099511628211ull;
+            CHECK(rank == 0 || nranks == 1 || in.n_kernels < 2 || in.source == MP_DISPATCH_AGREED,
+                  "%s x %s: kernel %s not rank 0's (source %d)", mp_dtype_name(like[a]),
+                  mp_dtype_name(like[b]), in.kernel[in.chosen], (int)in.source);
+        }
+    CHECK(mp_dist_check_same(h, "the GEMM kernels") == MP_OK, "%s", mp_last_error());
+}
+
 /* ZeRO stage 1, Adam: the same weights and the same (whole, gathered at the
  * end) optimizer state as without sharding, bit for bit, over 3 shuffled
  * epochs with checkpoints in between (which gather the state to write it);
@@ -593,6 +614,7 @@ int main(int argc, char **argv)
     }
     scratch = argv[1];
     mp_set_num_threads(1);
+    test_kernels_agree();
     const char *policies[3] = {"float32", "mixed_bfloat16", "mixed_float16"};
     for (int i = 0; i < 3; i++) {
         test_one_step_bound(policies[i]);

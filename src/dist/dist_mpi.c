@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "dist/mpi_internal.h"
+#include "kernels/gemm_internal.h"
 
 static bool started;  /* by us */
 static bool finished; /* MPI_Finalize ran */
@@ -26,18 +27,44 @@ static bool running(void)
     return init && !fin;
 }
 
+/* Every rank takes rank 0's GEMM kernel choices (gemm_dispatch.c): each
+ * rank timing its own can pick differently where two kernels are close or
+ * the machine is loaded (ranks oversubscribing cores), and the ranks'
+ * products would then differ in their last bits, which --deterministic
+ * promises they do not. Rank 0 times what its cache does not hold (about
+ * 15 ms a pair) while the others wait. */
+static mp_status agree_kernels(void)
+{
+    int8_t choice[16] = {0};
+    int n = mp_dist_rank() == 0 ? mp_gemm_dispatch_choices(choice, (int)sizeof choice) : 0;
+    int8_t msg[17];
+    msg[0] = (int8_t)n;
+    memcpy(msg + 1, choice, sizeof choice);
+    int rc = MPI_Bcast(msg, (int)sizeof msg, MPI_INT8_T, 0, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS)
+        return mp_set_error(MP_ERR_IO, "dist: sharing rank 0's GEMM kernel choice failed (%d)", rc);
+    if (mp_dist_rank() != 0) mp_gemm_dispatch_adopt(msg + 1, msg[0]);
+    return MP_OK;
+}
+
 mp_status mp_dist_init(int *argc, char ***argv)
 {
-    if (running()) return MP_OK;
-    if (finished) return mp_set_error(MP_ERR_INVALID, "dist: MPI was already finalized");
-    int provided = 0;
-    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-    if (rc != MPI_SUCCESS) return mp_set_error(MP_ERR_IO, "dist: MPI_Init_thread failed (%d)", rc);
-    /* a failed collective returns an error code instead of aborting the job */
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm_dup(MPI_COMM_WORLD, &exit_comm);
-    started = true;
-    return MP_OK;
+    static bool agreed;
+    if (finished && !running())
+        return mp_set_error(MP_ERR_INVALID, "dist: MPI was already finalized");
+    if (!running()) {
+        int provided = 0;
+        int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+        if (rc != MPI_SUCCESS)
+            return mp_set_error(MP_ERR_IO, "dist: MPI_Init_thread failed (%d)", rc);
+        /* a failed collective returns an error code instead of aborting the job */
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        MPI_Comm_dup(MPI_COMM_WORLD, &exit_comm);
+        started = true;
+    }
+    if (agreed) return MP_OK;
+    agreed = true;
+    return mp_dist_size() > 1 ? agree_kernels() : MP_OK;
 }
 
 bool mp_dist_initialized(void) { return running(); }

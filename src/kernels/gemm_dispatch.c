@@ -459,6 +459,37 @@ const gemm_impl *mp_gemm_dispatch_bf16(mp_dtype at, mp_dtype bt)
     return chosen[c];
 }
 
+int mp_gemm_dispatch_choices(int8_t *out, int max)
+{
+    if (mp_isa_forced()) return 0;
+    int n = 0;
+    for (int c = 0; c < NCLASSES && n < max; c++) {
+        (void)mp_gemm_dispatch_bf16(like[c / NLIKE].type, like[c % NLIKE].type);
+        out[n++] = (int8_t)dec[c].chosen;
+    }
+    return n;
+}
+
+void mp_gemm_dispatch_adopt(const int8_t *in, int n)
+{
+    if (n != NCLASSES || mp_isa_forced()) return;
+    for (int c = 0; c < NCLASSES; c++) {
+        decision d;
+        memset(&d, 0, sizeof d);
+        d.cls = c;
+        d.n = mp_gemm_dispatch_candidates(d.cand, MP_DISPATCH_MAX_KERNELS);
+        if (d.n <= 1 || in[c] < 0 || in[c] >= d.n) continue; /* its own choice stands */
+        d.chosen = in[c];
+        d.source = MP_DISPATCH_AGREED;
+        d.threads = team_threads();
+        snprintf(d.note, sizeof d.note, "not used (rank 0's choice)");
+        /* called before any GEMM of the job runs: nothing reads dec[c] now */
+        dec[c] = d;
+        chosen[c] = d.cand[d.chosen];
+        atomic_store_explicit(&state[c], DONE, memory_order_release);
+    }
+}
+
 void mp_gemm_dispatch_reset(void)
 {
     for (int c = 0; c < NCLASSES; c++) atomic_store(&state[c], IDLE);
@@ -513,6 +544,7 @@ static const char *const source_text[] = {
     [MP_DISPATCH_MEASURED] = "timed in this process",
     [MP_DISPATCH_CACHED] = "read from the cache",
     [MP_DISPATCH_DEFAULT] = "timing failed (out of memory): the feature-flag rule",
+    [MP_DISPATCH_AGREED] = "rank 0's choice (data parallel: every rank takes it)",
 };
 
 mp_status mp_gemm_dispatch_report(FILE *out)

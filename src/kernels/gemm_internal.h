@@ -168,6 +168,14 @@ int mp_gemm_dispatch_candidates(const gemm_impl **out, int max);
 const gemm_impl *mp_gemm_dispatch_override(void);
 /* mp_gemm_ex on kernel im, whatever the driver would choose (timing, tests). */
 mp_status mp_gemm_ex_on(const gemm_impl *im, const mp_gemm_args *g);
+/* Data parallel: the kernel chosen for every bf16-like pair (timed or read
+ * from the cache now where not chosen yet) as candidate indices into
+ * out[0..n), n returned; 0 on a forced path (nothing to agree). A rank that
+ * adopts them (n as returned on rank 0) takes them instead of its own, so
+ * that every rank multiplies alike; an index past its own candidates (a
+ * different CPU) leaves that pair to its own choice. */
+int mp_gemm_dispatch_choices(int8_t *out, int max);
+void mp_gemm_dispatch_adopt(const int8_t *in, int n);
 /* Tests: forget the process's choice; the next use reads the cache or times. */
 void mp_gemm_dispatch_reset(void);
 /* Tests: GFLOP/s that replace the timing, 2 x candidates of them: with the
