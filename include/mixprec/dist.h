@@ -17,8 +17,12 @@ extern "C" {
 /* True when this build of the library has MPI. */
 bool mp_dist_available(void);
 /* Start MPI (MPI_Init_thread, funneled: only the calling thread talks to
- * MPI) with the program's arguments (either may be NULL). Without MPI in
- * this build: MP_ERR_UNSUPPORTED. Calling it twice is harmless. */
+ * MPI) with the program's arguments (either may be NULL), unless the
+ * program started it, and give every rank rank 0's measured GEMM kernel
+ * choices (mixprec.h, MP_DISPATCH_AGREED) so that the ranks compute alike:
+ * a collective every rank calls (before its first GEMM, so that all its
+ * products use them). Without MPI in this build: MP_ERR_UNSUPPORTED.
+ * Calling it twice is harmless. */
 mp_status mp_dist_init(int *argc, char ***argv);
 /* Whether mp_dist_init succeeded and mp_dist_finalize has not run. */
 bool mp_dist_initialized(void);
