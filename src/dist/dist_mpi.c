@@ -35,11 +35,8 @@ static bool running(void)
  * 15 ms a pair) while the others wait. */
 static mp_status agree_kernels(void)
 {
-    int8_t choice[16] = {0};
-    int n = mp_dist_rank() == 0 ? mp_gemm_dispatch_choices(choice, (int)sizeof choice) : 0;
-    int8_t msg[17];
-    msg[0] = (int8_t)n;
-    memcpy(msg + 1, choice, sizeof choice);
+    int8_t msg[17] = {0}; /* how many, then the choices */
+    if (mp_dist_rank() == 0) msg[0] = (int8_t)mp_gemm_dispatch_choices(msg + 1, 16);
     int rc = MPI_Bcast(msg, (int)sizeof msg, MPI_INT8_T, 0, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS)
         return mp_set_error(MP_ERR_IO, "dist: sharing rank 0's GEMM kernel choice failed (%d)", rc);

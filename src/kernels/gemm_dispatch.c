@@ -378,11 +378,17 @@ static bool cache_read(const char *path, uint64_t key, decision *d, const char *
 
 /* ---------------------------------------------------------- the decision */
 
-static void decide(decision *d, int cls)
+/* A decision for class cls with its candidates and nothing chosen yet. */
+static void begin(decision *d, int cls)
 {
     memset(d, 0, sizeof *d);
     d->cls = cls;
     d->n = mp_gemm_dispatch_candidates(d->cand, MP_DISPATCH_MAX_KERNELS);
+}
+
+static void decide(decision *d, int cls)
+{
+    begin(d, cls);
     if (d->n <= 1) {
         d->source = MP_DISPATCH_ONLY;
         if (d->n == 0) d->cand[d->n++] = &mp_gemm_scalar_impl;
@@ -475,9 +481,7 @@ void mp_gemm_dispatch_adopt(const int8_t *in, int n)
     if (n != NCLASSES || mp_isa_forced()) return;
     for (int c = 0; c < NCLASSES; c++) {
         decision d;
-        memset(&d, 0, sizeof d);
-        d.cls = c;
-        d.n = mp_gemm_dispatch_candidates(d.cand, MP_DISPATCH_MAX_KERNELS);
+        begin(&d, c);
         if (d.n <= 1 || in[c] < 0 || in[c] >= d.n) continue; /* its own choice stands */
         d.chosen = in[c];
         d.source = MP_DISPATCH_AGREED;

@@ -23,6 +23,9 @@ MP_TARGET_AVX512 static inline __m512 load_c(const void *c, mp_dtype t, int64_t 
     }
 }
 
+/* The first n lanes (all 16 from n = 16 on). */
+static inline __mmask16 lanes(int64_t n) { return (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u); }
+
 /* Lanes of v that are NaN or +-inf (all exponent bits set). */
 MP_TARGET_AVX512 static inline __mmask16 nonfinite16(__m512 v)
 {
@@ -127,7 +130,7 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
         const int64_t ci = (i0 + i) * ldc + j0;
         for (int64_t j = 0; j < nr; j += 16) {
             const int64_t cnt = nr - j < 16 ? nr - j : 16;
-            const __mmask16 m = (__mmask16)((1u << cnt) - 1u);
+            const __mmask16 m = lanes(cnt);
             __m512 v = cnt == 16 ? _mm512_loadu_ps(t + i * ldt + j)
                                  : _mm512_maskz_loadu_ps(m, t + i * ldt + j);
             if (scaled) v = _mm512_mul_ps(alpha, v);
@@ -161,8 +164,7 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
                        MP_OVERFLOW_SATURATE);
         if (ct == MP_F32) /* the row as stored, a copy */
             for (int64_t j = 0; j < nr; j += 16)
-                bad |= nonfinite16(_mm512_load_ps(row + j)) &
-                       (__mmask16)(nr - j >= 16 ? 0xFFFFu : (1u << (nr - j)) - 1u);
+                bad |= nonfinite16(_mm512_load_ps(row + j)) & lanes(nr - j);
     }
     report(e, bad);
 }
@@ -174,18 +176,11 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
 MP_TARGET_AVX512 bool mp_gemm_nonfinite_avx512(const float *c, int64_t ldc, int64_t rows,
                                                int64_t cols)
 {
-    const __m512i exp = _mm512_set1_epi32(0x7F800000);
     __mmask16 bad = 0;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < cols; j += 16) {
-            if (cols - j >= 16) {
-                const __m512i v = _mm512_loadu_si512(c + r * ldc + j);
-                bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, exp), exp);
-                continue;
-            }
-            const __mmask16 m = (__mmask16)((1u << (cols - j)) - 1u);
-            const __m512i v = _mm512_maskz_loadu_epi32(m, c + r * ldc + j);
-            bad |= _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(v, exp), exp);
+            const __mmask16 m = lanes(cols - j);
+            bad |= nonfinite16(_mm512_maskz_loadu_ps(m, c + r * ldc + j)) & m;
         }
     return bad != 0;
 }
