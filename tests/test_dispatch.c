@@ -718,6 +718,24 @@ static void test_api(void **state)
         snprintf(want, sizeof want, "avx512bf16 %lld deep x %lld columns", (long long)kcb,
                  (long long)nc);
         assert_non_null(strstr(buf, want));
+        /* the rule (gemm_internal.h's kc_l1): where L1d holds the 8 x
+         * kc_l1 micro-panel in two thirds, depth kc_l1 and the B block
+         * within half of L2; else kc and nc as the impl has them */
+        const gemm_impl *im = &mp_gemm_avx512bf16_impl;
+        const int64_t l1 = (int64_t)mp_cpu_cache_bytes(1), l2 = (int64_t)mp_cpu_cache_bytes(2);
+        if (3 * im->mr * im->kc_l1 * 2 <= 2 * l1 && l2 > 0) { /* 48 KiB and more */
+            assert_int_equal(kcb, im->kc_l1);
+            assert_true(nc % im->nr == 0 && nc >= im->nr && nc <= im->nc);
+            assert_true(nc == im->nr || nc * kcb * 2 <= l2 / 2);
+        } else {
+            assert_int_equal(kcb, im->kc);
+            assert_int_equal(nc, im->nc);
+        }
+        /* a depth beyond a block splits into equal blocks: 4500 is 3 x 1500
+         * under 2048, 2 x 2250 under 4096 */
+        const bool fits = 3 * im->mr * im->kc_l1 * 2 <= 2 * l1 && l2 > 0;
+        mp_gemm_blocks(im, 4500, &kcb, &nc);
+        assert_int_equal(kcb, fits ? 1500 : 2250);
 #endif
         assert_non_null(strstr(buf, "a x b"));
         assert_non_null(strstr(buf, "bf16 x bf16        100.0       300.0  avx512bf16  timed in "
