@@ -5,24 +5,32 @@
  * (convert_simd.h). nn/fp8.c's route one pass at a time (widen; amax and
  * scale; encode; carry the sign; decode; round to bfloat16) gives the same
  * bits (tests/test_fp8.c checks both against scalar references) and is what
- * other paths and input types take. */
+ * other paths and input types take. Asked for the values alone (a kernel's
+ * operand), it rounds to the format's grid in float32 without the codes
+ * between (value16). */
 #include "core/convert_simd.h"
 #include "internal.h"
 
 #if MP_X86
 #include <immintrin.h>
 
-/* The values codes stand for, in bfloat16: every float8 value is a
- * bfloat16 one, and its float32 bits have nothing in the low half to round
- * (a NaN's quiet bit is already set), so the top halves are the rounding:
- * those of lo's 16 lanes then hi's, in one register. */
-MP_TARGET_AVX512 static inline __m512i decoded_bf16(__m512i lo, __m512i hi, mp_dtype fp8)
+/* Two registers of float32 values with nothing in their low halves as 32
+ * bfloat16 values (lo's lanes, then hi's). */
+MP_TARGET_AVX512 static inline __m512i top_halves(__m512i lo, __m512i hi)
 {
     const __m512i odd =
         _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
                          25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    return _mm512_permutex2var_epi16(_mm512_castps_si512(mp_fp8_decode16(lo, fp8)), odd,
-                                     _mm512_castps_si512(mp_fp8_decode16(hi, fp8)));
+    return _mm512_permutex2var_epi16(lo, odd, hi);
+}
+
+/* The values codes stand for, in bfloat16: every float8 value is a
+ * bfloat16 one, and its float32 bits have nothing in the low half to round
+ * (a NaN's quiet bit is already set), so the top halves are the rounding. */
+MP_TARGET_AVX512 static inline __m512i decoded_bf16(__m512i lo, __m512i hi, mp_dtype fp8)
+{
+    return top_halves(_mm512_castps_si512(mp_fp8_decode16(lo, fp8)),
+                      _mm512_castps_si512(mp_fp8_decode16(hi, fp8)));
 }
 
 /* x > 0 kept in a zero code: 0x80 (-0) for a positive x cast to zero, 0x00
@@ -91,6 +99,89 @@ cast_loop(uint8_t *codes, uint16_t *decoded, const void *x, size_t n, float scal
     return (uint32_t)_mm512_reduce_max_epu32(m);
 }
 
+/* The cast's value alone (no codes, no sign rule): y = x * scale rounded to
+ * the format's grid in float32, without the codes between. Normal results:
+ * the float32 bits rounded to mbits (the encoder's integer rounding, a
+ * carry moving into the exponent), kept in place; subnormal ones: the
+ * encoder's float32 add of 2^(q+23), whose difference from that constant is
+ * y rounded to a multiple of the step q; then the largest finite value for
+ * anything beyond it, inf as the saturating cast takes it (inf for e5m2,
+ * NaN for e4m3) and NaN as the decoder gives it (0x7FC00000), y's sign.
+ * The same bits as encode + decode (tests/exhaustive.c checks all 2^32
+ * float32 inputs); 2.4x faster: the seed MLP's fc2 kernel, 16.8 M values
+ * in L1-sized pieces on one thread, Zen 5: 4.55 -> 1.93 ms. */
+MP_TARGET_AVX512 static inline __attribute__((always_inline)) __m512i
+value16(__m512i u, __m512 s, __m512i *m, const mp_fp8_format *f)
+{
+    const int mbits = f->mbits, shift = 23 - mbits, emin = 1 - f->bias;
+    const uint32_t min_normal_bits = (uint32_t)(emin + 127) << 23;
+    const uint32_t magic_bits = (uint32_t)(emin - mbits + 23 + 127) << 23;
+    /* the largest finite value's float32 bits: exponent and fraction moved */
+    const uint32_t max_bits = ((f->max_enc >> mbits) + 127 - (uint32_t)f->bias) << 23 |
+                              (f->max_enc & ((1u << mbits) - 1)) << shift;
+    const uint32_t inf_bits = f->inf_enc == f->nan_enc ? 0x7FC00000u : 0x7F800000u;
+    *m = _mm512_max_epu32(*m, _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
+    const __m512i y = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(u), s));
+    const __m512i a = _mm512_and_si512(y, _mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i lsb =
+        _mm512_and_si512(_mm512_srli_epi32(a, (unsigned)shift), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(
+        _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((1 << (shift - 1)) - 1)), lsb),
+        _mm512_set1_epi32((int)~((1u << shift) - 1)));
+    const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32((int)magic_bits));
+    const __m512i sub =
+        _mm512_castps_si512(_mm512_sub_ps(_mm512_add_ps(_mm512_castsi512_ps(a), magic), magic));
+    r = _mm512_mask_mov_epi32(
+        r, _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32((int)min_normal_bits)), sub);
+    r = _mm512_min_epu32(r, _mm512_set1_epi32((int)max_bits));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmpeq_epi32_mask(a, _mm512_set1_epi32(0x7F800000)),
+                              _mm512_set1_epi32((int)inf_bits));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000)),
+                              _mm512_set1_epi32(0x7FC00000));
+    return _mm512_or_si512(r, _mm512_and_si512(y, _mm512_set1_epi32((int)0x80000000u)));
+}
+
+MP_TARGET_AVX512 static inline __attribute__((always_inline)) uint32_t
+value_loop(uint16_t *decoded, const void *x, size_t n, float scale, const mp_fp8_format *f,
+           bool bf16_in)
+{
+    const __m512 s = _mm512_set1_ps(scale);
+    __m512i m = _mm512_setzero_si512();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512i lo = value16(load16(x, i, 0xFFFF, bf16_in), s, &m, f);
+        const __m512i hi = value16(load16(x, i + 16, 0xFFFF, bf16_in), s, &m, f);
+        _mm512_storeu_si512(decoded + i, top_halves(lo, hi));
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512i v = value16(load16(x, i, k, bf16_in), s, &m, f);
+        _mm256_mask_storeu_epi16(decoded + i, k, _mm512_castsi512_si256(top_halves(v, v)));
+    }
+    return (uint32_t)_mm512_reduce_max_epu32(m);
+}
+
+#define VALUES(FMT, DT, BF)                                                                        \
+    MP_TARGET_AVX512 static uint32_t values_##DT##_##BF(uint16_t *d, const void *x, size_t n,      \
+                                                        float s)                                   \
+    {                                                                                              \
+        const mp_fp8_format f = FMT;                                                               \
+        return value_loop(d, x, n, s, &f, BF);                                                     \
+    }
+VALUES(mp_fp8_e4m3, MP_F8E4M3, false)
+VALUES(mp_fp8_e4m3, MP_F8E4M3, true)
+VALUES(mp_fp8_e5m2, MP_F8E5M2, false)
+VALUES(mp_fp8_e5m2, MP_F8E5M2, true)
+#undef VALUES
+
+typedef uint32_t (*values_fn)(uint16_t *, const void *, size_t, float);
+
+/* [format: e4m3, e5m2][input: float32, bfloat16] */
+static const values_fn values[2][2] = {
+    {values_MP_F8E4M3_false, values_MP_F8E4M3_true},
+    {values_MP_F8E5M2_false, values_MP_F8E5M2_true},
+};
+
 #define CAST(FMT, DT, BF, SG)                                                                      \
     MP_TARGET_AVX512 static uint32_t cast_##DT##_##BF##_##SG(uint8_t *c, uint16_t *d,              \
                                                              const void *x, size_t n, float s)     \
@@ -126,7 +217,10 @@ bool mp_fp8_scaled_cast(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const v
     if (mp_isa_active() < MP_ISA_AVX512 || (t != MP_F32 && t != MP_BF16) ||
         (fp8 != MP_F8E4M3 && fp8 != MP_F8E5M2))
         return false;
-    *amax_bits = casts[fp8 == MP_F8E5M2][t == MP_BF16][sign](codes, decoded, x, n, scale);
+    if (!codes && !sign && decoded)
+        *amax_bits = values[fp8 == MP_F8E5M2][t == MP_BF16](decoded, x, n, scale);
+    else
+        *amax_bits = casts[fp8 == MP_F8E5M2][t == MP_BF16][sign](codes, decoded, x, n, scale);
     return true;
 #else
     (void)codes, (void)decoded, (void)fp8, (void)x, (void)t, (void)n, (void)scale, (void)sign;
