@@ -2,8 +2,9 @@
  * layers mixed_float8 quantizes (the first and last Dense stay higher,
  * per-layer settings in the model JSON), the memory plan of a float8 Dense,
  * non-finite amaxes never reaching a history, a float8 run that resumes
- * from a checkpoint bit for bit, and one-line errors that name the bad
- * value. The recipe's arithmetic is tested in test_fp8.c. */
+ * from a checkpoint bit for bit, kernels quantized by the optimizer's
+ * update as the forward would quantize them, and one-line errors that name
+ * the bad value. The recipe's arithmetic is tested in test_fp8.c. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,8 @@
 #include <string.h>
 
 #include "common.h"
+#include "nn/quant.h"
+#include "optim/optim_internal.h"
 
 /* ------------------------------------------------ policy and plan */
 
@@ -274,6 +277,105 @@ static void test_resume_bit_exact(void **state)
     test_remove_tree(dir);
 }
 
+/* The optimizer's update quantizes the float8 kernels (delayed scaling)
+ * with the scale the commit then sets, and the next forward takes that
+ * operand: the same bits as quantizing the master in the forward, which a
+ * twin model does (its hooks removed). Through applied steps, a skipped
+ * one (the operand stays), masters changed by hand (not taken), and an
+ * update outside the step (a custom loop: stale, not taken). Width 256:
+ * the update's chunks run on two threads. */
+static mp_model *wide_mlp(const mp_float8_params *p)
+{
+    mp_model *m = mp_model_new_with_policy(9, "mixed_float8");
+    mp_layer_options o = {.float8_params = p};
+    mp_node x = mp_input(m, 1, (int64_t[]){12}, NULL);
+    for (int i = 0; i < 3; i++) x = mp_dense(m, x, 256, MP_ACT_RELU, &o);
+    x = mp_dense(m, x, 3, MP_ACT_NONE, &o);
+    assert_int_equal(mp_model_build(m, x, 8), MP_OK);
+    assert_int_equal(mp_model_compile(m, NULL), MP_OK);
+    return m;
+}
+
+static uint64_t fresh_uses(mp_model *m, int *kernels)
+{
+    uint64_t n = 0;
+    *kernels = 0;
+    for (int i = 0; i < mp_model_num_params(m); i++) {
+        mp_float8_meta *q = mp_float8_kernel_meta(m, mp_model_get_param(m, i)->master);
+        if (q) n += q->fresh_uses, ++*kernels;
+    }
+    return n;
+}
+
+static void same_state(mp_model *a, mp_model *b, int len, int step_no)
+{
+    for (int i = 0; i < mp_model_num_params(a); i++) {
+        const mp_model_param *pa = mp_model_get_param(a, i), *pb = mp_model_get_param(b, i);
+        if (memcmp(pa->master, pb->master, (size_t)pa->n * sizeof(float)))
+            fail_msg("after step %d: master of '%s' differs", step_no, pa->name);
+    }
+    float sa[6 * (8 + 1)], sb[6 * (8 + 1)];
+    assert_true(len <= 8 && mp_model_float8_num_tensors(a) == 6);
+    snapshot(a, sa, len);
+    snapshot(b, sb, len);
+    if (memcmp(sa, sb, (size_t)(6 * (len + 1)) * sizeof(float)))
+        fail_msg("after step %d: float8 scales or histories differ", step_no);
+}
+
+static void test_update_quantizes_kernels(void **state)
+{
+    (void)state;
+    enum { N = 10, L = 4 };
+    mp_float8_params p = mp_float8_params_default();
+    p.amax_history_len = L;
+    p.margin = 1;
+    batch b[N];
+    make_batches(b, N);
+    b[3].x[7] = INFINITY; /* skipped */
+    mp_model *fused = wide_mlp(&p), *plain = wide_mlp(&p);
+    mp_optimizer *po = mp_model_optimizer(plain);
+    for (int i = 0; i < mp_optimizer_num_params(po); i++)
+        assert_int_equal(mp_optimizer_set_update_hook(po, i, (mp_update_hook){0}), MP_OK);
+    mp_set_num_threads(2);
+    for (int i = 0; i < N; i++) {
+        mp_model *both[2] = {fused, plain};
+        for (int v = 0; v < 2; v++) {
+            mp_model *m = both[v];
+            if (i == 5) { /* a master changed by hand: told */
+                for (int j = 0; j < mp_model_num_params(m); j++) {
+                    mp_model_param *q = mp_model_get_param(m, j);
+                    if (mp_float8_kernel_meta(fused, mp_model_get_param(fused, j)->master))
+                        q->master[17] += 0.25f;
+                }
+                mp_model_mark_masters_changed(m);
+            }
+            if (i == 7) /* a custom loop's update, outside the step: the last gradients again */
+                assert_int_equal(mp_optimizer_step(mp_model_optimizer(m)), MP_OK);
+            assert_int_equal(step(m, &b[i]).applied, i != 3);
+        }
+        same_state(fused, plain, L, i);
+    }
+    /* taken by the forwards of steps 1-4, 6 and 8-9 (not 0: nothing
+     * updated yet; 5: masters changed; 7: stale), by both kernels */
+    int kernels;
+    assert_int_equal(fresh_uses(fused, &kernels), 2 * 7);
+    assert_int_equal(kernels, 2);
+    assert_int_equal(fresh_uses(plain, &kernels), 0);
+    /* and an inference pass on the operand the last update left */
+    mp_tensor tx;
+    mp_tensor_wrap(&tx, MP_F32, 2, (int64_t[]){8, 12}, b[0].x);
+    const mp_tensor *ya, *yb;
+    uint16_t out[8 * 3]; /* bfloat16, the policy's compute dtype */
+    assert_int_equal(mp_model_forward(fused, &tx, false, &ya), MP_OK);
+    assert_int_equal(mp_tensor_bytes(ya), sizeof out);
+    memcpy(out, ya->data, sizeof out);
+    assert_int_equal(mp_model_forward(plain, &tx, false, &yb), MP_OK);
+    assert_memory_equal(out, yb->data, sizeof out);
+    assert_int_equal(fresh_uses(fused, &kernels), 2 * 8);
+    mp_model_free(fused);
+    mp_model_free(plain);
+}
+
 /* ----------------------------------------------------- bad input */
 
 static void expect_set_error(const char *key, const char *value, const char *needle)
@@ -354,7 +456,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_which_layers),     cmocka_unit_test(test_memory_plan),
         cmocka_unit_test(test_conv2d_float8),    cmocka_unit_test(test_nonfinite_amax),
-        cmocka_unit_test(test_resume_bit_exact), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_resume_bit_exact), cmocka_unit_test(test_update_quantizes_kernels),
+        cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests_name("fp8_model", tests, NULL, NULL);
 }

@@ -20,6 +20,13 @@
  * previous step from its amax history, the amaxes (max |x|) of its last
  * amax_history_len steps: their maximum (algorithm max) or the newest
  * (most_recent). Current scaling: the scale of the tensor's own amax now.
+ * With delayed scaling the training step's optimizer update quantizes each
+ * float8 kernel as it updates its float32 master, with the scale the
+ * commit then sets, and the next forward uses those values (Transformer
+ * Engine quantizes fp8 weights in the optimizer too): the same bits as
+ * quantizing the master in the forward, one pass over it fewer. Masters
+ * changed otherwise (mp_model_mark_masters_changed, a checkpoint, an
+ * optimizer step outside mp_model_train_step) are quantized in the forward.
  *
  * Steps and non-finite values. The amaxes seen during a training step
  * (the maximum over every pass of the step, e.g. accumulated micro-batches)

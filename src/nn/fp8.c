@@ -234,10 +234,29 @@ MP_SIMD_CLONES static void carry_sign(uint8_t *q, const float *v, size_t n)
     }
 }
 
-/* codes (or NULL) and their values in bfloat16 (or NULL) of x * scale,
- * the codes carrying x's sign when `sign`; the amax of x. Each chunk in one
- * pass where the path has the kernel (mp_fp8_scaled_cast), else one pass
- * per step in L1: the same bits. */
+/* codes (or NULL) and their values in bfloat16 (or NULL) of x * scale
+ * for k <= CHUNK values, the codes carrying x's sign when `sign`; the amax
+ * bits of x. In one pass where the path has the kernel
+ * (mp_fp8_scaled_cast), else one pass per step in L1: the same bits. */
+static uint32_t quantize_chunk(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const void *x,
+                               mp_dtype t, size_t k, float scale, bool sign)
+{
+    float buf[CHUNK], y[CHUNK];
+    uint8_t own[CHUNK];
+    uint32_t b;
+    if (mp_fp8_scaled_cast(codes, decoded, fp8, x, t, k, scale, sign, &b)) return b;
+    const float *v = widen(x, t, 0, k, buf);
+    b = amax_bits_scaled(v, k, scale, y);
+    uint8_t *q = codes ? codes : own;
+    mp_convert_ex(q, fp8, y, MP_F32, k, MP_OVERFLOW_SATURATE);
+    if (sign) carry_sign(q, v, k);
+    if (!decoded) return b;
+    mp_convert(y, MP_F32, q, fp8, k); /* exact, and exact again in bfloat16 */
+    mp_convert(decoded, MP_BF16, y, MP_F32, k);
+    return b;
+}
+
+/* quantize_chunk over n values, chunks in parallel; the amax of x. */
 static float quantize(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const void *x, mp_dtype t,
                       size_t n, float scale, bool sign)
 {
@@ -245,24 +264,10 @@ static float quantize(uint8_t *codes, uint16_t *decoded, mp_dtype fp8, const voi
     size_t nchunks = (n + CHUNK - 1) / CHUNK;
 #pragma omp parallel for schedule(static) reduction(max : m) if (nchunks > 8)
     for (size_t c = 0; c < nchunks; c++) {
-        float buf[CHUNK], y[CHUNK];
-        uint8_t own[CHUNK];
         size_t i = c * CHUNK, k = n - i < CHUNK ? n - i : CHUNK;
-        uint32_t b;
-        if (mp_fp8_scaled_cast(codes ? codes + i : NULL, decoded ? decoded + i : NULL, fp8,
-                               (const char *)x + i * mp_dtype_size(t), t, k, scale, sign, &b)) {
-            m = b > m ? b : m;
-            continue;
-        }
-        const float *v = widen(x, t, i, k, buf);
-        b = amax_bits_scaled(v, k, scale, y);
+        uint32_t b = quantize_chunk(codes ? codes + i : NULL, decoded ? decoded + i : NULL, fp8,
+                                    (const char *)x + i * mp_dtype_size(t), t, k, scale, sign);
         m = b > m ? b : m;
-        uint8_t *q = codes ? codes + i : own;
-        mp_convert_ex(q, fp8, y, MP_F32, k, MP_OVERFLOW_SATURATE);
-        if (sign) carry_sign(q, v, k);
-        if (!decoded) continue;
-        mp_convert(y, MP_F32, q, fp8, k); /* exact, and exact again in bfloat16 */
-        mp_convert(decoded + i, MP_BF16, y, MP_F32, k);
     }
     return mp_bits_f32(m);
 }
@@ -303,6 +308,7 @@ mp_status mp_float8_meta_init(mp_float8_meta *q, const char *layer, mp_float8_ro
 void mp_float8_meta_release(mp_float8_meta *q)
 {
     free(q->history);
+    free(q->parts);
     mp_free(q->codes);
     memset(q, 0, sizeof *q);
 }
@@ -317,17 +323,25 @@ void mp_float8_meta_record(mp_float8_meta *q, float amax)
     q->has_pending = true;
 }
 
+float mp_float8_meta_next_scale(const mp_float8_meta *q, bool keep)
+{
+    if (!keep || !q->has_pending || !isfinite(q->pending) || q->params.scaling != MP_FLOAT8_DELAYED)
+        return q->scale;
+    /* the history after the push: pending, then the newest len - 1 */
+    float amax = q->pending;
+    if (q->params.algorithm == MP_FLOAT8_AMAX_MAX)
+        for (int32_t i = 0; i + 1 < q->params.amax_history_len; i++)
+            amax = q->history[i] > amax ? q->history[i] : amax;
+    return mp_float8_scale(amax, q->scale, q->dtype, q->params.margin);
+}
+
 void mp_float8_meta_commit(mp_float8_meta *q, bool keep)
 {
     if (keep && q->has_pending && isfinite(q->pending)) {
-        int32_t len = q->params.amax_history_len;
-        memmove(q->history + 1, q->history, (size_t)(len - 1) * sizeof *q->history);
+        q->scale = mp_float8_meta_next_scale(q, true);
+        memmove(q->history + 1, q->history,
+                (size_t)(q->params.amax_history_len - 1) * sizeof *q->history);
         q->history[0] = q->pending;
-        float amax = q->history[0];
-        if (q->params.algorithm == MP_FLOAT8_AMAX_MAX)
-            for (int32_t i = 0; i < len; i++) amax = q->history[i] > amax ? q->history[i] : amax;
-        if (q->params.scaling == MP_FLOAT8_DELAYED)
-            q->scale = mp_float8_scale(amax, q->scale, q->dtype, q->params.margin);
     }
     q->has_pending = false;
     q->pending = 0.0f;
@@ -337,8 +351,69 @@ void mp_float8_meta_set_history(mp_float8_meta *q, const float *in, float scale)
 {
     memcpy(q->history, in, (size_t)q->params.amax_history_len * sizeof *in);
     q->scale = scale;
+    q->fresh = false;
     q->has_pending = false;
     q->pending = 0.0f;
+}
+
+/* ------------------------------- the kernel's operand from the update */
+
+/* One thread's share of the update under way: its amax bits and the
+ * values it wrote, a cache line of its own. */
+struct mp_float8_part {
+    uint32_t amax_bits;
+    int64_t n;
+    char pad[64 - sizeof(uint32_t) - sizeof(int64_t)];
+};
+
+mp_status mp_float8_meta_arm(mp_float8_meta *q, float scale, int threads)
+{
+    if (threads > q->nparts) {
+        struct mp_float8_part *p = realloc(q->parts, (size_t)threads * sizeof *p);
+        if (!p) return mp_set_error(MP_ERR_NOMEM, "float8: out of memory for '%s'", q->name);
+        q->parts = p;
+        q->nparts = threads;
+    }
+    memset(q->parts, 0, (size_t)q->nparts * sizeof *q->parts);
+    q->armed_scale = scale;
+    q->armed = true;
+    return MP_OK;
+}
+
+void mp_float8_meta_update_chunk(void *ctx, int thread, const float *w, int64_t off, int64_t len)
+{
+    mp_float8_meta *q = ctx;
+    if (!q->armed || thread >= q->nparts) { /* the master moved under a forward's operand */
+        if (!atomic_load_explicit(&q->stale, memory_order_relaxed))
+            atomic_store_explicit(&q->stale, true, memory_order_relaxed);
+        return;
+    }
+    struct mp_float8_part *p = &q->parts[thread];
+    for (int64_t i = 0; i < len; i += CHUNK) {
+        size_t k = (size_t)(len - i < CHUNK ? len - i : CHUNK);
+        uint32_t b = quantize_chunk(NULL, (uint16_t *)q->codes + off + i, q->dtype, w + i, MP_F32,
+                                    k, q->armed_scale, q->keeps_sign);
+        p->amax_bits = b > p->amax_bits ? b : p->amax_bits;
+        p->n += (int64_t)k;
+    }
+}
+
+void mp_float8_meta_settle(mp_float8_meta *q, int64_t n)
+{
+    if (!q->armed) return;
+    q->armed = false;
+    uint32_t amax = 0;
+    int64_t wrote = 0;
+    for (int t = 0; t < q->nparts; t++) {
+        amax = q->parts[t].amax_bits > amax ? q->parts[t].amax_bits : amax;
+        wrote += q->parts[t].n;
+    }
+    if (wrote == 0) return; /* no update ran: the operand is as it was */
+    /* an update over all of it rewrote every value (stale or not) */
+    q->fresh = wrote == n && q->scale == q->armed_scale;
+    q->fresh_scale = q->armed_scale;
+    q->fresh_amax = mp_bits_f32(amax);
+    if (q->fresh) atomic_store(&q->stale, false);
 }
 
 /* The per-tensor quantizer: delayed scaling quantizes with the scale the
@@ -349,6 +424,15 @@ static void float8_quantize(mp_float8_meta *q, const mp_quant_input *in, mp_quan
                             void *stored, void *operand, mp_quant_operand *out)
 {
     size_t n = (size_t)(in->rows * in->cols);
+    if (operand && operand == q->codes && q->fresh && !atomic_load(&q->stale) &&
+        q->scale == q->fresh_scale && !stored) {
+        /* the update left this operand (mp_float8_meta_arm): the same bits */
+        if (mode == MP_QUANT_TRAIN) mp_float8_meta_record(q, q->fresh_amax);
+        q->fresh_uses++;
+        *out = (mp_quant_operand){operand, MP_BF16, 1.0f / q->scale};
+        return;
+    }
+    if (operand == q->codes) q->fresh = false; /* written now, from what the master holds */
     if (q->params.scaling == MP_FLOAT8_CURRENT && mode != MP_QUANT_AGAIN)
         q->scale = mp_float8_scale(mp_float8_amax(in->x, in->dtype, n), q->scale, q->dtype,
                                    q->params.margin);

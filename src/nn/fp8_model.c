@@ -101,17 +101,97 @@ size_t mp_float8_model_bytes(const mp_model *m)
     return b;
 }
 
+/* Whether the step's amaxes may enter the histories: all finite. */
+static bool pending_finite(const mp_model *m)
+{
+    for (int i = 0; i < m->nfp8; i++)
+        if (m->fp8[i].has_pending && !isfinite(m->fp8[i].pending)) return false;
+    return true;
+}
+
 bool mp_model_float8_commit(mp_model *m, bool applied)
 {
-    bool keep = applied, any = false;
-    for (int i = 0; i < m->nfp8; i++) {
-        const mp_float8_meta *q = &m->fp8[i];
-        if (q->has_pending && !isfinite(q->pending)) keep = false;
-        any |= q->has_pending;
-    }
+    bool keep = applied && pending_finite(m), any = false;
+    for (int i = 0; i < m->nfp8; i++) any |= m->fp8[i].has_pending;
     for (int i = 0; i < m->nfp8; i++) mp_float8_meta_commit(&m->fp8[i], keep);
     return keep && any;
 }
+
+/* --------------------------------------- kernels from the optimizer */
+
+/* Calls fn on the kernel meta of every float8 GEMM with delayed scaling
+ * and its kernel parameter until fn returns true; whether one did. */
+typedef bool (*kernel_fn)(mp_float8_meta *q, mp_model_param *p, void *arg);
+static bool each_kernel(mp_model *m, kernel_fn fn, void *arg)
+{
+    for (int i = 0; i < m->nlayers; i++) {
+        const mp_layer *l = &m->layers[i];
+        for (int g = 0; l->fp8_active && g < mp_quant_gemms(l); g++) {
+            mp_float8_meta *q = &m->fp8[l->fp8_first + g * MP_FLOAT8_ROLES + MP_FLOAT8_WEIGHT];
+            mp_model_param *p = mp_quant_kernel(m, l, g);
+            if (q->params.scaling == MP_FLOAT8_DELAYED && q->codes && p && p->master &&
+                fn(q, p, arg))
+                return true;
+        }
+    }
+    return false;
+}
+
+typedef struct {
+    const float *master;
+    mp_float8_meta *q;
+} finding;
+
+static bool find(mp_float8_meta *q, mp_model_param *p, void *arg)
+{
+    finding *f = arg;
+    f->q = q;
+    return p->master == f->master;
+}
+
+mp_float8_meta *mp_float8_kernel_meta(mp_model *m, const float *master)
+{
+    finding f = {master, NULL};
+    return master && each_kernel(m, find, &f) ? f.q : NULL;
+}
+
+typedef struct {
+    bool keep;
+    mp_status s;
+} arming;
+
+static bool arm(mp_float8_meta *q, mp_model_param *p, void *arg)
+{
+    (void)p;
+    arming *a = arg;
+    a->s = mp_float8_meta_arm(q, mp_float8_meta_next_scale(q, a->keep), mp_num_threads());
+    return a->s != MP_OK;
+}
+
+mp_status mp_float8_model_arm(mp_model *m)
+{
+    arming a = {pending_finite(m), MP_OK}; /* the commit's keep, where the update runs */
+    each_kernel(m, arm, &a);
+    return a.s;
+}
+
+static bool settle(mp_float8_meta *q, mp_model_param *p, void *arg)
+{
+    (void)arg;
+    mp_float8_meta_settle(q, p->n);
+    return false;
+}
+
+void mp_float8_model_settle(mp_model *m) { each_kernel(m, settle, NULL); }
+
+static bool forget(mp_float8_meta *q, mp_model_param *p, void *arg)
+{
+    (void)p, (void)arg;
+    q->fresh = false;
+    return false;
+}
+
+void mp_float8_model_masters_changed(mp_model *m) { each_kernel(m, forget, NULL); }
 
 int mp_model_float8_num_tensors(const mp_model *m) { return m->nfp8; }
 

@@ -334,6 +334,7 @@ size_t mp_layer_temp_bytes(const mp_model *m, const mp_layer *l, int64_t batch)
 static void refresh_weights(mp_model *m)
 {
     if (!m->masters_changed) return;
+    mp_float8_model_masters_changed(m);
     for (int i = 0; i < m->nparams; i++) {
         mp_model_param *p = &m->params[i].p;
         if (p->master && p->weight != p->master)

@@ -12,6 +12,7 @@
 #define MP_QUANT_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 
 #include "core/internal.h"
 
@@ -90,6 +91,18 @@ struct mp_float8_meta {
     bool keeps_sign;
     void *codes;    /* a persistent operand buffer (kernels), or NULL */
     size_t codes_n; /* its bytes */
+    /* A kernel's operand written by the optimizer as it updates the master
+     * (delayed scaling; mp_float8_meta_arm below): the threads' shares of
+     * the update under way, the scale it quantizes with, and whether the
+     * operand holds the master quantized with fresh_scale (fresh_amax its
+     * amax), which spares the next forward its quantization. `stale`: an
+     * update ran unarmed (the operand no longer matches the master). */
+    struct mp_float8_part *parts;
+    int nparts;
+    bool armed, fresh;
+    float armed_scale, fresh_scale, fresh_amax;
+    atomic_bool stale;
+    uint64_t fresh_uses; /* forwards that took the update's operand (tests) */
 };
 
 /* Initialise / release one meta (history zeroed, scale 1). */
@@ -101,6 +114,21 @@ void mp_float8_meta_record(mp_float8_meta *q, float amax);
 /* keep: push the pending amax (if any) into the history and recompute the
  * scale (delayed scaling); else drop it. */
 void mp_float8_meta_commit(mp_float8_meta *q, bool keep);
+/* The scale mp_float8_meta_commit(q, keep) would set now. */
+float mp_float8_meta_next_scale(const mp_float8_meta *q, bool keep);
+/* A kernel's operand from the optimizer's update (Transformer Engine
+ * quantizes its fp8 weights in the optimizer too): arm before the update
+ * with the scale the commit after it will set (threads: the update's);
+ * mp_float8_meta_update_chunk is the optimizer's update hook (ctx = q),
+ * quantizing each chunk of the new master into q->codes while it is in
+ * cache; settle after the commit, n the kernel's values: the operand is
+ * fresh when the update wrote all of it with the scale the commit set.
+ * The next forward then takes it as it is: the same bits as quantizing the
+ * master there. An update that does not run leaves the operand as it was
+ * (a skipped step); one that runs unarmed (a custom loop) marks it stale. */
+mp_status mp_float8_meta_arm(mp_float8_meta *q, float scale, int threads);
+void mp_float8_meta_update_chunk(void *ctx, int thread, const float *w, int64_t off, int64_t len);
+void mp_float8_meta_settle(mp_float8_meta *q, int64_t n);
 /* Restore a history (newest first) and scale, as a checkpoint holds them. */
 void mp_float8_meta_set_history(mp_float8_meta *q, const float *in, float scale);
 
@@ -116,6 +144,16 @@ typedef struct mp_layer mp_layer;
 void mp_float8_model_plan(mp_model *m);
 mp_status mp_float8_model_setup(mp_model *m);
 void mp_float8_model_free(mp_model *m);
+/* Kernels quantized by the optimizer's update (mp_float8_meta_arm): the
+ * kernel meta whose float32 master is `master` (a float8 GEMM's kernel
+ * with delayed scaling: the one to hook to its update), else NULL; arm
+ * them all before an optimizer step that will be committed (the scales
+ * the commit will set, all pending amaxes known), settle them after the
+ * commit; masters changed outside the optimizer: none is fresh. */
+mp_float8_meta *mp_float8_kernel_meta(mp_model *m, const float *master);
+mp_status mp_float8_model_arm(mp_model *m);
+void mp_float8_model_settle(mp_model *m);
+void mp_float8_model_masters_changed(mp_model *m);
 /* The metas of layer l (MP_FLOAT8_ROLES of them), NULL when l is not float8. */
 mp_float8_meta *mp_float8_layer_metas(mp_model *m, const mp_layer *l);
 /* Those of a quantized layer (float8 or MX; mp_layer_quantized), else NULL. */

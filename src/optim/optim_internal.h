@@ -48,6 +48,18 @@ void mp_update_adam_avx512(const mp_step_coefs *c, bool decoupled, float *w, con
 /* Checks shared by the optimizer and the accumulator; sets the error. */
 mp_status mp_params_validate(const char *who, const mp_param *params, int n_params);
 
+/* A function the update calls on each chunk of a parameter's master right
+ * after updating it, while the chunk is still in cache: w = master + off,
+ * len floats, on OpenMP thread `thread` (chunks run in parallel). For a
+ * compute form other than a plain conversion into `weight`: a float8
+ * layer's quantized kernel (nn/fp8_model.c). Called only for parameters
+ * with a master, on this shard's part; fn NULL removes it. */
+typedef struct {
+    void (*fn)(void *ctx, int thread, const float *w, int64_t off, int64_t len);
+    void *ctx;
+} mp_update_hook;
+mp_status mp_optimizer_set_update_hook(mp_optimizer *o, int index, mp_update_hook hook);
+
 /* Ask the next mp_optimizer_step to gather, in its one pass, per parameter
  * i with a master: weights[i], the master after the step against its copy
  * and the master before it (mp_numerics_compute's figures with copy and

@@ -35,6 +35,8 @@ struct mp_optimizer {
     int64_t step;
     /* the next step's figures, when asked (mp_optimizer_collect_numerics) */
     mp_numerics *num_weights, *num_grads;
+    /* per parameter, NULL until one is set (mp_optimizer_set_update_hook) */
+    mp_update_hook *hooks;
 };
 
 mp_optimizer_config mp_optimizer_config_default(mp_optimizer_kind kind)
@@ -194,6 +196,7 @@ void mp_optimizer_free(mp_optimizer *o)
     if (o->names)
         for (int i = 0; i < o->n_params; i++) free(o->names[i]);
     free(o->slots);
+    free(o->hooks);
     free(o->names);
     free(o->params);
     free(o);
@@ -341,6 +344,7 @@ static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *
     const bool numerics = wpart && p->master;
     const mp_numerics_target target =
         numerics ? mp_numerics_target_of(p->weight_dtype) : (mp_numerics_target){0, 0, 0, 0};
+    const mp_update_hook hook = o->hooks && p->master ? o->hooks[index] : (mp_update_hook){0};
 
     /* Chunks are independent element ranges, and stochastic rounding is
      * keyed by element index: the result does not depend on the threads. */
@@ -364,6 +368,7 @@ static void update_param(const mp_optimizer *o, int index, const mp_step_coefs *
             k.sgd(c, w, p->grad + off, s0 ? s0 + (off - lo) : NULL, len);
         else
             k.adam(c, adamw, w, p->grad + off, s0 + (off - lo), s1 + (off - lo), len);
+        if (hook.fn) hook.fn(hook.ctx, omp_get_thread_num(), w, off, len);
         if (write_copy)
             mp_convert(wcopy, p->weight_dtype, w, MP_F32, (size_t)len);
         else if (pure_lp) {
@@ -441,6 +446,16 @@ mp_status mp_optimizer_step(mp_optimizer *o)
     double t0 = mp_prof_region_enter(MP_PROF_OPTIMIZER);
     optimizer_step(o);
     mp_prof_region_leave(t0);
+    return MP_OK;
+}
+
+mp_status mp_optimizer_set_update_hook(mp_optimizer *o, int index, mp_update_hook hook)
+{
+    if (!o || index < 0 || index >= o->n_params)
+        return mp_set_error(MP_ERR_INVALID, "optimizer: no parameter %d for an update hook", index);
+    if (!o->hooks && !(o->hooks = calloc((size_t)o->n_params, sizeof *o->hooks)))
+        return mp_set_error(MP_ERR_NOMEM, "optimizer: out of memory");
+    o->hooks[index] = hook;
     return MP_OK;
 }
 

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "nn/model_internal.h"
+#include "nn/quant.h"
+#include "optim/optim_internal.h"
 #include "train/train_internal.h"
 
 typedef struct {
@@ -83,11 +85,24 @@ mp_status mp_model_compile(mp_model *m, const mp_compile_options *o)
     }
     np = mp_model_optim_params(m, params, np);
     t->opt = mp_optimizer_new(&d.optimizer, params, np);
-    free(params);
     if (!t->opt) {
+        free(params);
         training_free(t);
         return MP_ERR_INVALID; /* the optimizer left its message */
     }
+    /* float8 kernels: quantized as their masters are updated (nn/quant.h) */
+    for (int i = 0; i < np; i++) {
+        mp_float8_meta *q = mp_float8_kernel_meta(m, params[i].master);
+        mp_status s = q ? mp_optimizer_set_update_hook(
+                              t->opt, i, (mp_update_hook){mp_float8_meta_update_chunk, q})
+                        : MP_OK;
+        if (s) {
+            free(params);
+            training_free(t);
+            return s;
+        }
+    }
+    free(params);
     bool scaling = d.loss_scaling == MP_LOSS_SCALING_DYNAMIC ||
                    d.loss_scaling == MP_LOSS_SCALING_STATIC ||
                    (d.loss_scaling == MP_LOSS_SCALING_AUTO &&
@@ -190,6 +205,25 @@ static bool grads_all_finite(const mp_model *m, mp_optimizer *opt, bool seen)
     return true;
 }
 
+/* The optimizer's step, or its skip where a gradient is not finite;
+ * seen: as grads_all_finite. */
+static mp_status update(mp_model *m, training *t, bool seen, bool *applied)
+{
+    mp_status s;
+    if (t->scaler) {
+        bool found_inf = false;
+        if ((s = mp_loss_scaler_get_unscaled_gradients(t->scaler, t->opt, &found_inf))) return s;
+        return mp_loss_scaler_apply_gradients(t->scaler, t->opt, applied);
+    }
+    /* without scaling a non-finite gradient still must not reach the
+     * weights: check (a read-only pass over what the backward did not see)
+     * and skip the step as the scaler would */
+    if (!grads_all_finite(m, t->opt, seen)) return MP_OK;
+    if ((s = mp_optimizer_step(t->opt))) return s;
+    *applied = true;
+    return MP_OK;
+}
+
 /* o: data parallel (or sliced), x is this rank's shard (possibly empty) */
 static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labels,
                             const mp_tensor *target, const mp_shard_options *o, mp_step_result *r)
@@ -214,20 +248,19 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
     else if (mp_optimizer_shards(t->opt) > 1)
         s = mp_train_unshard(t->opt);
     if (s) return s;
-    if (t->scaler) {
-        bool found_inf = false;
-        if ((s = mp_loss_scaler_get_unscaled_gradients(t->scaler, t->opt, &found_inf))) return s;
-        if ((s = mp_loss_scaler_apply_gradients(t->scaler, t->opt, &res.applied))) return s;
-    } else {
-        /* without scaling a non-finite gradient still must not reach the
-         * weights: check (a read-only pass over what the backward did not
-         * see) and skip the step as the scaler would */
-        if (grads_all_finite(m, t->opt, !o)) {
-            if ((s = mp_optimizer_step(t->opt))) return s;
-            res.applied = true;
-        }
+    /* the float8 kernels' operands are quantized by the update itself
+     * (nn/quant.h); an arming that fails (out of memory) leaves them to the
+     * next forward, as a sharded update does */
+    if (!sharded) (void)mp_float8_model_arm(m);
+    s = update(m, t, !o, &res.applied);
+    if (s) {
+        mp_float8_model_settle(m); /* what the update wrote, under the scale it has */
+        return s;
     }
-    if (res.applied && sharded && (s = mp_train_gather_update(t->opt))) return s;
+    if (res.applied && sharded) {
+        mp_float8_model_masters_changed(m); /* the other ranks' parts */
+        if ((s = mp_train_gather_update(t->opt))) return s;
+    }
     if (o && !o->local && (s = mp_train_average_state(m, &t->state, &t->state_cap))) return s;
     if (res.applied)
         t->applied++;
@@ -236,6 +269,7 @@ static mp_status train_step(mp_model *m, const mp_tensor *x, const int32_t *labe
     /* the float8 recipe: the step's amaxes go into the histories only if it
      * applied (mixprec/fp8.h) */
     mp_model_float8_commit(m, res.applied);
+    mp_float8_model_settle(m);
     if (r) *r = res;
     return MP_OK;
 }
