@@ -310,8 +310,9 @@ typedef struct {
 mp_status mp_gemm_dispatch_query(mp_dtype a_type, mp_dtype b_type, mp_gemm_dispatch_info *info);
 /* The choices as text, rates included (what `mixprec info` prints). */
 mp_status mp_gemm_dispatch_report(FILE *out);
-/* Conversions (float32 to and from bfloat16, float16, float8) and optimizer
- * updates have kernels on several paths that give the same bits: each is
+/* Conversions (float32 to and from bfloat16, float16, float8), MX blocks
+ * (pack, unpack, quantize along rows or columns) and optimizer updates
+ * have kernels on several paths that give the same bits: each is
  * timed once per process on first use (a few milliseconds in all), the
  * faster kept and cached as for GEMM (same directory, same
  * MP_DISPATCH_CACHE); a forced path times nothing. The rates and the

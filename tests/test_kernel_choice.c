@@ -1,6 +1,7 @@
-/* test_kernel_choice.c - the measured choice for conversions and optimizer
- * updates (core/measured.c, core/convert_dispatch.c,
- * optim/update_dispatch.c): the candidates give the same bits (so the choice
+/* test_kernel_choice.c - the measured choice for conversions, MX blocks and
+ * optimizer updates (core/measured.c, core/convert_dispatch.c,
+ * core/mx_dispatch.c, optim/update_dispatch.c): the candidates give the
+ * same bits (so the choice
  * cannot change a result), the choice is a path this CPU supports, a forced
  * path is used as is, the cache file's round trip, and bad cache files
  * (garbage, a directory, oversized) ignored and replaced. No assertion
@@ -14,6 +15,7 @@
 
 #include "common.h"
 #include "core/internal.h"
+#include "core/mx_internal.h"
 #include "optim/optim_internal.h"
 
 enum { N = 4099 }; /* not a multiple of any vector width */
@@ -39,6 +41,7 @@ static void fresh(const char *cache)
 {
     setenv("MP_DISPATCH_CACHE", cache, 1);
     mp_convert_dispatch_reset();
+    mp_mx_dispatch_reset();
     mp_update_dispatch_reset();
 }
 
@@ -78,6 +81,46 @@ static void conversions_same_bits_on_every_path(void **state)
             assert_memory_equal(got, ref, N * es);
             mp_convert_isa(isas[k], ref_back, MP_F32, got, types[t], N, MP_OVERFLOW_SATURATE);
             assert_memory_equal(back, ref_back, N * sizeof(float));
+        }
+    }
+}
+
+/* mp_mx_pack, mp_mx_unpack and mp_mx_quantize_2d (the chosen paths)
+ * against every supported path, for a float and an integer element format
+ * (N is not a multiple of the block: a short last block). */
+static void mx_same_bits_on_every_path(void **state)
+{
+    (void)state;
+    fresh("0");
+    static float x[N], got_v[N], ref_v[N];
+    static uint8_t codes[N], ref_codes[N], scales[N / 32 + 1], ref_scales[N / 32 + 1];
+    inputs(x);
+    for (int i = 0; i < N; i++)
+        if (!isfinite(x[i])) x[i] = 1.5f; /* an inf or NaN takes its whole block to NaN */
+    for (int op = 0; op < MP_MX_OPS; op++) assert_true(mp_isa_supported(mp_mx_path((mp_mx_op)op)));
+    mp_isa isas[MP_ISA_COUNT];
+    const int nisa = test_isas(isas);
+    const mp_mx_format formats[] = {MP_MXFP8_E4M3, MP_MXINT8};
+    for (int fi = 0; fi < 2; fi++) {
+        const mp_mx_format f = formats[fi];
+        const size_t nb = (N + 31) / 32;
+        assert_int_equal(mp_mx_pack(f, 32, x, N, codes, scales), MP_OK);
+        assert_int_equal(mp_mx_unpack(f, 32, codes, scales, N, got_v, MP_F32), MP_OK);
+        for (int k = 0; k < nisa; k++) {
+            assert_int_equal(mp_mx_pack_isa(isas[k], f, 32, x, N, ref_codes, ref_scales), MP_OK);
+            assert_memory_equal(codes, ref_codes, N);
+            assert_memory_equal(scales, ref_scales, nb);
+            assert_int_equal(mp_mx_unpack_isa(isas[k], f, 32, codes, scales, N, ref_v, MP_F32),
+                             MP_OK);
+            assert_memory_equal(got_v, ref_v, sizeof got_v);
+        }
+        for (int axis = 0; axis < 2; axis++) { /* 61 x 67 = 4087 values */
+            assert_int_equal(mp_mx_quantize_2d(f, 32, 61, 67, axis, x, got_v, MP_F32), MP_OK);
+            for (int k = 0; k < nisa; k++) {
+                assert_int_equal(
+                    mp_mx_quantize_2d_isa(isas[k], f, 32, 61, 67, axis, x, ref_v, MP_F32), MP_OK);
+                assert_memory_equal(got_v, ref_v, 61 * 67 * sizeof(float));
+            }
         }
     }
 }
@@ -149,6 +192,8 @@ static void forced_path_is_used(void **state)
         assert_int_equal(mp_convert_path(MP_BF16, MP_F32), isas[k]);
         assert_int_equal(mp_convert_path(MP_F32, MP_F8E5M2), isas[k]);
         assert_int_equal(mp_update_path(false), isas[k]);
+        assert_int_equal(mp_mx_path(MP_MX_OP_PACK), isas[k]);
+        assert_int_equal(mp_mx_path(MP_MX_OP_COLS), isas[k]);
         char *text = NULL;
         size_t len = 0;
         FILE *f = open_memstream(&text, &len);
@@ -199,19 +244,22 @@ static void cache_round_trip_and_bad_files(void **state)
     mp_isa_reset();
     fresh(dir);
     char *t = report();
-    assert_int_equal(count(t, "timed in this process"), 2);
-    assert_int_equal(count(t, "none yet, written"), 2);
+    assert_int_equal(count(t, "timed in this process"), 3);
+    assert_int_equal(count(t, "none yet, written"), 3);
     free(t);
-    char conv[512], upd[512];
+    char conv[512], upd[512], mx[512];
     cache_file("convert", conv, sizeof conv);
     cache_file("update", upd, sizeof upd);
+    cache_file("mx", mx, sizeof mx);
     const mp_isa before = mp_convert_path(MP_BF16, MP_F32);
+    const mp_isa mx_before = mp_mx_path(MP_MX_OP_UNPACK);
 
     fresh(dir);
     t = report();
-    assert_int_equal(count(t, "read from the cache"), 2);
+    assert_int_equal(count(t, "read from the cache"), 3);
     free(t);
     assert_int_equal(mp_convert_path(MP_BF16, MP_F32), before);
+    assert_int_equal(mp_mx_path(MP_MX_OP_UNPACK), mx_before);
 
     /* garbage, then one changed digit, then oversized: each ignored and
      * replaced by a fresh measurement */
@@ -237,7 +285,7 @@ static void cache_round_trip_and_bad_files(void **state)
         fresh(dir);
         t = report();
         assert_non_null(strstr(t, "ignored"));
-        assert_int_equal(count(t, "read from the cache"), 1); /* the updates' file */
+        assert_int_equal(count(t, "read from the cache"), 2); /* the updates' and MX files */
         free(t);
         assert_true(mp_isa_supported(mp_convert_path(MP_BF16, MP_F32)));
     }
@@ -256,6 +304,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(conversions_same_bits_on_every_path),
+        cmocka_unit_test(mx_same_bits_on_every_path),
         cmocka_unit_test(updates_same_bits_on_every_path),
         cmocka_unit_test(forced_path_is_used),
         cmocka_unit_test(cache_round_trip_and_bad_files),

@@ -1,9 +1,9 @@
 /* mx_convert.c - the MX calls of mixprec/mx.h: argument checks (one-line
- * errors naming the bad value), then the kernels of the active ISA (or of
- * an explicit one, for tests and benchmarks). */
+ * errors naming the bad value), then the kernels of the measured path
+ * (mx_dispatch.c; or of an explicit one, for tests and benchmarks). */
 #include "mx_internal.h"
 
-static const mp_mx_kernels *kernels_for(mp_isa isa)
+const mp_mx_kernels *mp_mx_kernels_for(mp_isa isa)
 {
 #if MP_X86
     if (isa == MP_ISA_AVX512 || isa == MP_ISA_AVX512BF16) return &mp_mx_avx512_kernels;
@@ -45,7 +45,7 @@ mp_status mp_mx_pack_isa(mp_isa isa, mp_mx_format f, int block_size, const float
                             : !codes ? "codes"
                                      : "scales",
                             n);
-    kernels_for(isa)->pack(f, src, n, codes, scales);
+    mp_mx_kernels_for(isa)->pack(f, src, n, codes, scales);
     return MP_OK;
 }
 
@@ -62,7 +62,7 @@ mp_status mp_mx_unpack_isa(mp_isa isa, mp_mx_format f, int block_size, const voi
                             : !scales ? "scales"
                                       : "dst",
                             n);
-    kernels_for(isa)->unpack(f, codes, scales, n, dst, dst_type);
+    mp_mx_kernels_for(isa)->unpack(f, codes, scales, n, dst, dst_type);
     return MP_OK;
 }
 
@@ -84,7 +84,7 @@ mp_status mp_mx_quantize_2d_isa(mp_isa isa, mp_mx_format f, int block_size, int6
     if (dst == (const void *)src && dst_type != MP_F32)
         return mp_set_error(MP_ERR_INVALID, "%s: in place needs a float32 destination, not %s", fn,
                             mp_dtype_name(dst_type));
-    const mp_mx_kernels *k = kernels_for(isa);
+    const mp_mx_kernels *k = mp_mx_kernels_for(isa);
     if (axis == 1)
         k->quantize_rows(f, src, (size_t)rows, (size_t)cols, dst, dst_type);
     else
@@ -95,18 +95,19 @@ mp_status mp_mx_quantize_2d_isa(mp_isa isa, mp_mx_format f, int block_size, int6
 mp_status mp_mx_pack(mp_mx_format f, int block_size, const float *src, size_t n, void *codes,
                      uint8_t *scales)
 {
-    return mp_mx_pack_isa(mp_isa_active(), f, block_size, src, n, codes, scales);
+    return mp_mx_pack_isa(mp_mx_path(MP_MX_OP_PACK), f, block_size, src, n, codes, scales);
 }
 
 mp_status mp_mx_unpack(mp_mx_format f, int block_size, const void *codes, const uint8_t *scales,
                        size_t n, void *dst, mp_dtype dst_type)
 {
-    return mp_mx_unpack_isa(mp_isa_active(), f, block_size, codes, scales, n, dst, dst_type);
+    return mp_mx_unpack_isa(mp_mx_path(MP_MX_OP_UNPACK), f, block_size, codes, scales, n, dst,
+                            dst_type);
 }
 
 mp_status mp_mx_quantize_2d(mp_mx_format f, int block_size, int64_t rows, int64_t cols, int axis,
                             const float *src, void *dst, mp_dtype dst_type)
 {
-    return mp_mx_quantize_2d_isa(mp_isa_active(), f, block_size, rows, cols, axis, src, dst,
-                                 dst_type);
+    return mp_mx_quantize_2d_isa(mp_mx_path(axis == 1 ? MP_MX_OP_ROWS : MP_MX_OP_COLS), f,
+                                 block_size, rows, cols, axis, src, dst, dst_type);
 }

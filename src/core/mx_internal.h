@@ -79,6 +79,17 @@ extern const mp_mx_kernels mp_mx_avx2_kernels;
 extern const mp_mx_kernels mp_mx_avx512_kernels;
 #endif
 
+/* The kernels of a path (the scalar ones where it has none). */
+const mp_mx_kernels *mp_mx_kernels_for(mp_isa isa);
+
+/* The path each MX operation runs on: measured once per process and cached
+ * (mx_dispatch.c, core/measured.h), the active path when forced. */
+typedef enum { MP_MX_OP_PACK, MP_MX_OP_UNPACK, MP_MX_OP_ROWS, MP_MX_OP_COLS, MP_MX_OPS } mp_mx_op;
+mp_isa mp_mx_path(mp_mx_op op);
+/* The choice as text (mixprec info); forget it (tests). */
+void mp_mx_dispatch_print(FILE *out);
+void mp_mx_dispatch_reset(void);
+
 /* The public calls on an explicit ISA (tests and benchmarks): the same
  * checks, the same results on every path this CPU supports. */
 mp_status mp_mx_pack_isa(mp_isa isa, mp_mx_format f, int block_size, const float *src, size_t n,

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "core/measured.h"
+#include "core/mx_internal.h"
 #include "optim_internal.h"
 
 enum { OP_ADAM, OP_SGD, NOPS };
@@ -116,6 +117,7 @@ mp_status mp_kernel_dispatch_report(FILE *out)
 {
     if (!out) return mp_set_error(MP_ERR_INVALID, "mp_kernel_dispatch_report: NULL stream");
     mp_convert_dispatch_print(out);
+    mp_mx_dispatch_print(out);
     mp_measured_print(out, mp_measured_get(&group, &state, &spec), "optimizer updates");
     return ferror(out) ? mp_set_error(MP_ERR_IO, "mp_kernel_dispatch_report: write failed") : MP_OK;
 }
