@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "core/cache_file.h"
 #include "core/internal.h"
 #include "core/mx_internal.h"
 #include "optim/optim_internal.h"
@@ -261,6 +262,32 @@ static void cache_round_trip_and_bad_files(void **state)
     assert_int_equal(mp_convert_path(MP_BF16, MP_F32), before);
     assert_int_equal(mp_mx_path(MP_MX_OP_UNPACK), mx_before);
 
+    /* the rates of another revision of the kernels (a valid file of the
+     * same version, its check line correct): ignored and timed again */
+    {
+        char text[4096];
+        FILE *f = fopen(upd, "r");
+        assert_non_null(f);
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = 0;
+        char *rev = strstr(text, " revision ");
+        assert_non_null(rev);
+        rev[10] = rev[10] == '9' ? '1' : (char)(rev[10] + 1);
+        char *check = strstr(text, "check ");
+        assert_non_null(check);
+        snprintf(check, sizeof text - (size_t)(check - text), "check %016llx\n",
+                 (unsigned long long)mp_fnv1a(text, (size_t)(check - text)));
+        f = fopen(upd, "w");
+        assert_non_null(f);
+        fputs(text, f);
+        fclose(f);
+        fresh(dir);
+        t = report();
+        assert_int_equal(count(t, "read from the cache"), 2); /* conversions' and MX */
+        assert_int_equal(count(t, "ignored"), 1);
+        free(t);
+    }
     /* garbage, then one changed digit, then oversized: each ignored and
      * replaced by a fresh measurement */
     for (int bad = 0; bad < 3; bad++) {

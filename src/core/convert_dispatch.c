@@ -128,7 +128,7 @@ static double time_op(int op, mp_isa isa)
 }
 
 static const mp_measured_spec spec = {fill, setup, teardown, time_op};
-static mp_measured_group group = {.file = "convert"};
+static mp_measured_group group = {.file = "convert", .revision = 1};
 static atomic_int state;
 
 static int op_of(mp_dtype dst, mp_dtype src)

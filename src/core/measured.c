@@ -67,8 +67,8 @@ static bool measure(mp_measured_group *g, const mp_measured_spec *spec)
  * equals what this function writes for the rates it holds. */
 static int cache_text(char *buf, size_t len, const mp_measured_group *g, uint64_t key)
 {
-    int n = snprintf(buf, len, "%s\nversion %s\ncpu %016llx\n", CACHE_MAGIC, MP_VERSION_STRING,
-                     (unsigned long long)key);
+    int n = snprintf(buf, len, "%s\nversion %s revision %d\ncpu %016llx\n", CACHE_MAGIC,
+                     MP_VERSION_STRING, g->revision, (unsigned long long)key);
     for (int o = 0; o < g->nops && n > 0 && (size_t)n < len; o++) {
         const mp_measured_op *op = &g->op[o];
         n += snprintf(buf + n, len - (size_t)n, "%s", op->name);

@@ -32,6 +32,10 @@ typedef struct {
  * its spec's fill(). */
 typedef struct {
     const char *file; /* the cache file's name part: "convert", "update" */
+    /* Raised when a candidate kernel changes: rates cached for the kernels
+     * of another revision are timed again (the file is not what this one
+     * would write). */
+    int revision;
     int nops;
     mp_measured_op op[MP_MEASURED_MAX_OPS];
     mp_dispatch_source source;

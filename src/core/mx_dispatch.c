@@ -97,7 +97,7 @@ static double time_op(int op, mp_isa isa)
 }
 
 static const mp_measured_spec spec = {fill, setup, teardown, time_op};
-static mp_measured_group group = {.file = "mx"};
+static mp_measured_group group = {.file = "mx", .revision = 1};
 static atomic_int state;
 
 mp_isa mp_mx_path(mp_mx_op op)
