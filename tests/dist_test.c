@@ -13,7 +13,9 @@
  *     number of ranks continues bit for bit;
  *   - float8 (mixed_float8, delayed scaling): ranks fed different rows, one
  *     sample on one rank 40 times the others, end with the same amax
- *     histories and scales, the large sample's amax in every rank's.
+ *     histories and scales, the large sample's amax in every rank's; and
+ *     with the optimizer sharded (its kernels then quantized in the
+ *     forward, not by the update) the same weights and moments as without.
  * Usage: dist_test SCRATCH_DIR (the same directory on every rank). */
 #include <float.h>
 #include <math.h>
@@ -626,6 +628,9 @@ int main(int argc, char **argv)
     }
     test_bfloat16_sum();
     test_float8_amax();
+    /* float8 kernels: quantized by the update unsharded, by the forward
+     * after a sharded update (nn/quant.h): the same bits */
+    test_sharded_optimizer("mixed_float8");
     int64_t bad = failures;
     mp_dist_allreduce_i64(&bad, 1);
     if (rank == 0) printf("dist_test: %s on %d ranks\n", bad ? "FAILED" : "passed", nranks);
