@@ -35,27 +35,13 @@ static void (*kernel_of(int op, mp_isa isa))(void)
     }
 }
 
-/* The candidates: the feature-flag path first, then the other supported
- * paths from the most specialised down, each only if its kernel differs. */
+static bool same_kernel(int op, mp_isa a, mp_isa b) { return kernel_of(op, a) == kernel_of(op, b); }
+
 static void fill(mp_measured_group *g)
 {
     g->nops = NOPS;
     g->elements = TIMING_ELEMS;
-    const mp_isa first = mp_isa_best();
-    for (int o = 0; o < NOPS; o++) {
-        mp_measured_op *op = &g->op[o];
-        op->name = op_names[o];
-        op->n = 0;
-        op->chosen = 0;
-        op->isa[op->n++] = first;
-        for (int i = MP_ISA_COUNT - 1; i >= 0 && op->n < MP_MEASURED_MAX; i--) {
-            bool dup = !mp_isa_supported((mp_isa)i);
-            for (int j = 0; j < op->n && !dup; j++)
-                dup = kernel_of(o, (mp_isa)i) == kernel_of(o, op->isa[j]);
-            if (!dup) op->isa[op->n++] = (mp_isa)i;
-        }
-        for (int i = 0; i < op->n; i++) op->rate[i] = 0;
-    }
+    for (int o = 0; o < NOPS; o++) mp_measured_fill_op(&g->op[o], op_names[o], o, same_kernel);
 }
 
 static float *t_f32;

@@ -36,6 +36,21 @@ static int pick(const mp_measured_op *op)
 
 /* ------------------------------------------------------------ the timing */
 
+void mp_measured_fill_op(mp_measured_op *op, const char *name, int o,
+                         bool (*same)(int o, mp_isa a, mp_isa b))
+{
+    op->name = name;
+    op->n = 0;
+    op->chosen = 0;
+    op->isa[op->n++] = mp_isa_best();
+    for (int i = MP_ISA_COUNT - 1; i >= 0 && op->n < MP_MEASURED_MAX; i--) {
+        bool dup = !mp_isa_supported((mp_isa)i);
+        for (int j = 0; j < op->n && !dup; j++) dup = same(o, (mp_isa)i, op->isa[j]);
+        if (!dup) op->isa[op->n++] = (mp_isa)i;
+    }
+    for (int i = 0; i < op->n; i++) op->rate[i] = 0;
+}
+
 static bool measure(mp_measured_group *g, const mp_measured_spec *spec)
 {
     if (!spec->setup()) return false;

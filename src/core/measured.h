@@ -55,6 +55,13 @@ typedef struct {
     double (*time)(int op, mp_isa isa);
 } mp_measured_spec;
 
+/* One operation's candidates, for a fill(): the feature-flag path first,
+ * then the other supported paths from the most specialised down, each
+ * only where same(o, a, b) says its kernel differs from those before it;
+ * no choice yet, no rates. */
+void mp_measured_fill_op(mp_measured_op *op, const char *name, int o,
+                         bool (*same)(int o, mp_isa a, mp_isa b));
+
 /* The group, decided on the first call (thread-safe: others wait), or NULL
  * when a path is forced (then nothing is timed). */
 const mp_measured_group *mp_measured_get(mp_measured_group *g, atomic_int *state,

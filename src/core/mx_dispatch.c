@@ -18,27 +18,18 @@ enum { SIDE = 128, TIMING_ELEMS = SIDE * SIDE };
 
 static const char *const op_names[MP_MX_OPS] = {"mx-pack", "mx-unpack", "mx-rows", "mx-cols"};
 
-/* The candidates: the feature-flag path first, then the other supported
- * paths from the most specialised down, each only if its kernels differ. */
+static bool same_kernels(int op, mp_isa a, mp_isa b)
+{
+    (void)op; /* one table per path for every operation */
+    return mp_mx_kernels_for(a) == mp_mx_kernels_for(b);
+}
+
 static void fill(mp_measured_group *g)
 {
     g->nops = MP_MX_OPS;
     g->elements = TIMING_ELEMS;
-    const mp_isa first = mp_isa_best();
-    for (int o = 0; o < MP_MX_OPS; o++) {
-        mp_measured_op *op = &g->op[o];
-        op->name = op_names[o];
-        op->n = 0;
-        op->chosen = 0;
-        op->isa[op->n++] = first;
-        for (int i = MP_ISA_COUNT - 1; i >= 0 && op->n < MP_MEASURED_MAX; i--) {
-            bool dup = !mp_isa_supported((mp_isa)i);
-            for (int j = 0; j < op->n && !dup; j++)
-                dup = mp_mx_kernels_for((mp_isa)i) == mp_mx_kernels_for(op->isa[j]);
-            if (!dup) op->isa[op->n++] = (mp_isa)i;
-        }
-        for (int i = 0; i < op->n; i++) op->rate[i] = 0;
-    }
+    for (int o = 0; o < MP_MX_OPS; o++)
+        mp_measured_fill_op(&g->op[o], op_names[o], o, same_kernels);
 }
 
 static float *t_in, *t_out;
