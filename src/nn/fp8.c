@@ -351,7 +351,7 @@ void mp_float8_meta_set_history(mp_float8_meta *q, const float *in, float scale)
 {
     memcpy(q->history, in, (size_t)q->params.amax_history_len * sizeof *in);
     q->scale = scale;
-    q->fresh = false;
+    atomic_store(&q->fresh, false);
     q->has_pending = false;
     q->pending = 0.0f;
 }
@@ -384,8 +384,8 @@ void mp_float8_meta_update_chunk(void *ctx, int thread, const float *w, int64_t 
 {
     mp_float8_meta *q = ctx;
     if (!q->armed || thread >= q->nparts) { /* the master moved under a forward's operand */
-        if (!atomic_load_explicit(&q->stale, memory_order_relaxed))
-            atomic_store_explicit(&q->stale, true, memory_order_relaxed);
+        if (atomic_load_explicit(&q->fresh, memory_order_relaxed))
+            atomic_store_explicit(&q->fresh, false, memory_order_relaxed);
         return;
     }
     struct mp_float8_part *p = &q->parts[thread];
@@ -409,11 +409,10 @@ void mp_float8_meta_settle(mp_float8_meta *q, int64_t n)
         wrote += q->parts[t].n;
     }
     if (wrote == 0) return; /* no update ran: the operand is as it was */
-    /* an update over all of it rewrote every value (stale or not) */
-    q->fresh = wrote == n && q->scale == q->armed_scale;
+    /* an update over all of it rewrote every value, whatever it held */
+    atomic_store(&q->fresh, wrote == n && q->scale == q->armed_scale);
     q->fresh_scale = q->armed_scale;
     q->fresh_amax = mp_bits_f32(amax);
-    if (q->fresh) atomic_store(&q->stale, false);
 }
 
 /* The per-tensor quantizer: delayed scaling quantizes with the scale the
@@ -424,15 +423,16 @@ static void float8_quantize(mp_float8_meta *q, const mp_quant_input *in, mp_quan
                             void *stored, void *operand, mp_quant_operand *out)
 {
     size_t n = (size_t)(in->rows * in->cols);
-    if (operand && operand == q->codes && q->fresh && !atomic_load(&q->stale) &&
-        q->scale == q->fresh_scale && !stored) {
+    if (operand && operand == q->codes && atomic_load(&q->fresh) && q->scale == q->fresh_scale &&
+        !stored) {
         /* the update left this operand (mp_float8_meta_arm): the same bits */
         if (mode == MP_QUANT_TRAIN) mp_float8_meta_record(q, q->fresh_amax);
         q->fresh_uses++;
         *out = (mp_quant_operand){operand, MP_BF16, 1.0f / q->scale};
         return;
     }
-    if (operand == q->codes) q->fresh = false; /* written now, from what the master holds */
+    if (operand == q->codes) /* written now, from what the master holds */
+        atomic_store(&q->fresh, false);
     if (q->params.scaling == MP_FLOAT8_CURRENT && mode != MP_QUANT_AGAIN)
         q->scale = mp_float8_scale(mp_float8_amax(in->x, in->dtype, n), q->scale, q->dtype,
                                    q->params.margin);

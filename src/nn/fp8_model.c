@@ -187,7 +187,7 @@ void mp_float8_model_settle(mp_model *m) { each_kernel(m, settle, NULL); }
 static bool forget(mp_float8_meta *q, mp_model_param *p, void *arg)
 {
     (void)p, (void)arg;
-    q->fresh = false;
+    atomic_store(&q->fresh, false);
     return false;
 }
 

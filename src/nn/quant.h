@@ -95,13 +95,13 @@ struct mp_float8_meta {
      * (delayed scaling; mp_float8_meta_arm below): the threads' shares of
      * the update under way, the scale it quantizes with, and whether the
      * operand holds the master quantized with fresh_scale (fresh_amax its
-     * amax), which spares the next forward its quantization. `stale`: an
-     * update ran unarmed (the operand no longer matches the master). */
+     * amax), which spares the next forward its quantization. Atomic: an
+     * update that runs unarmed clears it from its threads. */
     struct mp_float8_part *parts;
     int nparts;
-    bool armed, fresh;
+    bool armed;
+    atomic_bool fresh;
     float armed_scale, fresh_scale, fresh_amax;
-    atomic_bool stale;
     uint64_t fresh_uses; /* forwards that took the update's operand (tests) */
 };
 
@@ -125,7 +125,7 @@ float mp_float8_meta_next_scale(const mp_float8_meta *q, bool keep);
  * fresh when the update wrote all of it with the scale the commit set.
  * The next forward then takes it as it is: the same bits as quantizing the
  * master there. An update that does not run leaves the operand as it was
- * (a skipped step); one that runs unarmed (a custom loop) marks it stale. */
+ * (a skipped step); one that runs unarmed (a custom loop) makes it stale. */
 mp_status mp_float8_meta_arm(mp_float8_meta *q, float scale, int threads);
 void mp_float8_meta_update_chunk(void *ctx, int thread, const float *w, int64_t off, int64_t len);
 void mp_float8_meta_settle(mp_float8_meta *q, int64_t n);
