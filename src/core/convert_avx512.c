@@ -3,12 +3,11 @@
  * tests/exhaustive.c); they are compiled with per-function target attributes
  * and only called after runtime CPU detection. */
 #include "internal.h"
+#include "core/avx512_lanes.h"
 #include "core/convert_simd.h"
 
 #if MP_X86
 #include <immintrin.h>
-
-static inline __mmask16 tail_mask(size_t r) { return (__mmask16)((1u << r) - 1u); }
 
 /* Outputs larger than the caches are written with streaming stores, as
  * memcpy does: the destination is not read for ownership first and the
@@ -72,7 +71,7 @@ MP_TARGET_AVX512 static inline void bf16_loop(uint16_t *dst, const float *src, s
         put32(dst + i, _mm512_cvtepi32_epi16(mp_bf16_round16(u)), nt);
     }
     if (i < n) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = mp_lanes16((int64_t)(n - i));
         __m512i u = _mm512_maskz_loadu_epi32(k, src + i);
         _mm512_mask_cvtepi32_storeu_epi16(dst + i, k, mp_bf16_round16(u));
     }
@@ -123,7 +122,7 @@ MP_TARGET_AVX512 static inline void f16_loop(uint16_t *dst, const float *src, si
         put32(dst + i, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), nt);
     }
     if (i < n) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = mp_lanes16((int64_t)(n - i));
         __m512 x = _mm512_maskz_loadu_ps(k, src + i);
         _mm256_mask_storeu_epi16(dst + i, k,
                                  _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -145,7 +144,7 @@ MP_TARGET_AVX512 static inline void f16_dec_loop(float *dst, const uint16_t *src
               _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)))),
               nt);
     if (i < n) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = mp_lanes16((int64_t)(n - i));
         _mm512_mask_storeu_ps(dst + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, src + i)));
     }
 }
@@ -165,7 +164,7 @@ MP_TARGET_AVX512 static inline void bf16_dec_loop(float *dst, const uint16_t *sr
         put64(dst + i, _mm512_slli_epi32(h, 16), nt);
     }
     if (i < n) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = mp_lanes16((int64_t)(n - i));
         __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, src + i));
         _mm512_mask_storeu_epi32(dst + i, k, _mm512_slli_epi32(h, 16));
     }
@@ -187,7 +186,7 @@ MP_TARGET_AVX512 static inline void fp8_encode_loop(uint8_t *dst, const float *s
         put16(dst + i, _mm512_cvtepi32_epi8(mp_fp8_encode16(u, &f, ov)), nt);
     }
     if (i < n) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = mp_lanes16((int64_t)(n - i));
         __m512i u = _mm512_maskz_loadu_epi32(k, src + i);
         _mm512_mask_cvtepi32_storeu_epi8(dst + i, k, mp_fp8_encode16(u, &f, ov));
     }
@@ -221,7 +220,7 @@ MP_TARGET_AVX512 static inline void fp8_dec_loop(float *dst, const uint8_t *src,
         put64(dst + i, _mm512_castps_si512(mp_fp8_decode16(b, t)), nt);
     }
     if (i < n) {
-        __mmask16 k = tail_mask(n - i);
+        __mmask16 k = mp_lanes16((int64_t)(n - i));
         __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, src + i));
         _mm512_mask_storeu_ps(dst + i, k, mp_fp8_decode16(b, t));
     }

@@ -13,6 +13,7 @@
  * rounding onto the element grid is the fp8 one of convert_avx512.c: integer
  * round-to-nearest-even on the float32 bits for element normals, a float32
  * add of a magic power of two for element subnormals. */
+#include "core/avx512_lanes.h"
 #include "core/convert_simd.h"
 #include "mx_internal.h"
 
@@ -47,26 +48,10 @@
         }                                                                                          \
     } while (0)
 
-static inline __mmask16 lanes(size_t r) { return r >= 16 ? 0xFFFF : (__mmask16)((1u << r) - 1u); }
-
-/* Loads and stores of lanes k: plain where k is every lane, masked only
- * for a tail. Masked on every vector, these kernels ran at half the AVX2
- * ones' rate on Zen 5 (bench_convert, mxfp8_e4m3 pack 4.3 against 8.5
- * GB/s, unpack 10.2 against 22.6). */
+/* 16 float32 values as their bits (lanes k, avx512_lanes.h). */
 MP_TARGET_AVX512 INLINE __m512i load16(const float *p, __mmask16 k)
 {
-    return k == 0xFFFF ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(k, p);
-}
-MP_TARGET_AVX512 INLINE __m128i load_bytes(const uint8_t *p, __mmask16 k)
-{
-    return k == 0xFFFF ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(k, p);
-}
-MP_TARGET_AVX512 INLINE void store_bytes(uint8_t *p, __mmask16 k, __m128i v)
-{
-    if (k == 0xFFFF)
-        _mm_storeu_si128((__m128i *)p, v);
-    else
-        _mm_mask_storeu_epi8(p, k, v);
+    return _mm512_castps_si512(mp_load16(p, k));
 }
 
 MP_TARGET_AVX512 INLINE __m512i abs_bits(__m512i x)
@@ -149,14 +134,10 @@ MP_TARGET_AVX512 INLINE __m256i to_bf16(__m512i u)
 /* Store 16 values (float32 bits) at element i of dst, lanes k only. */
 MP_TARGET_AVX512 INLINE void put(void *dst, size_t i, mp_dtype t, __m512i v, __mmask16 k)
 {
-    if (t == MP_BF16 && k == 0xFFFF)
-        _mm256_storeu_si256((__m256i *)((uint16_t *)dst + i), to_bf16(v));
-    else if (t == MP_BF16)
-        _mm256_mask_storeu_epi16((uint16_t *)dst + i, k, to_bf16(v));
-    else if (k == 0xFFFF)
-        _mm512_storeu_si512((float *)dst + i, v);
+    if (t == MP_BF16)
+        mp_store16_u16((uint16_t *)dst + i, k, to_bf16(v));
     else
-        _mm512_mask_storeu_epi32((float *)dst + i, k, v);
+        mp_store16((float *)dst + i, k, _mm512_castsi512_ps(v));
 }
 
 /* The scale (2^(c-127), or NaN for code 255) and its reciprocal as vectors. */
@@ -173,7 +154,7 @@ MP_TARGET_AVX512 INLINE void pack_loop(const float *src, size_t n, uint8_t *code
     const int emax = mp_mx_elems[f].emax;
     for (size_t b = 0, i0 = 0; i0 < n; b++, i0 += MP_MX_BLOCK) {
         size_t len = n - i0 < MP_MX_BLOCK ? n - i0 : MP_MX_BLOCK;
-        __mmask16 k0 = lanes(len), k1 = lanes(len > 16 ? len - 16 : 0);
+        __mmask16 k0 = mp_lanes16(len), k1 = mp_lanes16(len > 16 ? len - 16 : 0);
         __m512i x0 = load16(src + i0, k0);
         __m512i x1 = load16(src + i0 + 16, k1);
         __m512i a0 = abs_bits(x0), a1 = abs_bits(x1);
@@ -190,10 +171,10 @@ MP_TARGET_AVX512 INLINE void pack_loop(const float *src, size_t n, uint8_t *code
             __m512i p0 = _mm512_or_si512(c0, _mm512_srli_epi64(c0, 28));
             __m512i p1 = _mm512_or_si512(c1, _mm512_srli_epi64(c1, 28));
             __m128i bytes = _mm_unpacklo_epi64(_mm512_cvtepi64_epi8(p0), _mm512_cvtepi64_epi8(p1));
-            store_bytes(codes + i0 / 2, lanes((len + 1) / 2), bytes);
+            mp_store16_u8(codes + i0 / 2, mp_lanes16((len + 1) / 2), bytes);
         } else {
-            store_bytes(codes + i0, k0, _mm512_cvtepi32_epi8(c0));
-            store_bytes(codes + i0 + 16, k1, _mm512_cvtepi32_epi8(c1));
+            mp_store16_u8(codes + i0, k0, _mm512_cvtepi32_epi8(c0));
+            mp_store16_u8(codes + i0 + 16, k1, _mm512_cvtepi32_epi8(c1));
         }
     }
 }
@@ -213,10 +194,10 @@ MP_TARGET_AVX512 INLINE void unpack_loop(const uint8_t *codes, const uint8_t *sc
 {
     for (size_t b = 0, i0 = 0; i0 < n; b++, i0 += MP_MX_BLOCK) {
         size_t len = n - i0 < MP_MX_BLOCK ? n - i0 : MP_MX_BLOCK;
-        __mmask16 k0 = lanes(len), k1 = lanes(len > 16 ? len - 16 : 0);
+        __mmask16 k0 = mp_lanes16(len), k1 = mp_lanes16(len > 16 ? len - 16 : 0);
         __m512i c0, c1;
         if (f == MP_MXFP4_E2M1) {
-            __m128i bytes = load_bytes(codes + i0 / 2, lanes((len + 1) / 2));
+            __m128i bytes = mp_load16_u8(codes + i0 / 2, mp_lanes16((len + 1) / 2));
             __m512i w0 = _mm512_cvtepu8_epi64(bytes);
             __m512i w1 = _mm512_cvtepu8_epi64(_mm_srli_si128(bytes, 8));
             const __m512i lo = _mm512_set1_epi64(0xF);
@@ -226,8 +207,8 @@ MP_TARGET_AVX512 INLINE void unpack_loop(const uint8_t *codes, const uint8_t *sc
             c1 = _mm512_or_si512(_mm512_and_si512(w1, lo),
                                  _mm512_slli_epi64(_mm512_srli_epi64(w1, 4), 32));
         } else {
-            c0 = _mm512_cvtepu8_epi32(load_bytes(codes + i0, k0));
-            c1 = _mm512_cvtepu8_epi32(load_bytes(codes + i0 + 16, k1));
+            c0 = _mm512_cvtepu8_epi32(mp_load16_u8(codes + i0, k0));
+            c1 = _mm512_cvtepu8_epi32(mp_load16_u8(codes + i0 + 16, k1));
         }
         uint32_t c = scales[b];
         __m512i v0, v1;
@@ -275,7 +256,7 @@ MP_TARGET_AVX512 INLINE void rows_loop(const float *src, size_t rows, size_t col
         size_t o = row * cols;
         for (size_t i0 = 0; i0 < cols; i0 += MP_MX_BLOCK) {
             size_t len = cols - i0 < MP_MX_BLOCK ? cols - i0 : MP_MX_BLOCK;
-            __mmask16 k0 = lanes(len), k1 = lanes(len > 16 ? len - 16 : 0);
+            __mmask16 k0 = mp_lanes16(len), k1 = mp_lanes16(len > 16 ? len - 16 : 0);
             __m512i x0 = load16(x + i0, k0);
             __m512i x1 = load16(x + i0 + 16, k1);
             __m512i am = _mm512_max_epu32(abs_bits(x0), abs_bits(x1));
@@ -306,7 +287,7 @@ MP_TARGET_AVX512 INLINE void cols_loop(const float *src, size_t rows, size_t col
     for (size_t r0 = 0; r0 < rows; r0 += MP_MX_BLOCK) {
         size_t h = rows - r0 < MP_MX_BLOCK ? rows - r0 : MP_MX_BLOCK;
         for (size_t j = 0; j < cols; j += 16) {
-            __mmask16 k = lanes(cols - j);
+            __mmask16 k = mp_lanes16(cols - j);
             __m512i am = _mm512_setzero_si512();
             for (size_t i = 0; i < h; i++)
                 am = _mm512_max_epu32(am, abs_bits(load16(src + (r0 + i) * cols + j, k)));

@@ -12,6 +12,7 @@
  *            summed over one image's output pixels in registers. */
 #include <string.h>
 
+#include "core/avx512_lanes.h"
 #include "kernels/conv_direct_internal.h"
 #include "kernels/gemm_avx512_common.h"
 
@@ -19,7 +20,7 @@
 
 /* The float32 and bfloat16 padding (see conv_pad_fn). Whole blocks of 16
  * channels load plainly, only a short block (fewer than 16 channels: the
- * image's) under a mask: masked loads of every block cost the ResNet-20
+ * image's) under a mask (avx512_lanes.h): masked loads of every block cost the ResNet-20
  * step at batch 128 (Zen 5, 2 threads, alternating in one process) 3-12%:
  * float32 101.7 -> 97.4 and 110.8 -> 102.9 ms, mixed_bfloat16 71.1 ->
  * 62.4, 77.8 -> 75.4 and 81.9 -> 78.5 ms. */
@@ -53,16 +54,11 @@ MP_TARGET_AVX512 static void pad_image(const conv_spec *s, int64_t n, int64_t hp
                 if (skip && q % s->sw >= s->kw) continue;
                 const bool out = iw < 0 || iw >= s->w;
                 if (bf16) {
-                    const uint16_t *sp = (const uint16_t *)src + iw * s->c + b * 16;
-                    __m256i v = out           ? _mm256_setzero_si256()
-                                : m == 0xFFFF ? _mm256_loadu_si256((const __m256i *)sp)
-                                              : _mm256_maskz_loadu_epi16(m, sp);
+                    __m256i v = out ? _mm256_setzero_si256()
+                                    : mp_load16_u16((const uint16_t *)src + iw * s->c + b * 16, m);
                     _mm256_store_si256((__m256i *)(o + q * 32), v);
                 } else {
-                    const float *fp = f + iw * s->c + b * 16;
-                    __m512 v = out           ? _mm512_setzero_ps()
-                               : m == 0xFFFF ? _mm512_loadu_ps(fp)
-                                             : _mm512_maskz_loadu_ps(m, fp);
+                    __m512 v = out ? _mm512_setzero_ps() : mp_load16(f + iw * s->c + b * 16, m);
                     _mm512_store_ps((float *)(o + q * 64), v);
                 }
             }

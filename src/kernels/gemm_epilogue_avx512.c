@@ -5,37 +5,29 @@
  * kernels. GELU calls the scalar activation: its erf/tanh cost is small next
  * to the products that produced the tile. Also the check of a tile just
  * written for non-finite values (mp_gemm_args.c_nonfinite). */
+#include "core/avx512_lanes.h"
 #include "core/convert_simd.h"
 #include "kernels/gemm_avx512_common.h"
 
 #if MP_X86
 
-/* Lanes m of C at idx as float32: a whole vector loaded plainly, a part
- * under the mask (as the bias below: gpt_mini's step, whose input
- * gradients of the attention projections add into dx with beta 1, Zen 5,
- * alternating in one process: mixed_bfloat16 188.4 -> 185.4 and 200.1 ->
- * 197.8 ms, float32 318.1 -> 315.3 and 331.7 -> 326.3 ms). */
+/* Lanes m of C at idx as float32 (avx512_lanes.h: a whole vector plainly;
+ * gpt_mini's step, whose attention projections' input gradients add into
+ * dx with beta 1, Zen 5, alternating in one process: mixed_bfloat16 188.4
+ * -> 185.4 and 200.1 -> 197.8 ms, float32 318.1 -> 315.3 and 331.7 ->
+ * 326.3 ms against masked loads of C and the bias). */
 MP_TARGET_AVX512 static inline __m512 load_c(const void *c, mp_dtype t, int64_t idx, __mmask16 m)
 {
-    const bool whole = m == 0xFFFF;
-    const uint16_t *h = (const uint16_t *)c + idx;
     switch (t) {
     case MP_F16:
-        return _mm512_cvtph_ps(whole ? _mm256_loadu_si256((const __m256i *)h)
-                                     : _mm256_maskz_loadu_epi16(m, h));
+        return _mm512_cvtph_ps(mp_load16_u16((const uint16_t *)c + idx, m));
     case MP_BF16:
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(whole ? _mm256_loadu_si256((const __m256i *)h)
-                                                          : _mm256_maskz_loadu_epi16(m, h)),
-                              16));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(mp_load16_u16((const uint16_t *)c + idx, m)), 16));
     default:
-        return whole ? _mm512_loadu_ps((const float *)c + idx)
-                     : _mm512_maskz_loadu_ps(m, (const float *)c + idx);
+        return mp_load16((const float *)c + idx, m);
     }
 }
-
-/* The first n lanes (all 16 from n = 16 on). */
-static inline __mmask16 lanes(int64_t n) { return (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u); }
 
 /* Lanes of v that are NaN or +-inf (all exponent bits set). */
 MP_TARGET_AVX512 static inline __mmask16 nonfinite16(__m512 v)
@@ -140,32 +132,20 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
     for (int64_t i = 0; i < mr; i++) {
         const int64_t ci = (i0 + i) * ldc + j0;
         for (int64_t j = 0; j < nr; j += 16) {
-            const int64_t cnt = nr - j < 16 ? nr - j : 16;
-            const __mmask16 m = lanes(cnt);
-            __m512 v = cnt == 16 ? _mm512_loadu_ps(t + i * ldt + j)
-                                 : _mm512_maskz_loadu_ps(m, t + i * ldt + j);
+            const __mmask16 m = mp_lanes16(nr - j);
+            __m512 v = mp_load16(t + i * ldt + j, m);
             if (scaled) v = _mm512_mul_ps(alpha, v);
             if (has_beta) v = _mm512_add_ps(v, _mm512_mul_ps(beta, load_c(c, ct, ci + j, m)));
-            if (bias)
-                v = _mm512_add_ps(v, cnt == 16 ? _mm512_loadu_ps(bias + j0 + j)
-                                               : _mm512_maskz_loadu_ps(m, bias + j0 + j));
+            if (bias) v = _mm512_add_ps(v, mp_load16(bias + j0 + j, m));
             if (relu) v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_NLE_UQ), v);
             if (direct) {
-                float *p = (float *)c + ci + j;
-                if (cnt == 16)
-                    _mm512_storeu_ps(p, v);
-                else
-                    _mm512_mask_storeu_ps(p, m, v);
+                mp_store16((float *)c + ci + j, m, v);
                 bad |= nonfinite16(v) & m;
             } else if (half) {
-                uint16_t *p = (uint16_t *)c + ci + j;
                 const __m256i h =
                     ct == MP_F16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
                                  : _mm512_cvtepi32_epi16(mp_bf16_round16(_mm512_castps_si512(v)));
-                if (cnt == 16)
-                    _mm256_storeu_si256((__m256i *)p, h);
-                else
-                    _mm256_mask_storeu_epi16(p, m, h);
+                mp_store16_u16((uint16_t *)c + ci + j, m, h);
             } else {
                 _mm512_store_ps(row + j, v);
             }
@@ -177,7 +157,7 @@ MP_TARGET_AVX512 void mp_gemm_epilogue_avx512(const gemm_epilogue *e, const floa
                        MP_OVERFLOW_SATURATE);
         if (ct == MP_F32) /* the row as stored, a copy */
             for (int64_t j = 0; j < nr; j += 16)
-                bad |= nonfinite16(_mm512_load_ps(row + j)) & lanes(nr - j);
+                bad |= nonfinite16(_mm512_load_ps(row + j)) & mp_lanes16(nr - j);
     }
     report(e, bad);
 }
@@ -192,8 +172,8 @@ MP_TARGET_AVX512 bool mp_gemm_nonfinite_avx512(const float *c, int64_t ldc, int6
     __mmask16 bad = 0;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < cols; j += 16) {
-            const __mmask16 m = lanes(cols - j);
-            bad |= nonfinite16(_mm512_maskz_loadu_ps(m, c + r * ldc + j)) & m;
+            const __mmask16 m = mp_lanes16(cols - j);
+            bad |= nonfinite16(mp_load16(c + r * ldc + j, m)) & m;
         }
     return bad != 0;
 }
