@@ -83,14 +83,6 @@ typedef struct {
     double t[2 * MAX_STEPS]; /* ms; a second run's appended after Keras */
 } step_result;
 
-/* median() may reorder the samples it is given: a copy. */
-static double median_of(const double *t, int n)
-{
-    double c[2 * MAX_STEPS];
-    memcpy(c, t, (size_t)n * sizeof *c);
-    return median(c, (size_t)n);
-}
-
 static step_result time_steps(const char *model_file, const char *policy, int warmup, int steps)
 {
     mp_model *m = NULL;
@@ -118,7 +110,7 @@ static step_result time_steps(const char *model_file, const char *policy, int wa
         }
         if (i >= warmup) r.t[i - warmup] = 1e3 * (now() - t0);
     }
-    r.ms = median_of(r.t, steps);
+    r.ms = median_copy(r.t, steps);
     r.skipped = mp_model_steps_skipped(m);
     r.scale = sr.loss_scale;
     mp_tensor_release(&x);
@@ -421,7 +413,7 @@ int main(int argc, char **argv)
             step_result again = time_steps(model_file, policies[p], warmup, steps);
             memcpy(sr[p].t + sr[p].n, again.t, (size_t)again.n * sizeof *again.t);
             sr[p].n += again.n;
-            sr[p].ms = median_of(sr[p].t, sr[p].n);
+            sr[p].ms = median_copy(sr[p].t, sr[p].n);
             printf("  mixprec %-15s %8.1f ms/step after Keras; all %d steps: %.1f ms/step\n",
                    policies[p], again.ms, sr[p].n, sr[p].ms);
         }

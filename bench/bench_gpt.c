@@ -261,14 +261,6 @@ typedef struct {
     double t[2 * MAX_STEPS]; /* ms; a second run's appended (more()) */
 } train_result;
 
-/* median() may reorder the samples it is given: a copy. */
-static double median_of(const double *t, int n)
-{
-    double c[2 * MAX_STEPS];
-    memcpy(c, t, (size_t)n * sizeof *c);
-    return median(c, (size_t)n);
-}
-
 static train_result bench_train(const char *policy, int warmup, int steps)
 {
     mp_model *m = NULL;
@@ -295,7 +287,7 @@ static train_result bench_train(const char *policy, int warmup, int steps)
         if (mp_model_train_step(m, &x, y, NULL, &sr)) die("train step");
         if (i >= warmup) r.t[i - warmup] = 1e3 * (now() - ta);
     }
-    r.ms = median_of(r.t, steps);
+    r.ms = median_copy(r.t, steps);
     r.loss = sr.loss;
     r.tokens_s = BATCH * CONTEXT / (r.ms * 1e-3);
     mp_tensor_release(&x);
@@ -590,7 +582,7 @@ int main(int argc, char **argv)
             train_result again = bench_train(policies[p], warmup, steps);
             memcpy(tr[p].t + tr[p].n, again.t, (size_t)again.n * sizeof *again.t);
             tr[p].n += again.n;
-            tr[p].ms = median_of(tr[p].t, tr[p].n);
+            tr[p].ms = median_copy(tr[p].t, tr[p].n);
             tr[p].tokens_s = BATCH * CONTEXT / (tr[p].ms * 1e-3);
             printf("  mixprec %-15s %8.1f ms/step after Keras; all %d steps: %.1f ms/step\n",
                    policies[p], again.ms, tr[p].n, tr[p].ms);

@@ -33,6 +33,15 @@ static inline double median(double *t, size_t n)
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
+/* The median of n samples, t left as it is (at most 256). */
+static inline double median_copy(const double *t, int n)
+{
+    double c[256];
+    if (n > 256) n = 256;
+    memcpy(c, t, (size_t)n * sizeof *c);
+    return median(c, (size_t)n);
+}
+
 /* The first processor's model name, family, model and stepping. */
 static inline void bench_cpu_model(char *out, size_t len)
 {

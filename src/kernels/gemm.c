@@ -62,6 +62,7 @@ typedef struct {
 } gemm_plan;
 
 static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+static int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
 static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 /* Packs a strided operand with the kernel's packer, a gathered one
@@ -551,11 +552,9 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
      * x0.976-0.997; its MLP weight gradient (1024x256x4096, packing
      * dominated by A's) and bf16 fc1 dX unchanged. */
     if (plain && !sharing && tn == 1 && mt >= nt && !pl.b_in_place) {
-        int64_t rows = 0;
+        int64_t rows = 0; /* the tallest region's */
         for (int ti = 0; ti < tm; ti++)
-            rows = rows > part(mt, tm, ti + 1, MR, pl.m) - part(mt, tm, ti, MR, pl.m)
-                       ? rows
-                       : part(mt, tm, ti + 1, MR, pl.m) - part(mt, tm, ti, MR, pl.m);
+            rows = max64(rows, part(mt, tm, ti + 1, MR, pl.m) - part(mt, tm, ti, MR, pl.m));
         share.b = sharing = true;
         share.mc = row_block(pl.im, rows, ntl * NR, pl.kcb, pl.kcb < k, accumulates_in_c(&pl.e),
                              !pl.in_place);
