@@ -711,31 +711,43 @@ static void test_api(void **state)
     assert_non_null(strstr(buf, "gemm blocks at depth 4096 (L1d "));
     if (ncands >= 2) {
 #if MP_X86
-        /* the vdpbf16ps kernel's blocks, as the driver takes them */
+        /* both kernels' blocks, as the driver takes them */
         int64_t kcb, nc;
-        mp_gemm_blocks(&mp_gemm_avx512bf16_impl, 4096, &kcb, &nc);
         char want[96];
+        mp_gemm_blocks(&mp_gemm_avx512bf16_impl, 4096, &kcb, &nc);
         snprintf(want, sizeof want, "avx512bf16 %lld deep x %lld columns", (long long)kcb,
                  (long long)nc);
         assert_non_null(strstr(buf, want));
-        /* the rule (gemm_internal.h's kc_l1): where L1d holds the 8 x
-         * kc_l1 micro-panel in two thirds, depth kc_l1 and the B block
-         * within half of L2; else kc and nc as the impl has them */
-        const gemm_impl *im = &mp_gemm_avx512bf16_impl;
+        mp_gemm_blocks(&mp_gemm_avx512_impl, 4096, &kcb, &nc);
+        snprintf(want, sizeof want, "avx512 %lld deep x %lld columns", (long long)kcb,
+                 (long long)nc);
+        assert_non_null(strstr(buf, want));
+        /* the rule (gemm_internal.h's kc_l1), for both kernels: where L1d
+         * holds the 8 x kc_l1 micro-panel in two thirds, depth kc_l1 and
+         * the B block within half of L2; else kc and nc as the impl has
+         * them */
+        const gemm_impl *ims[2] = {&mp_gemm_avx512bf16_impl, &mp_gemm_avx512_impl};
         const int64_t l1 = (int64_t)mp_cpu_cache_bytes(1), l2 = (int64_t)mp_cpu_cache_bytes(2);
-        if (3 * im->mr * im->kc_l1 * 2 <= 2 * l1 && l2 > 0) { /* 48 KiB and more */
-            assert_int_equal(kcb, im->kc_l1);
-            assert_true(nc % im->nr == 0 && nc >= im->nr && nc <= im->nc);
-            assert_true(nc == im->nr || nc * kcb * 2 <= l2 / 2);
-        } else {
-            assert_int_equal(kcb, im->kc);
-            assert_int_equal(nc, im->nc);
+        for (int i = 0; i < 2; i++) {
+            const gemm_impl *im = ims[i];
+            const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+            assert_true(im->kc_l1 > 0);
+            mp_gemm_blocks(im, 4096, &kcb, &nc);
+            const bool fits = 3 * im->mr * im->kc_l1 * esz <= 2 * l1 && l2 > 0;
+            if (fits) { /* 48 KiB and more */
+                assert_int_equal(kcb, im->kc_l1);
+                assert_true(nc % im->nr == 0 && nc >= im->nr && nc <= im->nc);
+                assert_true(nc == im->nr || nc * kcb * esz <= l2 / 2);
+            } else {
+                assert_int_equal(kcb, im->kc);
+                assert_int_equal(nc, im->nc);
+            }
+            /* a depth beyond a block splits into equal blocks: 4500 is 3 x
+             * 1500 under 2048, 2 x 2250 under 4096 (bf16); 5 x 900 under
+             * 1024 (float32, both ways) */
+            mp_gemm_blocks(im, 4500, &kcb, &nc);
+            assert_int_equal(kcb, im->fmt == GEMM_FMT_F32 ? 900 : fits ? 1500 : 2250);
         }
-        /* a depth beyond a block splits into equal blocks: 4500 is 3 x 1500
-         * under 2048, 2 x 2250 under 4096 */
-        const bool fits = 3 * im->mr * im->kc_l1 * 2 <= 2 * l1 && l2 > 0;
-        mp_gemm_blocks(im, 4500, &kcb, &nc);
-        assert_int_equal(kcb, fits ? 1500 : 2250);
 #endif
         assert_non_null(strstr(buf, "a x b"));
         assert_non_null(strstr(buf, "bf16 x bf16        100.0       300.0  avx512bf16  timed in "
