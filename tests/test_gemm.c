@@ -353,6 +353,34 @@ static void test_large(void **state)
     for_each_isa(large_body, 3);
 }
 
+/* Two threads that split only n share the packing of A (gemm.c's
+ * gemm_share): with A packed (transposed, its depth stride over 256) and
+ * taller than the packed A block's cap where the kernel takes its L1 blocks
+ * (2 MiB: 524 rows of float32 at depth 1000, 512 of bf16 at depth 2048),
+ * the threads pack and share several row blocks in turn. 600 x 96 splits n
+ * (75 x 1 tiles a thread against 38 x 2 splitting m). */
+static void shared_a_body(test_rng *r)
+{
+    for (int p = 0; p < 2; p++) {
+        gemm_case gc = {.ta = true,
+                        .m = 600,
+                        .n = 96,
+                        .k = p ? 2048 : 1000,
+                        .at = p ? MP_BF16 : MP_F32,
+                        .bt = p ? MP_BF16 : MP_F32,
+                        .ct = MP_F32,
+                        .alpha = 1.0f,
+                        .beta = 0.0f,
+                        .pad = 1};
+        if (mp_isa_active() != MP_ISA_SCALAR) run_case(&gc, r);
+    }
+}
+static void test_shared_a_blocks(void **state)
+{
+    (void)state;
+    for_each_isa(shared_a_body, 2);
+}
+
 /* alpha/beta, beta == 0 over NaN, output dtypes, bias and activations. */
 static void epilogue_body(test_rng *r)
 {
@@ -766,6 +794,7 @@ int main(void)
         cmocka_unit_test(test_epilogue),
         cmocka_unit_test(test_rounded_once),
         cmocka_unit_test(test_large),
+        cmocka_unit_test(test_shared_a_blocks),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_c_nonfinite),
     };
