@@ -241,21 +241,24 @@ static bool l1_blocks(const gemm_impl *im)
  * columns, kcb deep. The packed A block is reused across the whole n range,
  * so every element is packed once; a partial-sum buffer spanning that range
  * caps the block, and so does the A block's own size where A is packed
- * (a_packed): 16 MiB, or 2 MiB with the L1 blocks (l1_blocks), where each
- * A micro-panel meets only the few B panels of an L2-sized B block and the
- * whole A block is read again for every B block: it has to stay in the
- * caches. fc2 dW (4096x4096x1024, A^T packed, 2 threads, Zen 5, medians
- * of 21-31 calls alternating in one process) with the L1 blocks: float32
+ * (a_packed): 16 MiB, or 2 MiB with the L1 blocks (l1_blocks), where each A
+ * micro-panel meets only the few B panels of an L2-sized B block and the
+ * whole A block is read again for every B block, so it has to stay in the
+ * caches. fc2 dW (4096x4096x1024, A^T packed, 2 threads, Zen 5, medians of
+ * 21-31 calls alternating in one process) with the L1 blocks: float32
  * 302-318 GFLOP/s under 16 MiB, 349-370 under 4, 364-386 under 2; bf16
- * under 2 MiB against 16: 737 against 713 and 796 against 762. Every further block of rows packs
- * all of B again, so the rows are cut into as few blocks as the caps allow, of equal size: 1024
- * rows under a cap of 510 were 510 + 510 + 4, and the 4-row block packed the whole of B for 4 rows
- * of products. With the whole depth in one block there are no partial sums to hold: rows in blocks
- * of 4 mc. fc2 dW (4096x4096x1024, 2 threads, Zen 4, medians of 40 calls alternating in one
- * process): float32 188 -> 197 GFLOP/s, bf16 374 -> 382. Several depth blocks keep mc: there the
- * partial sums' buffer grows with it (mc 4096 for every depth took the seed step's workspace at
- * batch 8192 from 223 to 274 MiB in mixed_bfloat16, from 428 to 549 in float32, each from a fresh
- * process). */
+ * under 2 MiB against 16: 737 against 713 and 796 against 762.
+ * Every further block of rows packs all of B again, so the rows are cut
+ * into as few blocks as the caps allow, of equal size: 1024 rows under a
+ * cap of 510 were 510 + 510 + 4, and the 4-row block packed the whole of B
+ * for 4 rows of products.
+ * With the whole depth in one block there are no partial sums to hold: rows
+ * in blocks of 4 mc. fc2 dW (4096x4096x1024, 2 threads, Zen 4, medians of 40
+ * calls alternating in one process): float32 188 -> 197 GFLOP/s, bf16 374 ->
+ * 382. Several depth blocks keep mc: there the partial sums' buffer grows
+ * with it (mc 4096 for every depth took the seed step's workspace at batch
+ * 8192 from 223 to 274 MiB in mixed_bfloat16, from 428 to 549 in float32,
+ * each from a fresh process). */
 static int64_t row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int64_t kcb, bool multi,
                          bool direct, bool a_packed)
 {

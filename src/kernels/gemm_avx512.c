@@ -198,8 +198,8 @@ const gemm_impl mp_gemm_avx512_impl = {
      * row_block says why). Where L1d holds the 8 x 1024 A micro-panel
      * (32 KiB) in two thirds (kc_l1), the B block is kept within half of
      * L2 (96 columns at depth 1024) instead of 480 columns (1.9 MiB) that
-     * stream from L3: each 48-column B panel takes 16 bytes a cycle at the
-     * FMA rate, more than L3 gives two cores. Zen 5 (48 KiB L1d, 1 MiB
+     * stream from L3: a 48-column B panel is read at 16 bytes a cycle at
+     * the FMA rate, from L2 rather than L3. Zen 5 (48 KiB L1d, 1 MiB
      * L2), 2 threads, medians of 31 calls alternating in one process, two
      * runs, GFLOP/s: fc1 fwd 373 -> 385 and 373 -> 393, fc1 dX 348 -> 363
      * and 362 -> 379, fc2 fwd 373 -> 388 and 381 -> 399, fc2 dX 379 ->

@@ -98,7 +98,9 @@ typedef struct {
      * micro-panel in two thirds of its size, the depth block is kc_l1
      * instead of kc and the packed B block is kept within half of L2
      * (nc lowered to fit): the A micro-panel then stays in L1 while the
-     * block's B panels pass, and the B block stays in L2. */
+     * block's B panels pass, and the B block stays in L2. A packed A block
+     * is then capped at 2 MiB (gemm.c's row_block): it is read again for
+     * every B block. */
     int64_t kc_l1;
     gemm_kernel_fn kernel;
     /* Optional: narrow[v] computes only the first 16 * (v + 1) columns of a
