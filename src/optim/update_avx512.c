@@ -38,9 +38,10 @@ sgd16(const mp_step_coefs *c, float *w, const float *g, float *buf, int64_t j, _
 MP_TARGET_AVX512 void mp_update_sgd_avx512(const mp_step_coefs *c, float *w, const float *g,
                                            float *buf, int64_t n)
 {
+    const mp_step_coefs cc = *c; /* a copy the stores cannot alias (see adam) */
     int64_t j = 0;
-    for (; j + 16 <= n; j += 16) sgd16(c, w, g, buf, j, 0xFFFF);
-    if (j < n) sgd16(c, w, g, buf, j, mp_lanes16(n - j));
+    for (; j + 16 <= n; j += 16) sgd16(&cc, w, g, buf, j, 0xFFFF);
+    if (j < n) sgd16(&cc, w, g, buf, j, mp_lanes16(n - j));
 }
 
 /* The Adam rule on the 16 values at j. */
@@ -73,8 +74,12 @@ adam16(const mp_step_coefs *c, bool decoupled, float *w, const float *g, float *
 MP_TARGET_AVX512 void mp_update_adam_avx512(const mp_step_coefs *c, bool decoupled, float *w,
                                             const float *g, float *m, float *v, int64_t n)
 {
+    /* a local copy of the coefficients: with c itself, every store to w, m
+     * or v might have changed *c for all the compiler knows, and each vector
+     * loaded and broadcast the coefficients and tested clip_value again */
+    const mp_step_coefs cc = *c;
     int64_t j = 0;
-    for (; j + 16 <= n; j += 16) adam16(c, decoupled, w, g, m, v, j, 0xFFFF);
-    if (j < n) adam16(c, decoupled, w, g, m, v, j, mp_lanes16(n - j));
+    for (; j + 16 <= n; j += 16) adam16(&cc, decoupled, w, g, m, v, j, 0xFFFF);
+    if (j < n) adam16(&cc, decoupled, w, g, m, v, j, mp_lanes16(n - j));
 }
 #endif
