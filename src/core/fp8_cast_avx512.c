@@ -8,6 +8,7 @@
  * other paths and input types take. Asked for the values alone (a kernel's
  * operand), it rounds to the format's grid in float32 without the codes
  * between (value16). */
+#include "core/avx512_lanes.h"
 #include "core/convert_simd.h"
 #include "internal.h"
 
@@ -49,9 +50,9 @@ MP_TARGET_AVX512 static inline __m512i carry_sign(__m512i c, __m512 v)
 MP_TARGET_AVX512 static inline __m512i load16(const void *x, size_t i, __mmask16 k, bool bf16_in)
 {
     if (bf16_in)
-        return _mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, (const uint16_t *)x + i)), 16);
-    return _mm512_maskz_loadu_epi32(k, (const float *)x + i);
+        return _mm512_slli_epi32(_mm512_cvtepu16_epi32(mp_load16_u16((const uint16_t *)x + i, k)),
+                                 16);
+    return _mm512_castps_si512(mp_load16((const float *)x + i, k));
 }
 
 /* The codes of 16 values (float32 bits u); their |bits| maxed into *m. */
@@ -89,12 +90,11 @@ cast_loop(uint8_t *codes, uint16_t *decoded, const void *x, size_t n, float scal
         if (decoded) _mm512_storeu_si512(decoded + i, decoded_bf16(lo, hi, fp8));
     }
     for (; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        const __mmask16 k = mp_lanes16((int64_t)(n - i));
         const __m512i c = code16(load16(x, i, k, bf16_in), s, &m, f, sign);
-        if (codes) _mm_mask_storeu_epi8(codes + i, k, _mm512_cvtepi32_epi8(c));
+        if (codes) mp_store16_u8(codes + i, k, _mm512_cvtepi32_epi8(c));
         if (decoded)
-            _mm256_mask_storeu_epi16(decoded + i, k,
-                                     _mm512_castsi512_si256(decoded_bf16(c, c, fp8)));
+            mp_store16_u16(decoded + i, k, _mm512_castsi512_si256(decoded_bf16(c, c, fp8)));
     }
     return (uint32_t)_mm512_reduce_max_epu32(m);
 }
@@ -154,9 +154,9 @@ value_loop(uint16_t *decoded, const void *x, size_t n, float scale, const mp_fp8
         _mm512_storeu_si512(decoded + i, top_halves(lo, hi));
     }
     for (; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        const __mmask16 k = mp_lanes16((int64_t)(n - i));
         const __m512i v = value16(load16(x, i, k, bf16_in), s, &m, f);
-        _mm256_mask_storeu_epi16(decoded + i, k, _mm512_castsi512_si256(top_halves(v, v)));
+        mp_store16_u16(decoded + i, k, _mm512_castsi512_si256(top_halves(v, v)));
     }
     return (uint32_t)_mm512_reduce_max_epu32(m);
 }

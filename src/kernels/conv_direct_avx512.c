@@ -20,15 +20,15 @@
 
 /* The float32 and bfloat16 padding (see conv_pad_fn). Whole blocks of 16
  * channels load plainly, only a short block (fewer than 16 channels: the
- * image's) under a mask (avx512_lanes.h): masked loads of every block cost the ResNet-20
- * step at batch 128 (Zen 5, 2 threads, alternating in one process) 3-12%:
- * float32 101.7 -> 97.4 and 110.8 -> 102.9 ms, mixed_bfloat16 71.1 ->
- * 62.4, 77.8 -> 75.4 and 81.9 -> 78.5 ms. */
+ * image's) under a mask (avx512_lanes.h): masked loads of every block cost
+ * the ResNet-20 step at batch 128 (Zen 5, 2 threads, alternating in one
+ * process) 3-12%: float32 101.7 -> 97.4 and 110.8 -> 102.9 ms,
+ * mixed_bfloat16 71.1 -> 62.4, 77.8 -> 75.4 and 81.9 -> 78.5 ms. */
 MP_TARGET_AVX512 static void pad_image(const conv_spec *s, int64_t n, int64_t hp, int64_t wp,
                                        float *row, void *buf, bool bf16)
 {
     const int64_t nb = cdiv(s->c, 16), es = bf16 ? 2 : 4, plane = hp * wp * 16 * es;
-    const __mmask16 m = (__mmask16)(s->c < 16 ? (1u << s->c) - 1u : 0xFFFFu);
+    const __mmask16 m = mp_lanes16(s->c);
     const size_t xs = mp_dtype_size(s->xt);
     /* a stride above the kernel's size skips rows and columns no tap reads
      * (1x1 stride 2: 3 of every 4 pixels); they are left as they are */
