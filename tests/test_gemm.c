@@ -259,6 +259,28 @@ static void test_size_cross(void **state)
     for_each_isa(cross_body, 2);
 }
 
+/* m x n products with A transposed (so packed), C = A B in float32:
+ * float32 inputs at depth kf, then bf16 at depth kb (the A block cap's
+ * cases, below). */
+static void packed_a_cases(test_rng *r, int64_t m, int64_t n, int64_t kf, int64_t kb)
+{
+    if (mp_isa_active() == MP_ISA_SCALAR) return;
+    for (int p = 0; p < 2; p++) {
+        const mp_dtype t = p ? MP_BF16 : MP_F32;
+        gemm_case gc = {.ta = true,
+                        .m = m,
+                        .n = n,
+                        .k = p ? kb : kf,
+                        .at = t,
+                        .bt = t,
+                        .ct = MP_F32,
+                        .alpha = 1.0f,
+                        .beta = 0.0f,
+                        .pad = 1};
+        run_case(&gc, r);
+    }
+}
+
 /* Large shapes cross every cache block boundary and use the threads. */
 static void large_body(test_rng *r)
 {
@@ -334,18 +356,7 @@ static void large_body(test_rng *r)
      * apply (tiles accumulate in C): where the kernel takes its L1 blocks,
      * the packed A block is capped at 2 MiB (gemm.c's row_block), so the
      * 1100 rows run as several row blocks, each packing B again */
-    for (int p = 0; p < 2; p++) {
-        gemm_case wg = {.ta = true,
-                        .m = 1100,
-                        .n = 100,
-                        .k = 1000,
-                        .at = p ? MP_BF16 : MP_F32,
-                        .bt = p ? MP_BF16 : MP_F32,
-                        .ct = MP_F32,
-                        .alpha = 1.0f,
-                        .beta = 0.0f};
-        if (mp_isa_active() != MP_ISA_SCALAR) run_case(&wg, r);
-    }
+    packed_a_cases(r, 1100, 100, 1000, 1000);
 }
 static void test_large(void **state)
 {
@@ -359,22 +370,7 @@ static void test_large(void **state)
  * (2 MiB: 524 rows of float32 at depth 1000, 512 of bf16 at depth 2048),
  * the threads pack and share several row blocks in turn. 600 x 96 splits n
  * (75 x 1 tiles a thread against 38 x 2 splitting m). */
-static void shared_a_body(test_rng *r)
-{
-    for (int p = 0; p < 2; p++) {
-        gemm_case gc = {.ta = true,
-                        .m = 600,
-                        .n = 96,
-                        .k = p ? 2048 : 1000,
-                        .at = p ? MP_BF16 : MP_F32,
-                        .bt = p ? MP_BF16 : MP_F32,
-                        .ct = MP_F32,
-                        .alpha = 1.0f,
-                        .beta = 0.0f,
-                        .pad = 1};
-        if (mp_isa_active() != MP_ISA_SCALAR) run_case(&gc, r);
-    }
-}
+static void shared_a_body(test_rng *r) { packed_a_cases(r, 600, 96, 1000, 2048); }
 static void test_shared_a_blocks(void **state)
 {
     (void)state;
