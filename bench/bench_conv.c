@@ -411,9 +411,7 @@ int main(int argc, char **argv)
          * (as bench-peers and bench-gpt do). */
         for (int p = 0; p < 3; p++) {
             step_result again = time_steps(model_file, policies[p], warmup, steps);
-            memcpy(sr[p].t + sr[p].n, again.t, (size_t)again.n * sizeof *again.t);
-            sr[p].n += again.n;
-            sr[p].ms = median_copy(sr[p].t, sr[p].n);
+            sr[p].ms = append_median(sr[p].t, &sr[p].n, again.t, again.n);
             printf("  mixprec %-15s %8.1f ms/step after Keras; all %d steps: %.1f ms/step\n",
                    policies[p], again.ms, sr[p].n, sr[p].ms);
         }

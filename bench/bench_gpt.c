@@ -258,7 +258,7 @@ typedef struct {
     double ms, tokens_s;
     float loss;
     int n;                   /* steps timed, in t */
-    double t[2 * MAX_STEPS]; /* ms; a second run's appended (more()) */
+    double t[2 * MAX_STEPS]; /* ms; a second run's appended after Keras */
 } train_result;
 
 static train_result bench_train(const char *policy, int warmup, int steps)
@@ -580,9 +580,7 @@ int main(int argc, char **argv)
     if (on[S_TRAIN] && kms[0] > 0) {
         for (int p = 0; p < 2; p++) {
             train_result again = bench_train(policies[p], warmup, steps);
-            memcpy(tr[p].t + tr[p].n, again.t, (size_t)again.n * sizeof *again.t);
-            tr[p].n += again.n;
-            tr[p].ms = median_copy(tr[p].t, tr[p].n);
+            tr[p].ms = append_median(tr[p].t, &tr[p].n, again.t, again.n);
             tr[p].tokens_s = BATCH * CONTEXT / (tr[p].ms * 1e-3);
             printf("  mixprec %-15s %8.1f ms/step after Keras; all %d steps: %.1f ms/step\n",
                    policies[p], again.ms, tr[p].n, tr[p].ms);

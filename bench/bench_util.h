@@ -42,6 +42,15 @@ static inline double median_copy(const double *t, int n)
     return median(c, (size_t)n);
 }
 
+/* A second run's m samples appended to the *n at t (room for them
+ * assumed), *n raised to the total: the median of all of them. */
+static inline double append_median(double *t, int *n, const double *more, int m)
+{
+    memcpy(t + *n, more, (size_t)m * sizeof *t);
+    *n += m;
+    return median_copy(t, *n);
+}
+
 /* The first processor's model name, family, model and stepping. */
 static inline void bench_cpu_model(char *out, size_t len)
 {
