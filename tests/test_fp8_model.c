@@ -336,6 +336,7 @@ static void test_update_quantizes_kernels(void **state)
     mp_optimizer *po = mp_model_optimizer(plain);
     for (int i = 0; i < mp_optimizer_num_params(po); i++)
         assert_int_equal(mp_optimizer_set_update_hook(po, i, (mp_update_hook){0}), MP_OK);
+    const int threads = mp_num_threads();
     mp_set_num_threads(2);
     for (int i = 0; i < N; i++) {
         mp_model *both[2] = {fused, plain};
@@ -374,6 +375,7 @@ static void test_update_quantizes_kernels(void **state)
     assert_int_equal(fresh_uses(fused, &kernels), 2 * 8);
     mp_model_free(fused);
     mp_model_free(plain);
+    mp_set_num_threads(threads);
 }
 
 /* ----------------------------------------------------- bad input */
