@@ -8,6 +8,7 @@
  * only shows below 2^-126. */
 #include <string.h>
 
+#include "core/avx512_lanes.h"
 #include "kernels/gemm_avx512_common.h"
 
 #if MP_X86
@@ -87,9 +88,9 @@ MP_TARGET_AVX512BF16 static void kernel_bf16_a(int64_t kc, const void *a, int64_
  * multiply fixes the scale. Every fp8 value then fits bf16 exactly. */
 MP_TARGET_AVX512BF16 static inline __m256i load16(const char *p, mp_dtype t, int cnt)
 {
-    __mmask16 m = (__mmask16)((1u << cnt) - 1u);
-    if (t == MP_BF16) return _mm256_maskz_loadu_epi16(m, p);
-    __m256i b = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p));
+    const __mmask16 m = mp_lanes16(cnt); /* whole vectors plainly (avx512_lanes.h) */
+    if (t == MP_BF16) return mp_load16_u16((const uint16_t *)p, m);
+    __m256i b = _mm256_cvtepu8_epi16(mp_load16_u8((const uint8_t *)p, m));
     __m512 f;
     if (t == MP_F8E5M2) {
         f = _mm512_cvtph_ps(_mm256_slli_epi16(b, 8));
