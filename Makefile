@@ -172,7 +172,7 @@ bench-deps:
 # the peer headers present, so installing or removing one rebuilds it.
 PEER_HEADERS := $(wildcard /usr/include/dnnl.h /usr/include/dnnl_types.h)
 PEER_STAMP := $(BUILD)/.peer-headers
-$(shell mkdir -p $(BUILD); [ "$$(cat $(PEER_STAMP) 2>/dev/null)" = "$(PEER_HEADERS)" ] || echo "$(PEER_HEADERS)" > $(PEER_STAMP))
+$(shell mkdir -p $(BUILD); [ -f $(PEER_STAMP) ] && [ "$$(cat $(PEER_STAMP))" = "$(PEER_HEADERS)" ] || echo "$(PEER_HEADERS)" > $(PEER_STAMP))
 $(BUILD)/obj/bench/bench_gemm.o: $(PEER_STAMP) $(PEER_HEADERS)
 
 $(BUILD)/bench_gemm: $(BUILD)/obj/bench/bench_gemm.o $(STATIC)
