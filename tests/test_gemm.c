@@ -354,7 +354,7 @@ static void large_body(test_rng *r)
     if (mp_isa_active() != MP_ISA_SCALAR) run_case(&gc, r);
     /* A packed (transposed) in one depth block of 1000, with nothing to
      * apply (tiles accumulate in C): where the kernel takes its L1 blocks,
-     * the packed A block is capped at 2 MiB (gemm.c's row_block), so the
+     * the packed A block is capped at 2 MiB (mp_gemm_row_block), so the
      * 1100 rows run as several row blocks, each packing B again */
     packed_a_cases(r, 1100, 100, 1000, 1000);
 }
@@ -368,9 +368,12 @@ static void test_large(void **state)
  * gemm_share): with A packed (transposed, its depth stride over 256) and
  * taller than the packed A block's cap where the kernel takes its L1 blocks
  * (2 MiB: 524 rows of float32 at depth 1000, 512 of bf16 at depth 2048),
- * the threads pack and share several row blocks in turn. 600 x 96 splits n
- * (75 x 1 tiles a thread against 38 x 2 splitting m). */
-static void shared_a_body(test_rng *r) { packed_a_cases(r, 600, 96, 1000, 2048); }
+ * the threads pack and share several row blocks in turn. Each packs its
+ * own B range once for all of them (mp_gemm_b_once): 144 columns a thread,
+ * two B blocks of the 96 columns the L1 blocks take, the second thread's
+ * range starting past 0. 600 x 288 splits n (75 x 3 tiles a thread against
+ * 38 x 6 splitting m). */
+static void shared_a_body(test_rng *r) { packed_a_cases(r, 600, 288, 1000, 2048); }
 static void test_shared_a_blocks(void **state)
 {
     (void)state;

@@ -227,54 +227,6 @@ static void check_tile(const gemm_plan *pl, int64_t i0, int64_t j0, int64_t mr, 
     if (bad) atomic_store_explicit(pl->nonfinite, 1, memory_order_relaxed);
 }
 
-/* Whether im takes its L1 blocks on this CPU (gemm_impl's kc_l1): L1d
- * holds an mr x kc_l1 A micro-panel in two thirds of its size, and L2's
- * size is known. */
-static bool l1_blocks(const gemm_impl *im)
-{
-    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
-    const int64_t l1 = (int64_t)mp_cpu_cache_bytes(1), l2 = (int64_t)mp_cpu_cache_bytes(2);
-    return im->kc_l1 > 0 && 3 * im->mr * im->kc_l1 * esz <= 2 * l1 && l2 > 0;
-}
-
-/* The rows of a block for `rows` rows whose partial sums span nr_pad
- * columns, kcb deep. The packed A block is reused across the whole n range,
- * so every element is packed once; a partial-sum buffer spanning that range
- * caps the block, and so does the A block's own size where A is packed
- * (a_packed): 16 MiB, or 2 MiB with the L1 blocks (l1_blocks), where each A
- * micro-panel meets only the few B panels of an L2-sized B block and the
- * whole A block is read again for every B block, so it has to stay in the
- * caches. fc2 dW (4096x4096x1024, A^T packed, 2 threads, Zen 5, medians of
- * 21-31 calls alternating in one process) with the L1 blocks: float32
- * 302-318 GFLOP/s under 16 MiB, 349-370 under 4, 364-386 under 2; bf16
- * under 2 MiB against 16: 737 against 713 and 796 against 762.
- * Every further block of rows packs all of B again, so the rows are cut
- * into as few blocks as the caps allow, of equal size: 1024 rows under a
- * cap of 510 were 510 + 510 + 4, and the 4-row block packed the whole of B
- * for 4 rows of products.
- * With the whole depth in one block there are no partial sums to hold: rows
- * in blocks of 4 mc. fc2 dW (4096x4096x1024, 2 threads, Zen 4, medians of 40
- * calls alternating in one process): float32 188 -> 197 GFLOP/s, bf16 374 ->
- * 382. Several depth blocks keep mc: there the partial sums' buffer grows
- * with it (mc 4096 for every depth took the seed step's workspace at batch
- * 8192 from 223 to 274 MiB in mixed_bfloat16, from 428 to 549 in float32,
- * each from a fresh process). */
-static int64_t row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int64_t kcb, bool multi,
-                         bool direct, bool a_packed)
-{
-    const int MR = im->mr;
-    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
-    const int64_t a_cap = ((int64_t)(l1_blocks(im) ? 2 : 16) << 20) / (kcb * esz) / MR * MR;
-    int64_t mc = multi ? im->mc : 4 * im->mc;
-    if (a_packed) mc = min64(mc, a_cap > MR ? a_cap : MR);
-    if (multi && !direct) {
-        int64_t cap = ((int64_t)1 << 22) / nr_pad / MR * MR; /* 16 MiB of floats */
-        if (cap < MR) cap = MR;
-        mc = min64(mc, cap);
-    }
-    return cdiv(cdiv(rows, cdiv(rows, mc)), MR) * MR;
-}
-
 /* Threads that split only n all need the same packed A blocks: each packs
  * its share of the panels into one buffer (the first thread's) and all use
  * it, instead of every thread packing all of A. All threads then run the
@@ -341,13 +293,18 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     const bool direct = accumulates_in_c(e);
     const bool in_place = pl->in_place;
     const int64_t mc =
-        share ? share->mc : row_block(im, m1 - m0, nr_pad, kcb, multi, direct, !in_place);
+        share ? share->mc : mp_gemm_row_block(im, m1 - m0, nr_pad, kcb, multi, direct, !in_place);
     gemm_share *const ashare = share && !share->b ? share : NULL;
     gemm_share *const bshare = share && share->b ? share : NULL;
     /* read in place, A needs a buffer only for a last, partial panel */
     const int64_t a_rows = in_place ? MR : mc;
     char *ap = ashare && tid ? NULL : mp_scratch(0, (size_t)a_rows * (size_t)kpad_max * esz);
-    char *bp = bshare && tid ? NULL : mp_scratch(1, (size_t)nc * (size_t)kpad_max * esz);
+    /* B packed once for all row blocks (a thread's own range only) */
+    const bool b_once =
+        !bshare && !pl->b_in_place && mp_gemm_b_once(im, m1 - m0, mc, nr_pad, kpad_max, multi);
+    char *bp = bshare && tid
+                   ? NULL
+                   : mp_scratch(1, (size_t)(b_once ? nr_pad : nc) * (size_t)kpad_max * esz);
     float *cw = multi ? mp_scratch(2, (size_t)mc * (size_t)nr_pad * sizeof(float)) : NULL;
     const bool mine_ok = (ap || (ashare && tid)) && (bp || (bshare && tid)) && (!multi || cw);
     if (share) {
@@ -379,7 +336,11 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                 const int64_t nb = min64(nc, n1 - jc);
                 /* read in place, B needs packing only for a last, partial panel */
                 const int64_t nfull = pl->b_in_place ? nb / NR * NR : 0;
-                if (bshare) {
+                char *bblk = bp;
+                if (b_once) {
+                    bblk = bp + (size_t)((jc - n0) / NR) * (size_t)(NR * kpad) * esz;
+                    if (ic == m0 && !pack(im, &pl->b, jc, nb, pc, kb, NR, bblk)) return false;
+                } else if (bshare) {
                     pack_share(im, &pl->b, NR, jc, nb, pc, kb, kpad, bp, bshare, tid);
                 } else if (nfull < nb &&
                            !pack(im, &pl->b, jc + nfull, nb - nfull, pc, kb, NR, bp)) {
@@ -403,7 +364,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                         if (!first && (direct || multi))
                             prefetch_tile(pl, ir, jr, mb, nb, ic, jc, n0, cw, ldw);
                         const char *bpan =
-                            bp + (size_t)((jr - nfull) / NR) * (size_t)(NR * kpad) * esz;
+                            bblk + (size_t)((jr - nfull) / NR) * (size_t)(NR * kpad) * esz;
                         int64_t sb = NR;
                         if (jr < nfull) {
                             bpan = (const char *)pl->b.base +
@@ -465,26 +426,6 @@ static int64_t part(int64_t tiles, int parts, int idx, int unit, int64_t total)
 {
     int64_t t = tiles * idx / parts * unit;
     return t < total ? t : total;
-}
-
-/* Depth blocks of equal size rather than kc, kc, ..., remainder; kc_l1
- * and the B block's cap where the CPU's caches allow them (gemm_impl says
- * how). */
-void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t *kcb, int64_t *nc)
-{
-    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
-    const int64_t l2 = (int64_t)mp_cpu_cache_bytes(2);
-    const bool l1_fit = l1_blocks(im);
-    const int64_t kc = l1_fit ? im->kc_l1 : im->kc;
-    const int64_t nkb = k > 0 ? cdiv(k, kc) : 1;
-    *kcb = k > 0 ? cdiv(k, nkb) : 0;
-    if (im->fmt == GEMM_FMT_BF16 && (*kcb & 1) && *kcb < k) ++*kcb;
-    *nc = im->nc;
-    if (l1_fit && *kcb > 0) {
-        const int64_t kpad = *kcb + (im->fmt == GEMM_FMT_BF16 ? (*kcb & 1) : 0);
-        const int64_t fit = l2 / 2 / (kpad * esz) / im->nr * im->nr;
-        *nc = min64(*nc, fit > im->nr ? fit : im->nr);
-    }
 }
 
 static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *a,
@@ -558,8 +499,8 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     const bool plain = nt > 1 && !pl.a.gather && !pl.b.gather && k > 0;
     bool sharing = plain && tm == 1 && ntl >= nt && !pl.in_place;
     if (sharing)
-        share.mc = row_block(pl.im, pl.m, cdiv(ntl, nt) * NR, pl.kcb, pl.kcb < k,
-                             accumulates_in_c(&pl.e), true);
+        share.mc = mp_gemm_row_block(pl.im, pl.m, cdiv(ntl, nt) * NR, pl.kcb, pl.kcb < k,
+                                     accumulates_in_c(&pl.e), true);
     /* Shared B packing, the mirror image: every thread has all of n and
      * some rows, B packed from strides (read in place, it needs none). Each
      * runs the row blocks of the tallest region. 2 threads, Zen 5, medians
@@ -573,8 +514,8 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
         for (int ti = 0; ti < tm; ti++)
             rows = max64(rows, part(mt, tm, ti + 1, MR, pl.m) - part(mt, tm, ti, MR, pl.m));
         share.b = sharing = true;
-        share.mc = row_block(pl.im, rows, ntl * NR, pl.kcb, pl.kcb < k, accumulates_in_c(&pl.e),
-                             !pl.in_place);
+        share.mc = mp_gemm_row_block(pl.im, rows, ntl * NR, pl.kcb, pl.kcb < k,
+                                     accumulates_in_c(&pl.e), !pl.in_place);
         share.nblk = cdiv(rows, share.mc);
     }
     if (nt <= 1) {

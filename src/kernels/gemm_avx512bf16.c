@@ -244,7 +244,7 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
  * weight gradient (1024x256x4096) x0.914-0.953; depths up to 1024 keep
  * their blocks. Each element's sum runs over k in the same order whatever
  * the depth block, so the bits do not change with it. Row blocks: mc, or 4
- * mc where the depth is one block (gemm.c's row_block says why). */
+ * mc where the depth is one block (mp_gemm_row_block says why). */
 const gemm_impl mp_gemm_avx512bf16_impl = {
     .fmt = GEMM_FMT_BF16,
     .mr = BMR,

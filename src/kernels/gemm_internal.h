@@ -99,7 +99,7 @@ typedef struct {
      * instead of kc and the packed B block is kept within half of L2
      * (nc lowered to fit): the A micro-panel then stays in L1 while the
      * block's B panels pass, and the B block stays in L2. A packed A block
-     * is then capped at 2 MiB (gemm.c's row_block): it is read again for
+     * is then capped at 2 MiB (mp_gemm_row_block): it is read again for
      * every B block. */
     int64_t kc_l1;
     gemm_kernel_fn kernel;
@@ -183,9 +183,19 @@ void mp_gemm_dispatch_reset(void);
 /* Tests: GFLOP/s that replace the timing, 2 x candidates of them: with the
  * caller's threads, then on one thread (NULL: time again). */
 void mp_gemm_dispatch_test_rates(const double *gflops);
-/* The depth block (*kcb) and column block (*nc) the driver uses on im for
- * depth k on this CPU (gemm.c). */
+/* Cache blocking (gemm_blocks.c). The depth block (*kcb) and column block
+ * (*nc) the driver uses on im for depth k on this CPU. */
 void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t *kcb, int64_t *nc);
+/* The rows of a block of A for `rows` rows whose partial sums span nr_pad
+ * columns at depth block kcb; multi: several depth blocks; direct: sums
+ * kept in C; a_packed: A is packed (not read in place). */
+int64_t mp_gemm_row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int64_t kcb,
+                          bool multi, bool direct, bool a_packed);
+/* Whether a thread whose region has `rows` rows in blocks of mc packs its
+ * whole B range (nr_pad columns, kpad deep) once for all row blocks,
+ * rather than each B block again for each. */
+bool mp_gemm_b_once(const gemm_impl *im, int64_t rows, int64_t mc, int64_t nr_pad, int64_t kpad,
+                    bool multi);
 /* The kernel the driver picks for an input-type pair (gemm.c). */
 const gemm_impl *mp_gemm_impl_for(mp_dtype at, mp_dtype bt);
 

@@ -1,0 +1,95 @@
+/* gemm_blocks.c - the GEMM driver's cache blocking rules: the depth block
+ * and B column block for a kernel on this CPU's caches, the row block of A,
+ * and whether a thread packs its whole B range once. The driver (gemm.c)
+ * runs the loops; these say how far each goes. */
+#include "kernels/gemm_internal.h"
+
+static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+/* Whether im takes its L1 blocks on this CPU (gemm_impl's kc_l1): L1d
+ * holds an mr x kc_l1 A micro-panel in two thirds of its size, and L2's
+ * size is known. */
+static bool l1_blocks(const gemm_impl *im)
+{
+    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const int64_t l1 = (int64_t)mp_cpu_cache_bytes(1), l2 = (int64_t)mp_cpu_cache_bytes(2);
+    return im->kc_l1 > 0 && 3 * im->mr * im->kc_l1 * esz <= 2 * l1 && l2 > 0;
+}
+
+/* The rows of a block for `rows` rows whose partial sums span nr_pad
+ * columns, kcb deep. The packed A block is reused across the whole n range,
+ * so every element is packed once; a partial-sum buffer spanning that range
+ * caps the block, and so does the A block's own size where A is packed
+ * (a_packed): 16 MiB, or 2 MiB with the L1 blocks (l1_blocks), where each A
+ * micro-panel meets only the few B panels of an L2-sized B block and the
+ * whole A block is read again for every B block, so it has to stay in the
+ * caches. fc2 dW (4096x4096x1024, A^T packed, 2 threads, Zen 5, medians of
+ * 21-31 calls alternating in one process) with the L1 blocks: float32
+ * 302-318 GFLOP/s under 16 MiB, 349-370 under 4, 364-386 under 2; bf16
+ * under 2 MiB against 16: 737 against 713 and 796 against 762.
+ * Every further block of rows packs all of B again, so the rows are cut
+ * into as few blocks as the caps allow, of equal size: 1024 rows under a
+ * cap of 510 were 510 + 510 + 4, and the 4-row block packed the whole of B
+ * for 4 rows of products.
+ * With the whole depth in one block there are no partial sums to hold: rows
+ * in blocks of 4 mc. fc2 dW (4096x4096x1024, 2 threads, Zen 4, medians of 40
+ * calls alternating in one process): float32 188 -> 197 GFLOP/s, bf16 374 ->
+ * 382. Several depth blocks keep mc: there the partial sums' buffer grows
+ * with it (mc 4096 for every depth took the seed step's workspace at batch
+ * 8192 from 223 to 274 MiB in mixed_bfloat16, from 428 to 549 in float32,
+ * each from a fresh process). */
+int64_t mp_gemm_row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int64_t kcb,
+                          bool multi, bool direct, bool a_packed)
+{
+    const int MR = im->mr;
+    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const int64_t a_cap = ((int64_t)(l1_blocks(im) ? 2 : 16) << 20) / (kcb * esz) / MR * MR;
+    int64_t mc = multi ? im->mc : 4 * im->mc;
+    if (a_packed) mc = min64(mc, a_cap > MR ? a_cap : MR);
+    if (multi && !direct) {
+        int64_t cap = ((int64_t)1 << 22) / nr_pad / MR * MR; /* 16 MiB of floats */
+        if (cap < MR) cap = MR;
+        mc = min64(mc, cap);
+    }
+    return cdiv(cdiv(rows, cdiv(rows, mc)), MR) * MR;
+}
+
+/* Depth blocks of equal size rather than kc, kc, ..., remainder; kc_l1
+ * and the B block's cap where the CPU's caches allow them (gemm_impl says
+ * how). */
+void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t *kcb, int64_t *nc)
+{
+    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const int64_t l2 = (int64_t)mp_cpu_cache_bytes(2);
+    const bool l1_fit = l1_blocks(im);
+    const int64_t kc = l1_fit ? im->kc_l1 : im->kc;
+    const int64_t nkb = k > 0 ? cdiv(k, kc) : 1;
+    *kcb = k > 0 ? cdiv(k, nkb) : 0;
+    if (im->fmt == GEMM_FMT_BF16 && (*kcb & 1) && *kcb < k) ++*kcb;
+    *nc = im->nc;
+    if (l1_fit && *kcb > 0) {
+        const int64_t kpad = *kcb + (im->fmt == GEMM_FMT_BF16 ? (*kcb & 1) : 0);
+        const int64_t fit = l2 / 2 / (kpad * esz) / im->nr * im->nr;
+        *nc = min64(*nc, fit > im->nr ? fit : im->nr);
+    }
+}
+
+/* The weight gradients (x^T dz: A transposed and packed, its block capped,
+ * a single depth block) run several row blocks over the same B, and B was
+ * packed again for each: 8 times for fc2's (4096 rows in blocks of 512).
+ * Packed once, its panels are read back in order (from L3 where it fits)
+ * instead of gathered again from B's rows. fc2 dW float32 (4096x4096x1024,
+ * 2 threads, Zen 5, medians of 21 calls alternating in one process): 433
+ * -> 447, 427 -> 442 and 427 -> 442 GFLOP/s; fc1 dW (784x4096x1024, two
+ * row blocks) 432 -> 438 and 417 -> 424; bf16 fc2 dW 879 -> 893, fc1 dW
+ * unchanged. Several depth blocks would need all of B's depth at once (the
+ * rows' loop is outside the depth loop); beyond 12 MiB (fc2's float32
+ * range on one of 2 threads: 2064 x 1024 floats, 8.1 MiB) B is packed per
+ * block again. */
+bool mp_gemm_b_once(const gemm_impl *im, int64_t rows, int64_t mc, int64_t nr_pad, int64_t kpad,
+                    bool multi)
+{
+    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    return !multi && rows > mc && nr_pad * kpad * esz <= ((int64_t)12 << 20);
+}
