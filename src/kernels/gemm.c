@@ -1,7 +1,8 @@
 /* gemm.c - the GEMM driver: choice of microkernel, cache blocking, packing
  * (which widens every input type to the kernel's format), OpenMP threading
  * over blocks of C, and the epilogue. The public entry points and their
- * argument checks are in gemm_api.c.
+ * argument checks are in gemm_api.c, the cache blocking rules in
+ * gemm_blocks.c.
  *
  * Kernel choice (documented rule for mixed input types):
  *   - both operands bf16 or fp8 and the CPU has AVX512_BF16: the vdpbf16ps

@@ -83,10 +83,13 @@ void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t *kcb, int64_t *nc)
  * 2 threads, Zen 5, medians of 21 calls alternating in one process): 433
  * -> 447, 427 -> 442 and 427 -> 442 GFLOP/s; fc1 dW (784x4096x1024, two
  * row blocks) 432 -> 438 and 417 -> 424; bf16 fc2 dW 879 -> 893, fc1 dW
- * unchanged. Several depth blocks would need all of B's depth at once (the
- * rows' loop is outside the depth loop); beyond 12 MiB (fc2's float32
- * range on one of 2 threads: 2064 x 1024 floats, 8.1 MiB) B is packed per
- * block again. */
+ * unchanged. The buffer is the thread's whole B range instead of one B
+ * block: the seed step's float32 workspace at batch 1024 went from 67 to
+ * 82 MiB (bench-step). Several depth blocks would need all of B's depth at
+ * once (the rows' loop is outside the depth loop); beyond 12 MiB (fc2's
+ * float32 range on one of 2 threads: 2064 x 1024 floats, 8.1 MiB) B is
+ * packed per block again. A gathered B (a convolution's patches) is packed
+ * once the same way where the rule holds. */
 bool mp_gemm_b_once(const gemm_impl *im, int64_t rows, int64_t mc, int64_t nr_pad, int64_t kpad,
                     bool multi)
 {
