@@ -62,9 +62,7 @@ typedef struct {
     atomic_int *nonfinite; /* NULL, or set to 1 when a value written to C is not finite */
 } gemm_plan;
 
-static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 static int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
-static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
 /* Packs a strided operand with the kernel's packer, a gathered one
  * (implicit GEMM) by its geometry; false if out of memory. */
@@ -253,7 +251,7 @@ static void pack_share(const gemm_impl *im, const gemm_operand *op, int W, int64
                        int64_t pc, int64_t kb, int64_t kpad, char *buf, const gemm_share *sh,
                        int tid)
 {
-    const size_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const size_t esz = (size_t)mp_gemm_fmt_bytes(im->fmt);
     const int64_t np = cdiv(nw, W), p0 = np * tid / sh->nt, p1 = np * (tid + 1) / sh->nt;
 #pragma omp barrier
     if (p1 > p0)
@@ -270,7 +268,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
 {
     const gemm_impl *im = pl->im;
     const int MR = im->mr, NR = im->nr;
-    const size_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const size_t esz = (size_t)mp_gemm_fmt_bytes(im->fmt);
     _Alignas(64) float tile[16 * 64];
     if (m0 >= m1 || n0 >= n1) return true;
 
@@ -286,7 +284,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     }
 
     const int64_t kcb = pl->kcb;
-    const int64_t kpad_max = im->fmt == GEMM_FMT_BF16 ? kcb + (kcb & 1) : kcb;
+    const int64_t kpad_max = mp_gemm_kpad(im->fmt, kcb);
     const int64_t nr_pad = cdiv(n1 - n0, NR) * NR;
     const int64_t nc = min64(pl->nc, nr_pad);
     const bool multi = kcb < pl->k;
@@ -326,7 +324,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
         const int64_t mb = ic < m1 ? min64(mc, m1 - ic) : 0; /* B shared: maybe none */
         for (int64_t pc = 0; pc < pl->k; pc += kcb) {
             const int64_t kb = min64(kcb, pl->k - pc);
-            const int64_t kpad = im->fmt == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
+            const int64_t kpad = mp_gemm_kpad(im->fmt, kb);
             const bool first = pc == 0, last = pc + kb >= pl->k;
             if (ashare) {
                 pack_share(im, &pl->a, MR, ic, mb, pc, kb, kpad, ap, ashare, tid);

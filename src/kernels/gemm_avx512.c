@@ -195,17 +195,15 @@ const gemm_impl mp_gemm_avx512_impl = {
     .nr = FNR,
     /* Zen 4: kc 256 -> 1024 lifted 2048^3 from 187 to 205 GFLOP/s. Row
      * blocks: mc, or 4 mc where the depth is one block (mp_gemm_row_block
-     * says why). Where L1d holds the 8 x 1024 A micro-panel
-     * (32 KiB) in two thirds (kc_l1), the B block is kept within half of
-     * L2 (96 columns at depth 1024) instead of 480 columns (1.9 MiB) that
-     * stream from L3: a 48-column B panel is read at 16 bytes a cycle at
-     * the FMA rate, from L2 rather than L3. Zen 5 (48 KiB L1d, 1 MiB
-     * L2), 2 threads, medians of 31 calls alternating in one process, two
-     * runs, GFLOP/s: fc1 fwd 373 -> 385 and 373 -> 393, fc1 dX 348 -> 363
-     * and 362 -> 379, fc2 fwd 373 -> 388 and 381 -> 399, fc2 dX 379 ->
-     * 397 and 388 -> 414, 2048^3 387 -> 399 and 374 -> 388; the weight
-     * gradients, A packed (its block capped, mp_gemm_row_block), fc1 dW
-     * 370 -> 364 and 376 -> 375, fc2 dW 379 -> 375 and 392 -> 386. The
+     * says why). Where L1d holds the 8 x 1024 A micro-panel (32 KiB) in
+     * two thirds (kc_l1), the B block is kept within half of L2 (96
+     * columns at depth 1024) instead of 480 columns (1.9 MiB) that stream
+     * from L3: a 48-column B panel is read at 16 bytes a cycle at the FMA
+     * rate, from L2 rather than L3. Zen 5 (48 KiB L1d, 1 MiB L2), 2 threads, medians of 31 calls
+     * alternating in one process, two runs, GFLOP/s: fc1 fwd 373 -> 385 and 373 -> 393, fc1 dX 348
+     * -> 363 and 362 -> 379, fc2 fwd 373 -> 388 and 381 -> 399, fc2 dX 379 -> 397 and 388 -> 414,
+     * 2048^3 387 -> 399 and 374 -> 388; the weight gradients, A packed (its block capped,
+     * mp_gemm_row_block), fc1 dW 370 -> 364 and 376 -> 375, fc2 dW 379 -> 375 and 392 -> 386. The
      * seed MLP's float32 step: x0.954 and x0.971. */
     .kc = 1024,
     .mc = 1024,

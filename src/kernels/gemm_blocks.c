@@ -4,15 +4,12 @@
  * runs the loops; these say how far each goes. */
 #include "kernels/gemm_internal.h"
 
-static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
-static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
-
 /* Whether im takes its L1 blocks on this CPU (gemm_impl's kc_l1): L1d
  * holds an mr x kc_l1 A micro-panel in two thirds of its size, and L2's
  * size is known. */
 static bool l1_blocks(const gemm_impl *im)
 {
-    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const int64_t esz = mp_gemm_fmt_bytes(im->fmt);
     const int64_t l1 = (int64_t)mp_cpu_cache_bytes(1), l2 = (int64_t)mp_cpu_cache_bytes(2);
     return im->kc_l1 > 0 && 3 * im->mr * im->kc_l1 * esz <= 2 * l1 && l2 > 0;
 }
@@ -43,7 +40,7 @@ int64_t mp_gemm_row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int
                           bool multi, bool direct, bool a_packed)
 {
     const int MR = im->mr;
-    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const int64_t esz = mp_gemm_fmt_bytes(im->fmt);
     const int64_t a_cap = ((int64_t)(l1_blocks(im) ? 2 : 16) << 20) / (kcb * esz) / MR * MR;
     int64_t mc = multi ? im->mc : 4 * im->mc;
     if (a_packed) mc = min64(mc, a_cap > MR ? a_cap : MR);
@@ -60,7 +57,7 @@ int64_t mp_gemm_row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int
  * how). */
 void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t *kcb, int64_t *nc)
 {
-    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const int64_t esz = mp_gemm_fmt_bytes(im->fmt);
     const int64_t l2 = (int64_t)mp_cpu_cache_bytes(2);
     const bool l1_fit = l1_blocks(im);
     const int64_t kc = l1_fit ? im->kc_l1 : im->kc;
@@ -69,7 +66,7 @@ void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t *kcb, int64_t *nc)
     if (im->fmt == GEMM_FMT_BF16 && (*kcb & 1) && *kcb < k) ++*kcb;
     *nc = im->nc;
     if (l1_fit && *kcb > 0) {
-        const int64_t kpad = *kcb + (im->fmt == GEMM_FMT_BF16 ? (*kcb & 1) : 0);
+        const int64_t kpad = mp_gemm_kpad(im->fmt, *kcb);
         const int64_t fit = l2 / 2 / (kpad * esz) / im->nr * im->nr;
         *nc = min64(*nc, fit > im->nr ? fit : im->nr);
     }
@@ -93,6 +90,6 @@ void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t *kcb, int64_t *nc)
 bool mp_gemm_b_once(const gemm_impl *im, int64_t rows, int64_t mc, int64_t nr_pad, int64_t kpad,
                     bool multi)
 {
-    const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
+    const int64_t esz = mp_gemm_fmt_bytes(im->fmt);
     return !multi && rows > mc && nr_pad * kpad * esz <= ((int64_t)12 << 20);
 }

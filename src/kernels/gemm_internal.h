@@ -16,6 +16,18 @@
  *                  32-bit lane holds the pair vdpbf16ps multiplies. */
 typedef enum { GEMM_FMT_F32 = 0, GEMM_FMT_BF16 = 1 } gemm_fmt;
 
+/* Bytes of one packed element in format f, and the packed depth of kb
+ * (even for bf16, whose lanes hold pairs along k). */
+static inline int64_t mp_gemm_fmt_bytes(gemm_fmt f) { return f == GEMM_FMT_BF16 ? 2 : 4; }
+static inline int64_t mp_gemm_kpad(gemm_fmt f, int64_t kb)
+{
+    return f == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
+}
+
+/* The driver's and the kernels' integer helpers. */
+static inline int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
+static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+
 /* Implicit operands (gemm_gather.c): element (w, d) is found from a
  * convolution's geometry instead of strides; positions outside the image
  * read as 0. */
