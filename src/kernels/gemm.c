@@ -362,13 +362,17 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                     for (int64_t jr = 0; jr < nb; jr += NR) {
                         if (!first && (direct || multi))
                             prefetch_tile(pl, ir, jr, mb, nb, ic, jc, n0, cw, ldw);
-                        const char *bpan =
-                            bblk + (size_t)((jr - nfull) / NR) * (size_t)(NR * kpad) * esz;
+                        /* B's full panels read in place, the others packed (from
+                         * the first past them: an offset counted from a panel
+                         * read in place would point before the buffer) */
+                        const char *bpan;
                         int64_t sb = NR;
                         if (jr < nfull) {
                             bpan = (const char *)pl->b.base +
                                    ((jc + jr) * pl->b.sw + pc * pl->b.sd) * (int64_t)esz;
                             sb = pl->b.sd;
+                        } else {
+                            bpan = bblk + (size_t)((jr - nfull) / NR) * (size_t)(NR * kpad) * esz;
                         }
                         const int64_t nr = min64(NR, nb - jr);
                         int kw;
