@@ -116,10 +116,13 @@ static void micro(const gemm_impl *im, gemm_kernel_fn kern, int kw, int64_t kc, 
  * pair along k is a 32-bit word of the row as the packed panel has it,
  * when k is even (every depth block then is: the last pair never reaches
  * past a row). */
-static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k)
+static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k, int64_t n)
 {
     enum { MAX_COLUMN_STRIDE = 256 };
     if (!im->kernel_a || a->gather) return false;
+    /* a kernel that streams reads a packed A faster (gemm_impl.streams),
+     * unless B is so narrow that packing A costs more than its products */
+    if (im->streams && n > 2 * im->nr && im->streams()) return false;
     if (im->fmt == GEMM_FMT_BF16) return a->type == MP_BF16 && a->sd == 1 && !(k & 1);
     return a->type == MP_F32 && (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
 }
@@ -461,7 +464,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     const int64_t MR0 = pl.im->mr, NR0 = pl.im->nr;
     const bool fuller =
         n < NR0 && cdiv(n, MR0) * MR0 < NR0 && pl.a.sw == 1 && !pl.a.gather && !pl.b.gather;
-    if (k > 0 && m >= 4 * n && ((n * 2 <= NR0 && !a_in_place(pl.im, &pl.a, k)) || fuller)) {
+    if (k > 0 && m >= 4 * n && ((n * 2 <= NR0 && !a_in_place(pl.im, &pl.a, k, n)) || fuller)) {
         gemm_operand t = pl.a;
         pl.a = pl.b;
         pl.b = t;
@@ -469,7 +472,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
         pl.n = m;
         pl.e.trans = true;
     }
-    pl.in_place = a_in_place(pl.im, &pl.a, k);
+    pl.in_place = a_in_place(pl.im, &pl.a, k, pl.n);
     pl.b_in_place = b_in_place(pl.im, &pl.b, pl.m);
     mp_gemm_blocks(pl.im, k, &pl.kcb, &pl.nc);
 

@@ -3,6 +3,10 @@
  * pipes), packers that widen f32/f16/bf16 to f32 with SIMD loads and 8x8
  * transposes, and the vector epilogue. Compiled with target attributes and
  * only reached after runtime CPU detection. */
+#include <sched.h>
+#include <stdlib.h>
+#include <time.h>
+
 #include "kernels/gemm_avx512_common.h"
 
 #if MP_X86
@@ -10,8 +14,25 @@
 /* BPD: how many depth rows ahead a B read in place is asked for. fc3's
  * weight gradient (4096x10x1024 f32, x from memory, 2 threads, Zen 5):
  * 0.95-1.31 ms asking for nothing ahead, 0.88-1.05 at 16 rows, 0.87-0.99
- * at 48, 0.88-1.20 at 96. */
-enum { FMR = 8, FNR = 48, BPD = 16 };
+ * at 48, 0.88-1.20 at 96. SPD: the same for a packed B and A where this
+ * CPU streams (below). */
+enum { FMR = 8, FNR = 48, BPD = 16, SPD = 16 };
+
+/* Streaming: a packed B panel (48 floats a depth row, 192 bytes) passes
+ * through L1 from L2 at 16 bytes a cycle at the FMA rate. On an Intel Xeon
+ * (family 6 model 207, 48 KiB L1d, 2 MiB L2) the kernel, given nothing
+ * but its loads, fed the FMAs at 0.65-0.75 of the peak loop; asking for
+ * B's row SPD ahead (and A's, packed) lifted it, and A read in place (8
+ * rows far apart, one line each per 16 depths) then cost what that gained:
+ * 2 threads, medians of 21 calls alternating in one process, GFLOP/s, fc2
+ * forward 208 -> 228, dX 210 -> 221, fc1 forward 209 -> 219, dX 188 ->
+ * 205, 2048^3 195 -> 221 with A packed and both asked ahead, fc2 dW (A
+ * packed either way) 217 -> 240; the seed MLP's step x0.93 in float32 and
+ * x0.95 in mixed_bfloat16 (15 steps each, alternating). Whether it pays is
+ * timed once per process (mp_gemm_avx512_impl.streams): other CPUs' L1
+ * prefetchers keep up by themselves, and there A read in place saves its
+ * packing. The arithmetic is the same either way, so are the bits. */
+static atomic_int stream_on; /* read by the kernels: 0 until decided */
 
 /* The microkernel on the first nv (1..3) column vectors of the tile, A's
  * element (i, k) at ap[i * si + k * sk] (packed: si = 1, sk = FMR), B's row
@@ -21,7 +42,7 @@ enum { FMR = 8, FNR = 48, BPD = 16 };
  * the same order whatever the variant, so the bits do not depend on it. */
 MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
 kernel_f32_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float *bp, int64_t sb,
-                float *c, int64_t ldc, int acc, int nv)
+                float *c, int64_t ldc, int acc, int pfd, int nv)
 {
     __m512 cv[3][FMR];
 #pragma GCC unroll 8
@@ -37,6 +58,12 @@ kernel_f32_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float
 #pragma GCC unroll 3
             for (int v = 0; v < nv; v++)
                 _mm_prefetch((const char *)(bp + BPD * sb + 16 * v), _MM_HINT_T0);
+        else if (pfd)
+#pragma GCC unroll 3
+            for (int v = 0; v < nv; v++)
+                _mm_prefetch((const char *)(bp + pfd * FNR + 16 * v), _MM_HINT_T0);
+        /* A's panel column (8 floats: packed, or a column read in place) */
+        if (pfd && si == 1) _mm_prefetch((const char *)(ap + pfd * sk), _MM_HINT_T0);
         __m512 bv[3];
 #pragma GCC unroll 3
         for (int v = 0; v < nv; v++) bv[v] = _mm512_loadu_ps(bp + 16 * v);
@@ -55,22 +82,37 @@ kernel_f32_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(c + i * ldc + 16 * v, cv[v][i]);
 }
 
+static inline bool streaming(void)
+{
+    return atomic_load_explicit(&stream_on, memory_order_relaxed);
+}
+
+/* The packed kernel on the first nv column vectors, streaming or not. */
+MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
+kernel_f32_nv(int64_t kc, const void *a, const void *b, float *c, int64_t ldc, int acc, int nv)
+{
+    if (streaming())
+        kernel_f32_core(kc, a, 1, FMR, b, FNR, c, ldc, acc, SPD, nv);
+    else
+        kernel_f32_core(kc, a, 1, FMR, b, FNR, c, ldc, acc, 0, nv);
+}
+
 MP_TARGET_AVX512 static void kernel_f32(int64_t kc, const void *a, const void *b, float *c,
                                         int64_t ldc, int acc)
 {
-    kernel_f32_core(kc, a, 1, FMR, b, FNR, c, ldc, acc, 3);
+    kernel_f32_nv(kc, a, b, c, ldc, acc, 3);
 }
 
 MP_TARGET_AVX512 static void kernel_f32_n16(int64_t kc, const void *a, const void *b, float *c,
                                             int64_t ldc, int acc)
 {
-    kernel_f32_core(kc, a, 1, FMR, b, FNR, c, ldc, acc, 1);
+    kernel_f32_nv(kc, a, b, c, ldc, acc, 1);
 }
 
 MP_TARGET_AVX512 static void kernel_f32_n32(int64_t kc, const void *a, const void *b, float *c,
                                             int64_t ldc, int acc)
 {
-    kernel_f32_core(kc, a, 1, FMR, b, FNR, c, ldc, acc, 2);
+    kernel_f32_nv(kc, a, b, c, ldc, acc, 2);
 }
 
 /* A and B where they lie (A packed: si = 1, sk = FMR; B packed: sb = FNR). */
@@ -80,9 +122,11 @@ kernel_f32_ab(int64_t kc, const void *av, int64_t si, int64_t sk, const void *b,
 {
     const float *a = av;
     if (sk == 1)
-        MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, si, 1, b, sb, c, ldc, acc);
+        MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, si, 1, b, sb, c, ldc, acc, 0);
+    else if (streaming())
+        MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, 1, sk, b, sb, c, ldc, acc, SPD);
     else
-        MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, 1, sk, b, sb, c, ldc, acc);
+        MP_GEMM_BY_NV(nv, kernel_f32_core, kc, a, 1, sk, b, sb, c, ldc, acc, 0);
 }
 
 /* A in place: its rows (sk = 1: one stream per row) or its columns (si = 1:
@@ -189,6 +233,132 @@ MP_TARGET_AVX512 static void pack_f32(const gemm_operand *op, int64_t w0, int64_
     }
 }
 
+/* ------------------------------------------------------ whether to stream */
+
+/* The timing: one thread's kernel calls over a B block of the size the
+ * driver uses on this CPU (mp_gemm_blocks at depth 4096: from L2) and
+ * STREAM_PANELS A micro-panels, every A panel meeting every B panel as in
+ * the driver: as loaded with A read in place from rows 16 KiB apart (fc2
+ * forward's x), and streaming with A packed; the median of STREAM_REPS runs
+ * each after an untimed one, the two ways in turns. About 10 ms. Streaming
+ * is kept unless the other way is STREAM_MARGIN faster: on the Xeon above
+ * the two ran alike while the machine was quiet (156-170 GFLOP/s each) and
+ * streaming 10-15% faster while other load shared the core, so a timing in
+ * a quiet moment must not turn it off. */
+enum { STREAM_PANELS = 16, STREAM_REPS = 15, STREAM_LDA = 4096 };
+#define STREAM_MARGIN 1.03
+
+enum { IDLE = 0, BUSY = 1, DONE = 2 };
+static atomic_int stream_state;
+static double stream_gflops[2]; /* as loaded, streaming; 0: not timed */
+static int64_t stream_kc, stream_nc;
+static int stream_forced = -1;
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The median of n values (sorted in place). */
+static double median_of(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            const double x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
+        }
+    return v[n / 2];
+}
+
+/* Fills stream_gflops; false if out of memory. */
+MP_TARGET_AVX512 static bool stream_time(void)
+{
+    int64_t kc, nc;
+    mp_gemm_blocks(&mp_gemm_avx512_impl, 4096, &kc, &nc);
+    const int64_t rows = STREAM_PANELS * FMR, lda = kc > STREAM_LDA ? kc : STREAM_LDA;
+    float *a = malloc((size_t)(rows * lda) * sizeof(float)); /* in place */
+    float *ap = malloc((size_t)(rows * kc) * sizeof(float)); /* packed */
+    float *b = malloc((size_t)(nc * kc) * sizeof(float));
+    float *c = malloc((size_t)(rows * nc) * sizeof(float));
+    const bool ok = a && ap && b && c;
+    if (ok) {
+        for (int64_t i = 0; i < rows * lda; i++) a[i] = (float)(i % 7) * 0.125f;
+        for (int64_t i = 0; i < rows * kc; i++) ap[i] = (float)(i % 7) * 0.125f;
+        for (int64_t i = 0; i < nc * kc; i++) b[i] = (float)(i % 5) * 0.25f;
+        double t[2][STREAM_REPS];
+        for (int rep = -1; rep < STREAM_REPS; rep++)
+            for (int j = 0; j < 2; j++) {
+                const int way = (j + rep + 1) & 1;
+                const double t0 = seconds();
+                for (int64_t ir = 0; ir < rows; ir += FMR)
+                    for (int64_t jr = 0; jr < nc; jr += FNR) {
+                        float *ct = c + ir * nc + jr;
+                        if (way)
+                            kernel_f32_core(kc, ap + ir * kc, 1, FMR, b + jr * kc, FNR, ct, nc, 0,
+                                            SPD, 3);
+                        else
+                            kernel_f32_core(kc, a + ir * lda, lda, 1, b + jr * kc, FNR, ct, nc, 0,
+                                            0, 3);
+                    }
+                if (rep >= 0) t[way][rep] = seconds() - t0;
+            }
+        for (int i = 0; i < 2; i++) {
+            const double m = median_of(t[i], STREAM_REPS);
+            stream_gflops[i] = 2e-9 * (double)(rows * nc * kc) / (m > 1e-12 ? m : 1e-12);
+        }
+        stream_kc = kc;
+        stream_nc = nc;
+    }
+    free(a);
+    free(ap);
+    free(b);
+    free(c);
+    return ok;
+}
+
+static bool streams(void)
+{
+    int s = IDLE;
+    if (atomic_compare_exchange_strong(&stream_state, &s, BUSY)) {
+        bool on = false;
+        if (stream_forced >= 0)
+            on = stream_forced;
+        else if (stream_time())
+            on = !(stream_gflops[0] > STREAM_MARGIN * stream_gflops[1]);
+        atomic_store(&stream_on, on);
+        atomic_store_explicit(&stream_state, DONE, memory_order_release);
+    } else {
+        while (atomic_load_explicit(&stream_state, memory_order_acquire) != DONE) sched_yield();
+    }
+    return streaming();
+}
+
+static void streams_report(FILE *out)
+{
+    const bool on = streams();
+    if (stream_forced >= 0)
+        fprintf(out, "gemm float32 kernel (avx512): streaming forced %s\n", on ? "on" : "off");
+    else if (stream_gflops[0] <= 0)
+        fprintf(out, "gemm float32 kernel (avx512): streaming not timed (out of memory): off\n");
+    else
+        fprintf(out,
+                "gemm float32 kernel (avx512): a %lld deep x %lld column B block from L2 on one "
+                "thread (median of %d), GFLOP/s: as loaded with A in place %.1f, streaming (rows "
+                "asked %d ahead, A packed) %.1f -> %s\n",
+                (long long)stream_kc, (long long)stream_nc, STREAM_REPS, stream_gflops[0], SPD,
+                stream_gflops[1], on ? "streaming" : "as loaded");
+}
+
+void mp_gemm_avx512_stream_force(int on)
+{
+    stream_forced = on;
+    atomic_store(&stream_on, 0);
+    atomic_store(&stream_state, IDLE);
+}
+
 const gemm_impl mp_gemm_avx512_impl = {
     .fmt = GEMM_FMT_F32,
     .mr = FMR,
@@ -217,6 +387,8 @@ const gemm_impl mp_gemm_avx512_impl = {
     .epilogue = mp_gemm_epilogue_avx512,
     .epilogue_checks = true,
     .nonfinite = mp_gemm_nonfinite_avx512,
+    .streams = streams,
+    .streams_report = streams_report,
 };
 
 #endif

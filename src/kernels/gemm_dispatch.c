@@ -601,6 +601,8 @@ mp_status mp_gemm_dispatch_report(FILE *out)
             source_text[f32.source]);
     const gemm_impl *cand[MP_DISPATCH_MAX_KERNELS];
     const int nc = mp_gemm_dispatch_candidates(cand, MP_DISPATCH_MAX_KERNELS);
+    for (int i = 0; i < nc; i++)
+        if (cand[i]->streams_report) cand[i]->streams_report(out);
     fprintf(out, "gemm blocks at depth 4096 (L1d %zu KiB, L2 %zu KiB per core):",
             mp_cpu_cache_bytes(1) >> 10, mp_cpu_cache_bytes(2) >> 10);
     for (int i = 0; i < nc; i++) {

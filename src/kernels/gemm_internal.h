@@ -5,6 +5,7 @@
 #define MP_GEMM_INTERNAL_H
 
 #include <stdatomic.h>
+#include <stdio.h>
 
 #include "kernels/activation.h"
 #include "kernels/conv.h"
@@ -129,6 +130,13 @@ typedef struct {
     /* Optional: whether any of rows x cols floats at c (rows ldc apart) is
      * NaN or +-inf; NULL: the driver's portable loop serves. */
     bool (*nonfinite)(const float *c, int64_t ldc, int64_t rows, int64_t cols);
+    /* Optional: whether the kernel streams on this CPU (asks for its packed
+     * panels' rows ahead, and the driver packs A rather than reading it in
+     * place unless B is at most two panels wide): timed once per process on
+     * the first call, thread-safe. The bits are the same either way. NULL:
+     * never. streams_report prints the timing for mixprec info. */
+    bool (*streams)(void);
+    void (*streams_report)(FILE *out);
 } gemm_impl;
 
 /* Portable pieces (gemm_scalar.c): widen any dtype to f32 / bf16 bits. */
@@ -166,6 +174,9 @@ extern const gemm_impl mp_gemm_scalar_impl;
 extern const gemm_impl mp_gemm_avx2_impl;       /* f32 FMA, 256-bit */
 extern const gemm_impl mp_gemm_avx512_impl;     /* f32 FMA */
 extern const gemm_impl mp_gemm_avx512bf16_impl; /* vdpbf16ps */
+/* Tests: 0 or 1 forces mp_gemm_avx512_impl's streaming off or on; -1: timed
+ * again on the next call. */
+void mp_gemm_avx512_stream_force(int on);
 #endif
 
 /* Measured kernel choice (gemm_dispatch.c). */
