@@ -11,6 +11,7 @@
 #endif
 
 #include "common.h"
+#include "core/internal.h"
 
 static const mp_dtype in_types[] = {MP_F32, MP_BF16, MP_F16, MP_F8E4M3, MP_F8E5M2};
 static const int64_t sizes[] = {0, 1, 2, 3, 15, 16, 17, 31, 33, 64, 100, 257};
@@ -259,6 +260,13 @@ static void test_size_cross(void **state)
     for_each_isa(cross_body, 2);
 }
 
+/* L2 in whole MiB, at least 1: the packed A block's cap grows with it. */
+static int64_t l2_mib(void)
+{
+    const int64_t mib = (int64_t)(mp_cpu_cache_bytes(2) >> 20);
+    return mib > 1 ? mib : 1;
+}
+
 /* m x n products with A transposed (so packed), C = A B in float32:
  * float32 inputs at depth kf, then bf16 at depth kb (the A block cap's
  * cases, below). */
@@ -354,9 +362,10 @@ static void large_body(test_rng *r)
     if (mp_isa_active() != MP_ISA_SCALAR) run_case(&gc, r);
     /* A packed (transposed) in one depth block of 1000, with nothing to
      * apply (tiles accumulate in C): where the kernel takes its L1 blocks,
-     * the packed A block is capped at 2 MiB (mp_gemm_row_block), so the
-     * 1100 rows run as several row blocks, each packing B again */
-    packed_a_cases(r, 1100, 100, 1000, 1000);
+     * the packed A block is capped at twice L2 (mp_gemm_row_block), so
+     * the 1100 rows a MiB of L2 run as several row blocks, each packing B
+     * again */
+    packed_a_cases(r, 1100 * l2_mib(), 100, 1000, 1000);
 }
 static void test_large(void **state)
 {
@@ -367,13 +376,18 @@ static void test_large(void **state)
 /* Two threads that split only n share the packing of A (gemm.c's
  * gemm_share): with A packed (transposed, its depth stride over 256) and
  * taller than the packed A block's cap where the kernel takes its L1 blocks
- * (2 MiB: 524 rows of float32 at depth 1000, 512 of bf16 at depth 2048),
- * the threads pack and share several row blocks in turn. Each packs its
- * own B range once for all of them (mp_gemm_b_once): 144 columns a thread,
- * two B blocks of the 96 columns the L1 blocks take, the second thread's
- * range starting past 0. 600 x 288 splits n (75 x 3 tiles a thread against
- * 38 x 6 splitting m). */
-static void shared_a_body(test_rng *r) { packed_a_cases(r, 600, 288, 1000, 2048); }
+ * (twice L2; with 1 MiB: 524 rows of float32 at depth 1000, 512 of bf16 at
+ * depth 2048), the threads pack and share several row blocks in turn. Each
+ * packs its own B range once for all of them (mp_gemm_b_once): 144 columns
+ * a thread, two B blocks of the 96 columns the L1 blocks take (1 MiB of
+ * L2), the second thread's range starting past 0. 600 x 288 splits n (75 x
+ * 3 tiles a thread against 38 x 6 splitting m); with more L2, an odd number
+ * of row tiles, 75 a MiB, keeps that split (149 x 3 against 75 x 6). */
+static void shared_a_body(test_rng *r)
+{
+    const int64_t tiles = 75 * l2_mib();
+    packed_a_cases(r, 8 * (tiles - 1 + tiles % 2), 288, 1000, 2048);
+}
 static void test_shared_a_blocks(void **state)
 {
     (void)state;

@@ -18,13 +18,18 @@ static bool l1_blocks(const gemm_impl *im)
  * columns, kcb deep. The packed A block is reused across the whole n range,
  * so every element is packed once; a partial-sum buffer spanning that range
  * caps the block, and so does the A block's own size where A is packed
- * (a_packed): 16 MiB, or 2 MiB with the L1 blocks (l1_blocks), where each A
- * micro-panel meets only the few B panels of an L2-sized B block and the
- * whole A block is read again for every B block, so it has to stay in the
- * caches. fc2 dW (4096x4096x1024, A^T packed, 2 threads, Zen 5, medians of
- * 21-31 calls alternating in one process) with the L1 blocks: float32
- * 302-318 GFLOP/s under 16 MiB, 349-370 under 4, 364-386 under 2; bf16
- * under 2 MiB against 16: 737 against 713 and 796 against 762.
+ * (a_packed): 16 MiB, or twice L2 with the L1 blocks (l1_blocks), where
+ * each A micro-panel meets only the few B panels of an L2-sized B block
+ * and the whole A block is read again for every B block, so it has to stay
+ * in the caches. fc2 dW (4096x4096x1024, A^T packed, 2 threads, Zen 5 with
+ * 1 MiB L2, medians of 21-31 calls alternating in one process) with the L1
+ * blocks: float32 302-318 GFLOP/s under 16 MiB, 349-370 under 4, 364-386
+ * under 2; bf16 under 2 MiB against 16: 737 against 713 and 796 against
+ * 762. An Intel Xeon with 2 MiB L2 (family 6 model 207, float32, A packed
+ * by the streaming kernel, gemm_avx512.c; 21 calls each) under 4 MiB
+ * against 2: fc1 fwd 231 against 204, fc1 dW 238 / 228, fc2 fwd 225 /
+ * 219, fc2 dX 238 / 229, fc2 dW 235 / 231, 2048^3 228 / 221, fc1 dX 212 /
+ * 213 (fewer blocks of rows: B packed once per depth block, not twice).
  * Every further block of rows packs all of B again, so the rows are cut
  * into as few blocks as the caps allow, of equal size: 1024 rows under a
  * cap of 510 were 510 + 510 + 4, and the 4-row block packed the whole of B
@@ -41,7 +46,8 @@ int64_t mp_gemm_row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int
 {
     const int MR = im->mr;
     const int64_t esz = mp_gemm_fmt_bytes(im->fmt);
-    const int64_t a_cap = ((int64_t)(l1_blocks(im) ? 2 : 16) << 20) / (kcb * esz) / MR * MR;
+    const int64_t a_bytes = l1_blocks(im) ? 2 * (int64_t)mp_cpu_cache_bytes(2) : (int64_t)16 << 20;
+    const int64_t a_cap = a_bytes / (kcb * esz) / MR * MR;
     int64_t mc = multi ? im->mc : 4 * im->mc;
     if (a_packed) mc = min64(mc, a_cap > MR ? a_cap : MR);
     if (multi && !direct) {

@@ -112,7 +112,7 @@ typedef struct {
      * instead of kc and the packed B block is kept within half of L2
      * (nc lowered to fit): the A micro-panel then stays in L1 while the
      * block's B panels pass, and the B block stays in L2. A packed A block
-     * is then capped at 2 MiB (mp_gemm_row_block): it is read again for
+     * is then capped at twice L2 (mp_gemm_row_block): it is read again for
      * every B block. */
     int64_t kc_l1;
     gemm_kernel_fn kernel;
