@@ -27,8 +27,8 @@ enum { FMR = 8, FNR = 48, BPD = 16, SPD = 16 };
  * 2 threads, medians of 21 calls alternating in one process, GFLOP/s, fc2
  * forward 208 -> 228, dX 210 -> 221, fc1 forward 209 -> 219, dX 188 ->
  * 205, 2048^3 195 -> 221 with A packed and both asked ahead, fc2 dW (A
- * packed either way) 217 -> 240; the seed MLP's step x0.93 in float32 and
- * x0.95 in mixed_bfloat16 (15 steps each, alternating). Whether it pays is
+ * packed either way) 217 -> 240; the seed MLP's step x0.965 in float32
+ * and x0.919 in mixed_bfloat16 (15 steps each, alternating). Whether it pays is
  * timed once per process (mp_gemm_avx512_impl.streams): other CPUs' L1
  * prefetchers keep up by themselves, and there A read in place saves its
  * packing. The arithmetic is the same either way, so are the bits. */
@@ -240,12 +240,12 @@ MP_TARGET_AVX512 static void pack_f32(const gemm_operand *op, int64_t w0, int64_
  * STREAM_PANELS A micro-panels, every A panel meeting every B panel as in
  * the driver: as loaded with A read in place from rows 16 KiB apart (fc2
  * forward's x), and streaming with A packed; the median of STREAM_REPS runs
- * each after an untimed one, the two ways in turns. About 10 ms. Streaming
+ * each after an untimed one, the two ways in turns. About 5 ms. Streaming
  * is kept unless the other way is STREAM_MARGIN faster: on the Xeon above
- * the two ran alike while the machine was quiet (156-170 GFLOP/s each) and
- * streaming 10-15% faster while other load shared the core, so a timing in
- * a quiet moment must not turn it off. */
-enum { STREAM_PANELS = 16, STREAM_REPS = 15, STREAM_LDA = 4096 };
+ * it was ahead in each of 8 processes, by 4-8% in some and 13-50% in
+ * others (the machine's load moving the way as loaded from 89 to 171
+ * GFLOP/s), so a timing in a quiet moment must not turn it off. */
+enum { STREAM_PANELS = 8, STREAM_REPS = 9, STREAM_LDA = 4096 };
 #define STREAM_MARGIN 1.03
 
 enum { IDLE = 0, BUSY = 1, DONE = 2 };
