@@ -7,12 +7,16 @@
  * (chained partial sums), the epilogue (alpha, beta, bias, relu), padded
  * rows, one thread and two, on every ISA path. The thin C computed as C^T
  * (fc3's weight gradient, x^T dz, 4096x10x1024) is checked against a
- * float64 reference with the accumulation bound. */
+ * float64 reference with the accumulation bound. The blocks the thin
+ * shapes get (gemm_blocks.c): one depth block for a single B panel with A
+ * in place, its columns the same bits as inside a wider product that runs
+ * several; a wide B block for a short depth. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
+#include "kernels/gemm_internal.h"
 
 static void rows_equal_taller(int64_t m, int64_t n, int64_t k, int64_t ldb, int threads)
 {
@@ -118,11 +122,149 @@ static void test_thin_weight_gradient(void **state)
     free(dw);
 }
 
+/* The blocking rules for thin shapes, on every kernel this CPU runs. */
+static void test_thin_blocks(void **state)
+{
+    (void)state;
+    const gemm_impl *ims[4] = {&mp_gemm_scalar_impl};
+    int n_im = 1;
+#if MP_X86
+    if (mp_isa_supported(MP_ISA_AVX2)) ims[n_im++] = &mp_gemm_avx2_impl;
+    if (mp_isa_supported(MP_ISA_AVX512)) ims[n_im++] = &mp_gemm_avx512_impl;
+    if (mp_isa_supported(MP_ISA_AVX512BF16)) ims[n_im++] = &mp_gemm_avx512bf16_impl;
+#endif
+    const int64_t l2 = (int64_t)mp_cpu_cache_bytes(2);
+    for (int i = 0; i < n_im; i++) {
+        const gemm_impl *im = ims[i];
+        const int64_t esz = mp_gemm_fmt_bytes(im->fmt);
+        int64_t kcb, nc, kcb_wide, nc_wide;
+        mp_gemm_blocks(im, 4096, 4096, true, &kcb_wide, &nc_wide);
+        assert_true(kcb_wide < 4096); /* a deep product runs several blocks */
+        /* one B panel, A in place: the whole depth where its panel fits half of L2 */
+        mp_gemm_blocks(im, 4096, im->nr, true, &kcb, &nc);
+        const bool fits = 4096 * im->nr * esz <= l2 / 2;
+        assert_int_equal(kcb, fits ? 4096 : kcb_wide);
+        /* A packed, or two panels: the blocks of a wide product */
+        mp_gemm_blocks(im, 4096, im->nr, false, &kcb, &nc);
+        assert_int_equal(kcb, kcb_wide);
+        mp_gemm_blocks(im, 4096, im->nr + 1, true, &kcb, &nc);
+        assert_int_equal(kcb, kcb_wide);
+        /* a short depth: the B block a quarter of L2, whole panels */
+        mp_gemm_blocks(im, 10, 4096, false, &kcb, &nc);
+        assert_int_equal(kcb, 10);
+        const int64_t kpad = mp_gemm_kpad(im->fmt, 10);
+        assert_true(nc % im->nr == 0 && nc >= im->nc);
+        assert_int_equal(nc, max64(im->nc, l2 / 4 / (kpad * esz) / im->nr * im->nr));
+    }
+}
+
+/* C = A B, B a single panel of columns (n <= NR) and A float32 read in
+ * place, runs its whole depth in one block; a product with more columns
+ * runs blocks of it. Each element is the same chain of FMAs either way:
+ * the thin product's columns equal the wider one's, bit for bit, and lie
+ * within gamma_k sum|a b| of the float64 dot product. fc3's forward shape,
+ * shortened (x 200 x 2500, W 2500 x 10), one thread and two, every path. */
+static void test_thin_one_depth_block(void **state)
+{
+    (void)state;
+    const int64_t m = 200, k = 2500, n = 10, wide = 100;
+    float *a = malloc((size_t)(m * k) * 4), *b = malloc((size_t)(k * wide) * 4);
+    float *bn = malloc((size_t)(k * n) * 4), *c = malloc((size_t)(m * n) * 4);
+    float *cw = malloc((size_t)(m * wide) * 4);
+    test_fill(a, (size_t)(m * k), 41, -1, 1);
+    test_fill(b, (size_t)(k * wide), 42, -1, 1);
+    for (int64_t p = 0; p < k; p++) memcpy(bn + p * n, b + p * wide, (size_t)n * 4);
+    mp_isa isas[MP_ISA_COUNT];
+    const int ni = test_isas(isas);
+    const mp_isa saved = mp_isa_active();
+    const double gamma = test_gamma(k);
+    for (int ii = 0; ii < ni; ii++) {
+        assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
+        for (int t = 1; t <= 2; t++) {
+            mp_set_num_threads(t);
+            mp_gemm(false, false, m, n, k, 1.0f, a, MP_F32, k, bn, MP_F32, n, 0.0f, c, MP_F32, n);
+            mp_gemm(false, false, m, wide, k, 1.0f, a, MP_F32, k, b, MP_F32, wide, 0.0f, cw, MP_F32,
+                    wide);
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) {
+                    const float got = c[i * n + j];
+                    if (f32_bits(got) != f32_bits(cw[i * wide + j]))
+                        fail_msg("%s t%d C[%lld,%lld] %.9g, in the wider product %.9g",
+                                 mp_isa_name(mp_isa_active()), t, (long long)i, (long long)j,
+                                 (double)got, (double)cw[i * wide + j]);
+                    double dot = 0, s = 0;
+                    for (int64_t p = 0; p < k; p++) {
+                        const double x = (double)a[i * k + p] * (double)bn[p * n + j];
+                        dot += x;
+                        s += fabs(x);
+                    }
+                    if (!(fabs(got - dot) <= gamma * s))
+                        fail_msg("%s t%d C[%lld,%lld] = %.9g, want %.9g (tol %.3g)",
+                                 mp_isa_name(mp_isa_active()), t, (long long)i, (long long)j,
+                                 (double)got, dot, gamma * s);
+                }
+        }
+    }
+    mp_isa_set(saved);
+    mp_set_num_threads(0);
+    free(a);
+    free(b);
+    free(bn);
+    free(c);
+    free(cw);
+}
+
+/* A short depth (fc3's input gradient, dz W^T: 10 deep) runs a B block a
+ * quarter of L2 wide: every element within gamma_k sum|a b| of float64,
+ * B laid out both ways (W^T read from W, and a plain B), two threads. */
+static void test_short_depth(void **state)
+{
+    (void)state;
+    const int64_t m = 90, n = 3000, k = 10;
+    float *a = malloc((size_t)(m * k) * 4), *b = malloc((size_t)(k * n) * 4);
+    float *c = malloc((size_t)(m * n) * 4);
+    test_fill(a, (size_t)(m * k), 51, -1, 1);
+    test_fill(b, (size_t)(k * n), 52, -1, 1);
+    mp_isa isas[MP_ISA_COUNT];
+    const int ni = test_isas(isas);
+    const mp_isa saved = mp_isa_active();
+    const double gamma = test_gamma(k);
+    mp_set_num_threads(2);
+    for (int ii = 0; ii < ni; ii++) {
+        assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
+        for (int tb = 0; tb <= 1; tb++) {
+            /* tb: b holds B^T (n x k), as dX = dz W^T reads W */
+            mp_gemm(false, tb, m, n, k, 1.0f, a, MP_F32, k, b, MP_F32, tb ? k : n, 0.0f, c, MP_F32,
+                    n);
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++) {
+                    double dot = 0, s = 0;
+                    for (int64_t p = 0; p < k; p++) {
+                        const double x =
+                            (double)a[i * k + p] * (double)(tb ? b[j * k + p] : b[p * n + j]);
+                        dot += x;
+                        s += fabs(x);
+                    }
+                    if (!(fabs(c[i * n + j] - dot) <= gamma * s))
+                        fail_msg("%s tb=%d C[%lld,%lld] = %.9g, want %.9g (tol %.3g)",
+                                 mp_isa_name(mp_isa_active()), tb, (long long)i, (long long)j,
+                                 (double)c[i * n + j], dot, gamma * s);
+                }
+        }
+    }
+    mp_isa_set(saved);
+    mp_set_num_threads(0);
+    free(a);
+    free(b);
+    free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_few_rows_equal_packed),
-        cmocka_unit_test(test_thin_weight_gradient),
+        cmocka_unit_test(test_few_rows_equal_packed), cmocka_unit_test(test_thin_weight_gradient),
+        cmocka_unit_test(test_thin_blocks),           cmocka_unit_test(test_thin_one_depth_block),
+        cmocka_unit_test(test_short_depth),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

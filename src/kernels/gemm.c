@@ -62,8 +62,6 @@ typedef struct {
     atomic_int *nonfinite; /* NULL, or set to 1 when a value written to C is not finite */
 } gemm_plan;
 
-static int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
-
 /* Packs a strided operand with the kernel's packer, a gathered one
  * (implicit GEMM) by its geometry; false if out of memory. */
 static bool pack(const gemm_impl *im, const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
@@ -474,7 +472,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     }
     pl.in_place = a_in_place(pl.im, &pl.a, k, pl.n);
     pl.b_in_place = b_in_place(pl.im, &pl.b, pl.m);
-    mp_gemm_blocks(pl.im, k, &pl.kcb, &pl.nc);
+    mp_gemm_blocks(pl.im, k, pl.n, pl.in_place, &pl.kcb, &pl.nc);
 
     const int MR = pl.im->mr, NR = pl.im->nr;
     const int64_t mt = cdiv(pl.m, MR), ntl = cdiv(pl.n, NR);

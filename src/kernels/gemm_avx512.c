@@ -277,7 +277,7 @@ static double median_of(double *v, int n)
 MP_TARGET_AVX512 static bool stream_time(void)
 {
     int64_t kc, nc;
-    mp_gemm_blocks(&mp_gemm_avx512_impl, 4096, &kc, &nc);
+    mp_gemm_blocks(&mp_gemm_avx512_impl, 4096, 4096, false, &kc, &nc);
     const int64_t rows = STREAM_PANELS * FMR, lda = kc > STREAM_LDA ? kc : STREAM_LDA;
     float *a = malloc((size_t)(rows * lda) * sizeof(float)); /* in place */
     float *ap = malloc((size_t)(rows * kc) * sizeof(float)); /* packed */

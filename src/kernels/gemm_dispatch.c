@@ -600,14 +600,15 @@ mp_status mp_gemm_dispatch_report(FILE *out)
     fprintf(out, "gemm other input types: %s (%s), %s\n", f32.kernel[0], f32.method[0],
             source_text[f32.source]);
     const gemm_impl *cand[MP_DISPATCH_MAX_KERNELS];
-    const int nc = mp_gemm_dispatch_candidates(cand, MP_DISPATCH_MAX_KERNELS);
+    int nc = mp_gemm_dispatch_candidates(cand, MP_DISPATCH_MAX_KERNELS);
+    if (nc == 0) cand[nc++] = mp_gemm_impl_for(MP_F32, MP_F32); /* one kernel for all */
     for (int i = 0; i < nc; i++)
         if (cand[i]->streams_report) cand[i]->streams_report(out);
     fprintf(out, "gemm blocks at depth 4096 (L1d %zu KiB, L2 %zu KiB per core):",
             mp_cpu_cache_bytes(1) >> 10, mp_cpu_cache_bytes(2) >> 10);
     for (int i = 0; i < nc; i++) {
         int64_t kcb, ncb;
-        mp_gemm_blocks(cand[i], 4096, &kcb, &ncb);
+        mp_gemm_blocks(cand[i], 4096, 4096, false, &kcb, &ncb);
         fprintf(out, "%s %s %lld deep x %lld columns", i ? "," : "", describe(cand[i])->name,
                 (long long)kcb, (long long)ncb);
     }

@@ -28,6 +28,7 @@ static inline int64_t mp_gemm_kpad(gemm_fmt f, int64_t kb)
 /* The driver's and the kernels' integer helpers. */
 static inline int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+static inline int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
 
 /* Implicit operands (gemm_gather.c): element (w, d) is found from a
  * convolution's geometry instead of strides; positions outside the image
@@ -207,8 +208,10 @@ void mp_gemm_dispatch_reset(void);
  * caller's threads, then on one thread (NULL: time again). */
 void mp_gemm_dispatch_test_rates(const double *gflops);
 /* Cache blocking (gemm_blocks.c). The depth block (*kcb) and column block
- * (*nc) the driver uses on im for depth k on this CPU. */
-void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t *kcb, int64_t *nc);
+ * (*nc) the driver uses on im for depth k and n columns of C on this CPU,
+ * A read in place or not. */
+void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t n, bool a_in_place, int64_t *kcb,
+                    int64_t *nc);
 /* The rows of a block of A for `rows` rows whose partial sums span nr_pad
  * columns at depth block kcb; multi: several depth blocks; direct: sums
  * kept in C; a_packed: A is packed (not read in place). */
