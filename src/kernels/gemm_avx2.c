@@ -255,15 +255,23 @@ MP_TARGET_AVX2 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t
 }
 
 /* Blocks for a core with 32 KiB L1d and 512 KiB L2 (Zen 3): an A panel
- * (6 x 256 floats, 6 KiB) stays in L1 while it meets every B panel of a
- * 256 x 128 block (128 KiB, in L2). On an AMD EPYC (Zen 3, family 25
- * model 1) nc 128 and 256 and kc 256 and 512 measured within the noise of
- * each other (0.78-0.87 of the FMA peak, one and two threads). */
+ * (6 x 512 floats, 12 KiB) stays in L1 while it meets every B panel of a
+ * 512 x 128 block (256 KiB, half of L2). Against kc 256 (the depth in half
+ * as many blocks: C's partial sums read and written half as often), on an
+ * AMD EPYC (Zen 3, family 25 model 1), 2 threads, medians of 15 calls
+ * alternating in one process, two runs each, GFLOP/s: float32 fc1 fwd
+ * 144.5 / 161.8 -> 163.0 / 163.9, fc1 dX 158.3 / 159.0 -> 168.4 / 167.1,
+ * fc2 fwd 156.8 / 160.1 -> 163.2 / 163.4, fc2 dW 161.5 / 157.2 -> 165.2 /
+ * 162.5, fc2 dX 152.2 / 155.5 -> 163.0 / 161.0, 2048^3 137.4 / 138.0 ->
+ * 148.9 / 144.1, fc1 dW 148.4 / 168.1 -> 159.4 / 161.6; bf16 inputs fc2
+ * fwd 155.8 / 150.5 -> 158.7 / 157.8, fc2 dW 136.2 / 136.1 -> 142.4 /
+ * 140.9, 2048^3 130.6 / 130.1 -> 139.4 / 136.7. nc 96 at kc 512, and kc
+ * 768 at nc 64 or 96, measured no better. */
 const gemm_impl mp_gemm_avx2_impl = {
     .fmt = GEMM_FMT_F32,
     .mr = HMR,
     .nr = HNR,
-    .kc = 256,
+    .kc = 512,
     .mc = 1536,
     .nc = 128,
     .kernel = kernel_f32,
