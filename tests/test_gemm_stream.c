@@ -1,14 +1,16 @@
-/* test_gemm_stream.c - the AVX-512 float32 kernel's two ways (gemm_avx512.c:
- * as loaded, A read in place where it can be; streaming, A packed and the
- * panels' rows asked for ahead), which one process times and picks. Each
- * element of C is the same float32 FMA chain over k in the same order
- * either way, so the two must agree bit for bit: A along rows and along
- * columns (read in place as loaded), B along either axis, two depth blocks
- * (partial sums chained in C), partial panels, the epilogue (alpha, beta,
- * bias, relu), a B too narrow for streaming to pack A, one thread and two.
- * Both are also held to the float64 product within gamma_k sum|a||b|
- * (Higham, Thm 3.1: one chain of length k, then alpha, beta and the bias
- * each rounded once: 3 more units of roundoff on the result). */
+/* test_gemm_stream.c - the float32 kernels' two ways (gemm_ways.h), which
+ * one process times and picks: as loaded, A read in place where it can
+ * be; and A packed, the AVX-512 kernel then also asking for its panels'
+ * rows ahead (streaming). Each element of C is the same float32 FMA chain
+ * over k in the same order either way, so the two must agree bit for bit,
+ * on the AVX-512 and the AVX2 kernel where the CPU runs them: A along rows
+ * and along columns (read in place as loaded), B along either axis, two
+ * depth blocks (partial sums chained in C), partial panels, the epilogue
+ * (alpha, beta, bias, relu), a B too narrow for the second way to pack A,
+ * one thread and two. Both are also held to the float64 product within
+ * gamma_k sum|a||b| (Higham, Thm 3.1: one chain of length k, then alpha,
+ * beta and the bias each rounded once: 3 more units of roundoff on the
+ * result). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,14 +24,26 @@ typedef struct {
     bool ta, tb;
 } shape;
 
-/* C = relu(0.75 op(A) op(B) - 0.5 C + bias) with streaming forced `on`. */
-static float *product(const shape *s, const float *a, const float *b, const float *c0,
-                      const float *bias, int on, int threads)
+/* A kernel with two ways, the path that runs it and its test hook. */
+typedef struct {
+    mp_isa isa;
+    const gemm_impl *im;
+    void (*force)(int on);
+} two_ways;
+
+static const two_ways kernels[] = {
+    {MP_ISA_AVX512, &mp_gemm_avx512_impl, mp_gemm_avx512_stream_force},
+    {MP_ISA_AVX2, &mp_gemm_avx2_impl, mp_gemm_avx2_pack_force},
+};
+
+/* C = relu(0.75 op(A) op(B) - 0.5 C + bias) with way 1 forced `on`. */
+static float *product(const two_ways *w, const shape *s, const float *a, const float *b,
+                      const float *c0, const float *bias, int on, int threads)
 {
     float *c = malloc((size_t)(s->m * s->n) * 4);
     memcpy(c, c0, (size_t)(s->m * s->n) * 4);
-    mp_gemm_avx512_stream_force(on);
-    assert_int_equal(mp_gemm_avx512_impl.streams(), on);
+    w->force(on);
+    assert_int_equal(w->im->streams(), on);
     mp_set_num_threads(threads);
     mp_gemm_args g = mp_gemm_args_default();
     g.trans_a = s->ta;
@@ -69,24 +83,23 @@ static void check_reference(const shape *s, const float *a, const float *b, cons
             const double tol =
                 gamma * (0.75 * mag + 0.5 * fabs((double)c0[i * s->n + j]) + fabs((double)bias[j]));
             if (!(fabs((double)c[i * s->n + j] - want) <= tol))
-                fail_msg("streaming %d %lldx%lldx%lld ta%d tb%d: C[%lld,%lld] = %.9g, want %.9g "
+                fail_msg("%s way %d %lldx%lldx%lld ta%d tb%d: C[%lld,%lld] = %.9g, want %.9g "
                          "(tol %.3g)",
-                         on, (long long)s->m, (long long)s->n, (long long)s->k, s->ta, s->tb,
-                         (long long)i, (long long)j, (double)c[i * s->n + j], want, tol);
+                         mp_isa_name(mp_isa_active()), on, (long long)s->m, (long long)s->n,
+                         (long long)s->k, s->ta, s->tb, (long long)i, (long long)j,
+                         (double)c[i * s->n + j], want, tol);
         }
 }
 
-static void test_stream_same_bits(void **state)
+static void same_bits(const two_ways *w)
 {
-    (void)state;
-    if (!mp_isa_supported(MP_ISA_AVX512)) skip(); /* no AVX-512 kernel on this CPU */
     mp_isa saved = mp_isa_active();
-    assert_int_equal(mp_isa_set(MP_ISA_AVX512), MP_OK);
+    assert_int_equal(mp_isa_set(w->isa), MP_OK);
     const shape shapes[] = {
         {72, 200, 300, false, false}, /* A along rows: read in place as loaded */
         {45, 150, 1500, false, true}, /* two depth blocks, partial panels, B^T */
         {64, 120, 200, true, false},  /* A^T: its columns read in place as loaded */
-        {40, 90, 700, false, false},  /* B two panels wide: A stays in place */
+        {40, 90, 700, false, false},  /* B at most two panels wide (AVX-512): A in place */
         {200, 260, 50, true, true},
     };
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -98,14 +111,13 @@ static void test_stream_same_bits(void **state)
         test_fill(c0, (size_t)(s->m * s->n), 61 + si, -1, 1);
         test_fill(bias, (size_t)s->n, 71 + si, -1, 1);
         for (int threads = 1; threads <= 2; threads++) {
-            float *off = product(s, a, b, c0, bias, 0, threads);
-            float *on = product(s, a, b, c0, bias, 1, threads);
+            float *off = product(w, s, a, b, c0, bias, 0, threads);
+            float *on = product(w, s, a, b, c0, bias, 1, threads);
             for (int64_t i = 0; i < s->m * s->n; i++)
                 if (f32_bits(off[i]) != f32_bits(on[i]))
-                    fail_msg("%lldx%lldx%lld ta%d tb%d t%d: C[%lld] as loaded %.9g, streaming "
-                             "%.9g",
-                             (long long)s->m, (long long)s->n, (long long)s->k, s->ta, s->tb,
-                             threads, (long long)i, (double)off[i], (double)on[i]);
+                    fail_msg("%s %lldx%lldx%lld ta%d tb%d t%d: C[%lld] way 0 %.9g, way 1 %.9g",
+                             mp_isa_name(w->isa), (long long)s->m, (long long)s->n, (long long)s->k,
+                             s->ta, s->tb, threads, (long long)i, (double)off[i], (double)on[i]);
             if (threads == 1) {
                 check_reference(s, a, b, c0, bias, off, 0);
                 check_reference(s, a, b, c0, bias, on, 1);
@@ -118,15 +130,27 @@ static void test_stream_same_bits(void **state)
         free(c0);
         free(bias);
     }
-    mp_gemm_avx512_stream_force(-1);
+    w->force(-1);
     mp_set_num_threads(0);
     mp_isa_set(saved);
+}
+
+static void test_stream_same_bits(void **state)
+{
+    (void)state;
+    int ran = 0;
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
+        if (mp_isa_supported(kernels[i].isa)) {
+            same_bits(&kernels[i]);
+            ran++;
+        }
+    if (!ran) skip(); /* neither kernel on this CPU */
 }
 #else
 static void test_stream_same_bits(void **state)
 {
     (void)state;
-    skip(); /* no AVX-512 kernel off x86 */
+    skip(); /* no x86 kernels */
 }
 #endif
 

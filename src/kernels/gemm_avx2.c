@@ -10,6 +10,7 @@
 
 #include "core/convert_simd.h"
 #include "kernels/gemm_simd.h"
+#include "kernels/gemm_ways.h"
 
 #if MP_X86
 
@@ -254,6 +255,30 @@ MP_TARGET_AVX2 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t
     }
 }
 
+/* ----------------------------------------------- A packed or in place */
+
+/* The driver reads a float32 A where it lies (gemm.c's a_in_place: 6 rows
+ * far apart, each a run of kc floats a kernel call) or packs it; timed once
+ * per process (gemm_ways.h), packed unless in place is PACK_MARGIN faster.
+ * AMD EPYC (Zen 3, family 25 model 1): the timing's one thread 72-80
+ * GFLOP/s in place, 84-88 packed (16 to 171 A panels, two runs each); in
+ * the driver, 2 threads, medians of 15 calls alternating in one process,
+ * two runs: fc1 fwd 137.8 / 136.7 -> 143.0 / 142.4, fc2 fwd 123.8 / 118.6
+ * -> 125.8 / 124.2, fc2 dX 122.5 / 132.5 -> 138.4 / 138.8, 2048^3 120.5 /
+ * 115.3 -> 129.7 / 126.7 GFLOP/s. */
+#define PACK_MARGIN 1.03
+static gemm_ways ways = GEMM_WAYS_INIT; /* A packed: way 1 */
+
+static bool packs_a(void) { return mp_gemm_ways_on(&ways, &mp_gemm_avx2_impl, PACK_MARGIN); }
+
+static void packs_a_report(FILE *out)
+{
+    mp_gemm_ways_report(out, &ways, &mp_gemm_avx2_impl, PACK_MARGIN, "avx2", "A in place",
+                        "A packed");
+}
+
+void mp_gemm_avx2_pack_force(int on) { mp_gemm_ways_force(&ways, on); }
+
 /* Blocks for a core with 32 KiB L1d and 512 KiB L2 (Zen 3): an A panel
  * (6 x 512 floats, 12 KiB) stays in L1 while it meets every B panel of a
  * 512 x 128 block (256 KiB, half of L2). Against kc 256 (the depth in half
@@ -278,6 +303,8 @@ const gemm_impl mp_gemm_avx2_impl = {
     .kernel_a = kernel_f32_a,
     .pack = pack_f32,
     .epilogue = mp_gemm_epilogue_avx2,
+    .streams = packs_a,
+    .streams_report = packs_a_report,
 };
 
 #endif

@@ -3,11 +3,10 @@
  * pipes), packers that widen f32/f16/bf16 to f32 with SIMD loads and 8x8
  * transposes, and the vector epilogue. Compiled with target attributes and
  * only reached after runtime CPU detection. */
-#include <sched.h>
-#include <stdlib.h>
-#include <time.h>
+#include <stdio.h>
 
 #include "kernels/gemm_avx512_common.h"
+#include "kernels/gemm_ways.h"
 
 #if MP_X86
 
@@ -32,7 +31,7 @@ enum { FMR = 8, FNR = 48, BPD = 16, SPD = 16 };
  * timed once per process (mp_gemm_avx512_impl.streams): other CPUs' L1
  * prefetchers keep up by themselves, and there A read in place saves its
  * packing. The arithmetic is the same either way, so are the bits. */
-static atomic_int stream_on; /* read by the kernels: 0 until decided */
+static gemm_ways ways = GEMM_WAYS_INIT; /* streaming: way 1 */
 
 /* The microkernel on the first nv (1..3) column vectors of the tile, A's
  * element (i, k) at ap[i * si + k * sk] (packed: si = 1, sk = FMR), B's row
@@ -82,10 +81,7 @@ kernel_f32_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(c + i * ldc + 16 * v, cv[v][i]);
 }
 
-static inline bool streaming(void)
-{
-    return atomic_load_explicit(&stream_on, memory_order_relaxed);
-}
+static inline bool streaming(void) { return mp_gemm_ways_get(&ways); }
 
 /* The packed kernel on the first nv column vectors, streaming or not. */
 MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
@@ -235,129 +231,24 @@ MP_TARGET_AVX512 static void pack_f32(const gemm_operand *op, int64_t w0, int64_
 
 /* ------------------------------------------------------ whether to stream */
 
-/* The timing: one thread's kernel calls over a B block of the size the
- * driver uses on this CPU (mp_gemm_blocks at depth 4096: from L2) and
- * STREAM_PANELS A micro-panels, every A panel meeting every B panel as in
- * the driver: as loaded with A read in place from rows 16 KiB apart (fc2
- * forward's x), and streaming with A packed; the median of STREAM_REPS runs
- * each after an untimed one, the two ways in turns. About 5 ms. Streaming
- * is kept unless the other way is STREAM_MARGIN faster: on the Xeon above
- * it was ahead in each of 8 processes, by 4-8% in some and 13-50% in
- * others (the machine's load moving the way as loaded from 89 to 171
- * GFLOP/s), so a timing in a quiet moment must not turn it off. */
-enum { STREAM_PANELS = 8, STREAM_REPS = 9, STREAM_LDA = 4096 };
+/* Timed once per process (gemm_ways.h): streaming is kept unless the way
+ * as loaded is STREAM_MARGIN faster: on the Xeon above it was ahead in each
+ * of 8 processes, by 4-8% in some and 13-50% in others (the machine's load
+ * moving the way as loaded from 89 to 171 GFLOP/s), so a timing in a quiet
+ * moment must not turn it off. */
 #define STREAM_MARGIN 1.03
 
-enum { IDLE = 0, BUSY = 1, DONE = 2 };
-static atomic_int stream_state;
-static double stream_gflops[2]; /* as loaded, streaming; 0: not timed */
-static int64_t stream_kc, stream_nc;
-static int stream_forced = -1;
-
-static double seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* The median of n values (sorted in place). */
-static double median_of(double *v, int n)
-{
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            const double x = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = x;
-        }
-    return v[n / 2];
-}
-
-/* Fills stream_gflops; false if out of memory. */
-MP_TARGET_AVX512 static bool stream_time(void)
-{
-    int64_t kc, nc;
-    mp_gemm_blocks(&mp_gemm_avx512_impl, 4096, 4096, false, &kc, &nc);
-    const int64_t rows = STREAM_PANELS * FMR, lda = kc > STREAM_LDA ? kc : STREAM_LDA;
-    float *a = malloc((size_t)(rows * lda) * sizeof(float)); /* in place */
-    float *ap = malloc((size_t)(rows * kc) * sizeof(float)); /* packed */
-    float *b = malloc((size_t)(nc * kc) * sizeof(float));
-    float *c = malloc((size_t)(rows * nc) * sizeof(float));
-    const bool ok = a && ap && b && c;
-    if (ok) {
-        for (int64_t i = 0; i < rows * lda; i++) a[i] = (float)(i % 7) * 0.125f;
-        for (int64_t i = 0; i < rows * kc; i++) ap[i] = (float)(i % 7) * 0.125f;
-        for (int64_t i = 0; i < nc * kc; i++) b[i] = (float)(i % 5) * 0.25f;
-        double t[2][STREAM_REPS];
-        for (int rep = -1; rep < STREAM_REPS; rep++)
-            for (int j = 0; j < 2; j++) {
-                const int way = (j + rep + 1) & 1;
-                const double t0 = seconds();
-                for (int64_t ir = 0; ir < rows; ir += FMR)
-                    for (int64_t jr = 0; jr < nc; jr += FNR) {
-                        float *ct = c + ir * nc + jr;
-                        if (way)
-                            kernel_f32_core(kc, ap + ir * kc, 1, FMR, b + jr * kc, FNR, ct, nc, 0,
-                                            SPD, 3);
-                        else
-                            kernel_f32_core(kc, a + ir * lda, lda, 1, b + jr * kc, FNR, ct, nc, 0,
-                                            0, 3);
-                    }
-                if (rep >= 0) t[way][rep] = seconds() - t0;
-            }
-        for (int i = 0; i < 2; i++) {
-            const double m = median_of(t[i], STREAM_REPS);
-            stream_gflops[i] = 2e-9 * (double)(rows * nc * kc) / (m > 1e-12 ? m : 1e-12);
-        }
-        stream_kc = kc;
-        stream_nc = nc;
-    }
-    free(a);
-    free(ap);
-    free(b);
-    free(c);
-    return ok;
-}
-
-static bool streams(void)
-{
-    int s = IDLE;
-    if (atomic_compare_exchange_strong(&stream_state, &s, BUSY)) {
-        bool on = false;
-        if (stream_forced >= 0)
-            on = stream_forced;
-        else if (stream_time())
-            on = !(stream_gflops[0] > STREAM_MARGIN * stream_gflops[1]);
-        atomic_store(&stream_on, on);
-        atomic_store_explicit(&stream_state, DONE, memory_order_release);
-    } else {
-        while (atomic_load_explicit(&stream_state, memory_order_acquire) != DONE) sched_yield();
-    }
-    return streaming();
-}
+static bool streams(void) { return mp_gemm_ways_on(&ways, &mp_gemm_avx512_impl, STREAM_MARGIN); }
 
 static void streams_report(FILE *out)
 {
-    const bool on = streams();
-    if (stream_forced >= 0)
-        fprintf(out, "gemm float32 kernel (avx512): streaming forced %s\n", on ? "on" : "off");
-    else if (stream_gflops[0] <= 0)
-        fprintf(out, "gemm float32 kernel (avx512): streaming not timed (out of memory): off\n");
-    else
-        fprintf(out,
-                "gemm float32 kernel (avx512): a %lld deep x %lld column B block from L2 on one "
-                "thread (median of %d), GFLOP/s: as loaded with A in place %.1f, streaming (rows "
-                "asked %d ahead, A packed) %.1f -> %s\n",
-                (long long)stream_kc, (long long)stream_nc, STREAM_REPS, stream_gflops[0], SPD,
-                stream_gflops[1], on ? "streaming" : "as loaded");
+    char way1[64];
+    snprintf(way1, sizeof way1, "streaming (rows asked %d ahead, A packed)", SPD);
+    mp_gemm_ways_report(out, &ways, &mp_gemm_avx512_impl, STREAM_MARGIN, "avx512",
+                        "as loaded with A in place", way1);
 }
 
-void mp_gemm_avx512_stream_force(int on)
-{
-    stream_forced = on;
-    atomic_store(&stream_on, 0);
-    atomic_store(&stream_state, IDLE);
-}
+void mp_gemm_avx512_stream_force(int on) { mp_gemm_ways_force(&ways, on); }
 
 const gemm_impl mp_gemm_avx512_impl = {
     .fmt = GEMM_FMT_F32,

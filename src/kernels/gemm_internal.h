@@ -131,11 +131,12 @@ typedef struct {
     /* Optional: whether any of rows x cols floats at c (rows ldc apart) is
      * NaN or +-inf; NULL: the driver's portable loop serves. */
     bool (*nonfinite)(const float *c, int64_t ldc, int64_t rows, int64_t cols);
-    /* Optional: whether the kernel streams on this CPU (asks for its packed
-     * panels' rows ahead, and the driver packs A rather than reading it in
-     * place unless B is at most two panels wide): timed once per process on
-     * the first call, thread-safe. The bits are the same either way. NULL:
-     * never. streams_report prints the timing for mixprec info. */
+    /* Optional: whether the kernel streams on this CPU: the driver packs A
+     * rather than reading it in place unless B is at most two panels wide
+     * (and the AVX-512 kernel asks for its packed panels' rows ahead):
+     * timed once per process on the first call, thread-safe (gemm_ways.h).
+     * The bits are the same either way. NULL: never. streams_report prints
+     * the timing for mixprec info. */
     bool (*streams)(void);
     void (*streams_report)(FILE *out);
 } gemm_impl;
@@ -175,9 +176,11 @@ extern const gemm_impl mp_gemm_scalar_impl;
 extern const gemm_impl mp_gemm_avx2_impl;       /* f32 FMA, 256-bit */
 extern const gemm_impl mp_gemm_avx512_impl;     /* f32 FMA */
 extern const gemm_impl mp_gemm_avx512bf16_impl; /* vdpbf16ps */
-/* Tests: 0 or 1 forces mp_gemm_avx512_impl's streaming off or on; -1: timed
- * again on the next call. */
+/* Tests: 0 or 1 forces mp_gemm_avx512_impl's streaming, or
+ * mp_gemm_avx2_impl's packing of A, off or on; -1: timed again on the next
+ * call. */
 void mp_gemm_avx512_stream_force(int on);
+void mp_gemm_avx2_pack_force(int on);
 #endif
 
 /* Measured kernel choice (gemm_dispatch.c). */
