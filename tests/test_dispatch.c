@@ -714,11 +714,11 @@ static void test_api(void **state)
         /* both kernels' blocks, as the driver takes them */
         int64_t kcb, nc;
         char want[96];
-        mp_gemm_blocks(&mp_gemm_avx512bf16_impl, 4096, 4096, false, &kcb, &nc);
+        mp_gemm_blocks(&mp_gemm_avx512bf16_impl, 4096, 4096, false, false, &kcb, &nc);
         snprintf(want, sizeof want, "avx512bf16 %lld deep x %lld columns", (long long)kcb,
                  (long long)nc);
         assert_non_null(strstr(buf, want));
-        mp_gemm_blocks(&mp_gemm_avx512_impl, 4096, 4096, false, &kcb, &nc);
+        mp_gemm_blocks(&mp_gemm_avx512_impl, 4096, 4096, false, false, &kcb, &nc);
         snprintf(want, sizeof want, "avx512 %lld deep x %lld columns", (long long)kcb,
                  (long long)nc);
         assert_non_null(strstr(buf, want));
@@ -732,7 +732,7 @@ static void test_api(void **state)
             const gemm_impl *im = ims[i];
             const int64_t esz = im->fmt == GEMM_FMT_BF16 ? 2 : 4;
             assert_true(im->kc_l1 > 0);
-            mp_gemm_blocks(im, 4096, 4096, false, &kcb, &nc);
+            mp_gemm_blocks(im, 4096, 4096, false, false, &kcb, &nc);
             const bool fits = 3 * im->mr * im->kc_l1 * esz <= 2 * l1 && l2 > 0;
             if (fits) { /* 48 KiB and more */
                 assert_int_equal(kcb, im->kc_l1);
@@ -745,7 +745,7 @@ static void test_api(void **state)
             /* a depth beyond a block splits into equal blocks: 4500 is 3 x
              * 1500 under 2048, 2 x 2250 under 4096 (bf16); 5 x 900 under
              * 1024 (float32, both ways) */
-            mp_gemm_blocks(im, 4500, 4096, false, &kcb, &nc);
+            mp_gemm_blocks(im, 4500, 4096, false, false, &kcb, &nc);
             assert_int_equal(kcb, im->fmt == GEMM_FMT_F32 ? 900 : fits ? 1500 : 2250);
         }
 #endif

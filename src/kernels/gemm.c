@@ -472,7 +472,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     }
     pl.in_place = a_in_place(pl.im, &pl.a, k, pl.n);
     pl.b_in_place = b_in_place(pl.im, &pl.b, pl.m);
-    mp_gemm_blocks(pl.im, k, pl.n, pl.in_place, &pl.kcb, &pl.nc);
+    mp_gemm_blocks(pl.im, k, pl.n, pl.in_place, pl.b_in_place, &pl.kcb, &pl.nc);
 
     const int MR = pl.im->mr, NR = pl.im->nr;
     const int64_t mt = cdiv(pl.m, MR), ntl = cdiv(pl.n, NR);

@@ -76,14 +76,16 @@ int64_t mp_gemm_row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int
  * nc already is): fc3's input gradient (1024x4096x10, C written whole rows
  * at a time; the same CPU) 48.1 -> 62.0 and 50.1 -> 60.4 GFLOP/s. The sums
  * run over k in the same order whatever the blocks, so the bits do not
- * change. */
-void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t n, bool a_in_place, int64_t *kcb,
-                    int64_t *nc)
+ * change. Where the kernel reads B in place (a C of at most two panels of
+ * rows) the depth block is the impl's kc_b where it has one. */
+void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t n, bool a_in_place, bool b_in_place,
+                    int64_t *kcb, int64_t *nc)
 {
     const int64_t esz = mp_gemm_fmt_bytes(im->fmt);
     const int64_t l2 = (int64_t)mp_cpu_cache_bytes(2);
     const bool l1_fit = l1_blocks(im);
-    const int64_t kc = l1_fit ? im->kc_l1 : im->kc;
+    int64_t kc = l1_fit ? im->kc_l1 : im->kc;
+    if (b_in_place && im->kc_b > 0) kc = min64(kc, im->kc_b);
     const int64_t nkb = k > 0 ? cdiv(k, kc) : 1;
     *kcb = k > 0 ? cdiv(k, nkb) : 0;
     if (im->fmt == GEMM_FMT_BF16 && (*kcb & 1) && *kcb < k) ++*kcb;

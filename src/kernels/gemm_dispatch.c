@@ -608,7 +608,7 @@ mp_status mp_gemm_dispatch_report(FILE *out)
             mp_cpu_cache_bytes(1) >> 10, mp_cpu_cache_bytes(2) >> 10);
     for (int i = 0; i < nc; i++) {
         int64_t kcb, ncb;
-        mp_gemm_blocks(cand[i], 4096, 4096, false, &kcb, &ncb);
+        mp_gemm_blocks(cand[i], 4096, 4096, false, false, &kcb, &ncb);
         fprintf(out, "%s %s %lld deep x %lld columns", i ? "," : "", describe(cand[i])->name,
                 (long long)kcb, (long long)ncb);
     }

@@ -116,6 +116,11 @@ typedef struct {
      * is then capped at twice L2 (mp_gemm_row_block): it is read again for
      * every B block. */
     int64_t kc_l1;
+    /* Optional (0: none): the depth block where B is read in place
+     * (kernel_ab: a C of at most two panels of rows), so that the B
+     * panel's rows the first A panel brought into L1 are still there for
+     * the second. */
+    int64_t kc_b;
     gemm_kernel_fn kernel;
     /* Optional: narrow[v] computes only the first 16 * (v + 1) columns of a
      * tile (reading the same NR-wide B panel), for panels that are mostly
@@ -212,9 +217,9 @@ void mp_gemm_dispatch_reset(void);
 void mp_gemm_dispatch_test_rates(const double *gflops);
 /* Cache blocking (gemm_blocks.c). The depth block (*kcb) and column block
  * (*nc) the driver uses on im for depth k and n columns of C on this CPU,
- * A read in place or not. */
-void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t n, bool a_in_place, int64_t *kcb,
-                    int64_t *nc);
+ * A and B each read in place or packed. */
+void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t n, bool a_in_place, bool b_in_place,
+                    int64_t *kcb, int64_t *nc);
 /* The rows of a block of A for `rows` rows whose partial sums span nr_pad
  * columns at depth block kcb; multi: several depth blocks; direct: sums
  * kept in C; a_packed: A is packed (not read in place). */

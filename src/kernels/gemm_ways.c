@@ -33,7 +33,7 @@ static double median_of(double *v, int n)
 static bool time_ways(gemm_ways *w, const gemm_impl *im)
 {
     int64_t kc, nc;
-    mp_gemm_blocks(im, LDA, LDA, false, &kc, &nc);
+    mp_gemm_blocks(im, LDA, LDA, false, false, &kc, &nc);
     const int64_t MR = im->mr, NR = im->nr, rows = GEMM_WAYS_PANELS * MR;
     const int64_t lda = kc > LDA ? kc : LDA;
     /* 64-byte aligned, as the driver's packed buffers (the kernels may
