@@ -3,9 +3,11 @@
  * accumulators: two FMA pipes of latency 4 need at least 8 independent
  * chains, and 12 + 2 B vectors + 1 broadcast fill the 16 registers), packers
  * that widen f32/f16/bf16 to f32 with 8-lane loads and 8x8 transposes, and
- * the vector epilogue. Each element's sum runs over k in order with one FMA
- * per product, as on the AVX-512 path. Compiled with target attributes and
- * only reached after runtime CPU detection. */
+ * the vector epilogue. The kernel reads a float32 A, and B for a C of at
+ * most 12 rows, where they lie; whether A is packed all the same is timed
+ * once per process (gemm_ways.h). Each element's sum runs over k in order
+ * with one FMA per product, as on the AVX-512 path. Compiled with target
+ * attributes and only reached after runtime CPU detection. */
 #include <string.h>
 
 #include "core/convert_simd.h"
