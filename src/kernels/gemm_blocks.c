@@ -73,11 +73,11 @@ int64_t mp_gemm_row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int
  * KiB, and each A panel's C tiles are written 512 bytes a row, 16 KiB
  * apart, before the next block comes round. The B block is widened to a
  * quarter of L2 where that is more than nc (a full depth block's quarter
- * of L2 is less: 64 columns at the AVX2 kernel's 512): fc3's input gradient (1024x4096x10, C written whole rows
- * at a time; the same CPU) 48.1 -> 62.0 and 50.1 -> 60.4 GFLOP/s. The sums
- * run over k in the same order whatever the blocks, so the bits do not
- * change. Where the kernel reads B in place (a C of at most two panels of
- * rows) the depth block is the impl's kc_b where it has one. */
+ * of L2 is less: 64 columns at the AVX2 kernel's 512): fc3's input gradient (1024x4096x10, C
+ * written whole rows at a time; the same CPU) 48.1 -> 62.0 and 50.1 -> 60.4 GFLOP/s. The sums run
+ * over k in the same order whatever the blocks, so the bits do not change. Where the kernel reads B
+ * in place (a C of at most two panels of rows) the depth block is the impl's kc_b where it has one.
+ */
 void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t n, bool a_in_place, bool b_in_place,
                     int64_t *kcb, int64_t *nc)
 {
