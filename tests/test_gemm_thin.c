@@ -170,7 +170,7 @@ static void test_thin_blocks(void **state)
  * place, runs its whole depth in one block; a product with more columns
  * runs blocks of it. Each element is the same chain of FMAs either way:
  * the thin product's columns equal the wider one's, bit for bit, and lie
- * within gamma_k sum|a b| of the float64 dot product. fc3's forward shape,
+ * within test_gemm_worst's bound of float64 (gamma_{k+1} sum|a b|). fc3's forward shape,
  * shortened (x 200 x 2500, W 2500 x 10), one thread and two, every path. */
 static void test_thin_one_depth_block(void **state)
 {
@@ -185,7 +185,6 @@ static void test_thin_one_depth_block(void **state)
     mp_isa isas[MP_ISA_COUNT];
     const int ni = test_isas(isas);
     const mp_isa saved = mp_isa_active();
-    const double gamma = test_gamma(k);
     for (int ii = 0; ii < ni; ii++) {
         assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
         for (int t = 1; t <= 2; t++) {
@@ -200,17 +199,12 @@ static void test_thin_one_depth_block(void **state)
                         fail_msg("%s t%d C[%lld,%lld] %.9g, in the wider product %.9g",
                                  mp_isa_name(mp_isa_active()), t, (long long)i, (long long)j,
                                  (double)got, (double)cw[i * wide + j]);
-                    double dot = 0, s = 0;
-                    for (int64_t p = 0; p < k; p++) {
-                        const double x = (double)a[i * k + p] * (double)bn[p * n + j];
-                        dot += x;
-                        s += fabs(x);
-                    }
-                    if (!(fabs(got - dot) <= gamma * s))
-                        fail_msg("%s t%d C[%lld,%lld] = %.9g, want %.9g (tol %.3g)",
-                                 mp_isa_name(mp_isa_active()), t, (long long)i, (long long)j,
-                                 (double)got, dot, gamma * s);
                 }
+            const test_gemm_ref ref = {
+                .a = a, .b = bn, .m = m, .n = n, .k = k, .bs_k = n, .bs_n = 1, .alpha = 1};
+            const double worst = test_gemm_worst(&ref, c, MP_F32);
+            if (!(worst <= 1))
+                fail_msg("%s t%d: error %.3g of the bound", mp_isa_name(mp_isa_active()), t, worst);
         }
     }
     mp_isa_set(saved);
@@ -223,7 +217,7 @@ static void test_thin_one_depth_block(void **state)
 }
 
 /* A short depth (fc3's input gradient, dz W^T: 10 deep) runs a B block a
- * quarter of L2 wide: every element within gamma_k sum|a b| of float64,
+ * quarter of L2 wide: every element within test_gemm_worst's bound of float64,
  * B laid out both ways (W^T read from W, and a plain B), two threads. */
 static void test_short_depth(void **state)
 {
@@ -236,7 +230,6 @@ static void test_short_depth(void **state)
     mp_isa isas[MP_ISA_COUNT];
     const int ni = test_isas(isas);
     const mp_isa saved = mp_isa_active();
-    const double gamma = test_gamma(k);
     mp_set_num_threads(2);
     for (int ii = 0; ii < ni; ii++) {
         assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
@@ -244,20 +237,18 @@ static void test_short_depth(void **state)
             /* tb: b holds B^T (n x k), as dX = dz W^T reads W */
             mp_gemm(false, tb, m, n, k, 1.0f, a, MP_F32, k, b, MP_F32, tb ? k : n, 0.0f, c, MP_F32,
                     n);
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t j = 0; j < n; j++) {
-                    double dot = 0, s = 0;
-                    for (int64_t p = 0; p < k; p++) {
-                        const double x =
-                            (double)a[i * k + p] * (double)(tb ? b[j * k + p] : b[p * n + j]);
-                        dot += x;
-                        s += fabs(x);
-                    }
-                    if (!(fabs(c[i * n + j] - dot) <= gamma * s))
-                        fail_msg("%s tb=%d C[%lld,%lld] = %.9g, want %.9g (tol %.3g)",
-                                 mp_isa_name(mp_isa_active()), tb, (long long)i, (long long)j,
-                                 (double)c[i * n + j], dot, gamma * s);
-                }
+            const test_gemm_ref ref = {.a = a,
+                                       .b = b,
+                                       .m = m,
+                                       .n = n,
+                                       .k = k,
+                                       .bs_k = tb ? 1 : n,
+                                       .bs_n = tb ? k : 1,
+                                       .alpha = 1};
+            const double worst = test_gemm_worst(&ref, c, MP_F32);
+            if (!(worst <= 1))
+                fail_msg("%s tb=%d: error %.3g of the bound", mp_isa_name(mp_isa_active()), tb,
+                         worst);
         }
     }
     mp_isa_set(saved);
