@@ -74,8 +74,6 @@ MP_TARGET_AVX2 static void kernel_f32_ab(int64_t kc, const void *av, int64_t si,
     (void)nv;
     if (sk == 1)
         kernel_core(kc, a, si, 1, b, sb, c, ldc, acc);
-    else if (sb == HNR)
-        kernel_core(kc, a, 1, sk, b, HNR, c, ldc, acc);
     else
         kernel_core(kc, a, 1, sk, b, sb, c, ldc, acc);
 }
