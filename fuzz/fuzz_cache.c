@@ -8,7 +8,8 @@
  *            and a correct "check " line (FNV-1a of all before it), so
  *            that changed rates, names and layouts get past the checksum
  *            and into the comparison with the canonical text; bit 1: the
- *            group (below) the text is for
+ *            group (below) the text is for; bit 2: the result returned is
+ *            the GEMM ways' (below), not the group's
  *   byte 1+  the file's text.
  * What reads it:
  *   mp_cache_slurp   (core/cache_file.c) the bounded read: true exactly for
@@ -24,7 +25,12 @@
  *   the GEMM choice  (kernels/gemm_dispatch.c, mp_gemm_dispatch_query, with
  *                    the test hook's rates instead of timing) the same way,
  *                    where this CPU has more than one bfloat16 kernel
- *                    (AVX-512 and AVX512_BF16); elsewhere it reads no file.
+ *                    (AVX-512 and AVX512_BF16); elsewhere it reads no file;
+ *   the GEMM ways    (kernels/gemm_ways.c, mp_gemm_ways_on, a float32
+ *                    kernel's choice of way) for a kernel of this target's
+ *                    own name, with the test hook's rates instead of timing:
+ *                    read (the file left as it is) or ignored and replaced,
+ *                    and then read back as the same rates and choice.
  *
  * Built two ways: with -DMP_LIBFUZZER as a libFuzzer target (make fuzz
  * FUZZ_TARGET=cache, mk/fuzz.mk), and #included by tests/test_fuzz_cache.c,
@@ -38,6 +44,7 @@
 #include "core/cache_file.h"
 #include "core/measured.h"
 #include "kernels/gemm_internal.h"
+#include "kernels/gemm_ways.h"
 #include "mixprec.h"
 
 #define FUZZ_NAME "fuzz_cache"
@@ -209,6 +216,50 @@ static void fuzz_gemm(const char *path, const char *text, size_t n, const double
     FUZZ_CHECK(!memcmp(back.gflops, in.gflops, sizeof in.gflops));
 }
 
+/* A float32 kernel's ways with their file holding text; FUZZ_LOADED when
+ * the choice was read from it. */
+static int fuzz_ways(const char *text, size_t n, uint64_t h)
+{
+    static gemm_ways w = GEMM_WAYS_INIT("fuzz");
+    const double margin = 1.03;
+    /* clear of each other (the decision is written), either way ahead */
+    const double lo = 10.0 * (double)(1 + (h & 15)), hi = 3 * lo;
+    const double rates[2] = {h & 16 ? hi : lo, h & 16 ? lo : hi};
+    if (!w.path[0]) { /* the file's name, from a first decision */
+        mp_gemm_ways_test_rates(rates);
+        mp_gemm_ways_force(&w, -1);
+        mp_gemm_ways_on(&w, &mp_gemm_scalar_impl, margin);
+        FUZZ_CHECK(w.path[0] != '\0');
+    }
+    fuzz_write(w.path, text, n, false);
+    mp_gemm_ways_test_rates(rates);
+    mp_gemm_ways_force(&w, -1);
+    const bool on = mp_gemm_ways_on(&w, &mp_gemm_scalar_impl, margin);
+    FUZZ_CHECK(on == !(w.gflops[0] > margin * w.gflops[1]));
+    for (int i = 0; i < 2; i++) FUZZ_CHECK(isfinite(w.gflops[i]) && w.gflops[i] >= 1e-3);
+    size_t back_n;
+    char *back = fuzz_read_back(w.path, &back_n);
+    int result = FUZZ_REFUSED;
+    if (w.source == MP_DISPATCH_CACHED) {
+        FUZZ_CHECK(back_n == n && !memcmp(back, text, n) && !strcmp(w.note, "read"));
+        result = FUZZ_LOADED;
+    } else {
+        FUZZ_CHECK(w.source == MP_DISPATCH_MEASURED && strstr(w.note, "ignored") &&
+                   strstr(w.note, "written") && !strstr(w.note, "not written"));
+        FUZZ_CHECK(w.gflops[0] == rates[0] && w.gflops[1] == rates[1]);
+        const double got[2] = {w.gflops[0], w.gflops[1]};
+        const double others[2] = {rates[1], rates[0]}; /* the file must win */
+        mp_gemm_ways_test_rates(others);
+        mp_gemm_ways_force(&w, -1);
+        FUZZ_CHECK(mp_gemm_ways_on(&w, &mp_gemm_scalar_impl, margin) == on);
+        FUZZ_CHECK(w.source == MP_DISPATCH_CACHED && !strcmp(w.note, "read"));
+        FUZZ_CHECK(w.gflops[0] == got[0] && w.gflops[1] == got[1]);
+    }
+    mp_gemm_ways_test_rates(NULL);
+    free(back);
+    return result;
+}
+
 /* ------------------------------------------------------------ the input */
 
 static char fuzz_gemm_path[sizeof(((mp_gemm_dispatch_info *)0)->cache_file)];
@@ -255,6 +306,8 @@ int mp_fuzz_cache_one(const uint8_t *data, size_t size)
         for (int i = 0; i < MP_ISA_COUNT; i++)
             fuzz_seconds[o][i] = 1e-4 * (double)(1 + ((h >> ((o * 4 + i) % 60)) & 15));
     int result = fuzz_measured((flags >> 1) & 1, text, n);
+    const int ways = fuzz_ways(text, n, h);
+    if (flags & 4) result = ways;
     if (fuzz_gemm_path[0]) {
         /* the team's rates, then one thread's: the second kernel clearly ahead */
         const double b = 50.0 * (double)(1 + (h & 15));

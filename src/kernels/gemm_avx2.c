@@ -291,7 +291,7 @@ MP_TARGET_AVX2 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t
  * -> 125.8 / 124.2, fc2 dX 122.5 / 132.5 -> 138.4 / 138.8, 2048^3 120.5 /
  * 115.3 -> 129.7 / 126.7 GFLOP/s. */
 #define PACK_MARGIN 1.03
-static gemm_ways ways = GEMM_WAYS_INIT; /* A packed: way 1 */
+static gemm_ways ways = GEMM_WAYS_INIT("avx2"); /* A packed: way 1 */
 
 static bool packs_a(void) { return mp_gemm_ways_on(&ways, &mp_gemm_avx2_impl, PACK_MARGIN); }
 

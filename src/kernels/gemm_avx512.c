@@ -31,7 +31,7 @@ enum { FMR = 8, FNR = 48, BPD = 16, SPD = 16 };
  * timed once per process (mp_gemm_avx512_impl.streams): other CPUs' L1
  * prefetchers keep up by themselves, and there A read in place saves its
  * packing. The arithmetic is the same either way, so are the bits. */
-static gemm_ways ways = GEMM_WAYS_INIT; /* streaming: way 1 */
+static gemm_ways ways = GEMM_WAYS_INIT("avx512"); /* streaming: way 1 */
 
 /* The microkernel on the first nv (1..3) column vectors of the tile, A's
  * element (i, k) at ap[i * si + k * sk] (packed: si = 1, sk = FMR), B's row

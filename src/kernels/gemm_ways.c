@@ -1,14 +1,25 @@
-/* gemm_ways.c - the timed choice between a float32 kernel's two ways of
+/* gemm_ways.c - the measured choice between a float32 kernel's two ways of
  * running the same products (gemm_ways.h says what they are and how the
- * timing runs). */
+ * timing runs): the timing, the choice and its cache file. */
+#include <errno.h>
 #include <sched.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
+#include "core/cache_file.h"
 #include "core/internal.h"
 #include "kernels/gemm_ways.h"
 
 enum { IDLE = 0, BUSY = 1, DONE = 2 };
 enum { LDA = 4096 }; /* A's row stride for way 0, in floats */
+/* Its number goes up whenever either kernel's ways change, so rates timed
+ * on older kernels are timed again rather than trusted. */
+#define CACHE_MAGIC "mixprec gemm ways 1"
+
+static _Atomic(const double *) test_rates;
+
+void mp_gemm_ways_test_rates(const double *rates) { atomic_store(&test_rates, rates); }
 
 static double seconds(void)
 {
@@ -29,11 +40,11 @@ static double median_of(double *v, int n)
     return v[n / 2];
 }
 
-/* Fills w->gflops; false if out of memory. */
+/* Fills w->gflops, timed on the block w->kc x w->nc; false if out of
+ * memory. */
 static bool time_ways(gemm_ways *w, const gemm_impl *im)
 {
-    int64_t kc, nc;
-    mp_gemm_blocks(im, LDA, LDA, false, false, &kc, &nc);
+    const int64_t kc = w->kc, nc = w->nc;
     const int64_t MR = im->mr, NR = im->nr, rows = GEMM_WAYS_PANELS * MR;
     const int64_t lda = kc > LDA ? kc : LDA;
     /* 64-byte aligned, as the driver's packed buffers (the kernels may
@@ -72,8 +83,6 @@ static bool time_ways(gemm_ways *w, const gemm_impl *im)
             const double m = median_of(t[i], GEMM_WAYS_REPS);
             w->gflops[i] = 2e-9 * (double)(rows * nc * kc) / (m > 1e-12 ? m : 1e-12);
         }
-        w->kc = kc;
-        w->nc = nc;
     }
     mp_region_free(a, sa);
     mp_region_free(ap, sap);
@@ -82,15 +91,136 @@ static bool time_ways(gemm_ways *w, const gemm_impl *im)
     return ok;
 }
 
+/* ------------------------------------------------------------- the cache */
+
+/* Rates as the file keeps them: whole MFLOP/s, from 1 to 1e9. */
+static double rounded(double gflops)
+{
+    const double m = (double)(long long)(gflops * 1e3 + 0.5);
+    return (m < 1 ? 1 : m > 1e9 ? 1e9 : m) * 1e-3;
+}
+
+static bool choose(const gemm_ways *w, double margin)
+{
+    return !(w->gflops[0] > margin * w->gflops[1]);
+}
+
+/* The file's text for w's rates: canonical, so a file is valid exactly
+ * when it equals what this function writes for the rates it holds. */
+static int cache_text(char *buf, size_t len, const gemm_ways *w, double margin, uint64_t key)
+{
+    int n = snprintf(buf, len,
+                     "%s\nversion %s kernel %s margin %.2f\ncpu %016llx\nway0 %lld way1 %lld -> "
+                     "way%d\n",
+                     CACHE_MAGIC, MP_VERSION_STRING, w->kernel, margin, (unsigned long long)key,
+                     (long long)(w->gflops[0] * 1e3 + 0.5), (long long)(w->gflops[1] * 1e3 + 0.5),
+                     choose(w, margin));
+    if (n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, "check %016llx\n",
+                      (unsigned long long)mp_fnv1a(buf, (size_t)n));
+    return n > 0 && (size_t)n < len ? n : -1;
+}
+
+/* A rate after "\n<label> " in buf, into *v; false unless 1 to 11 digits
+ * of at least 1. */
+static bool rate_after(const char *buf, const char *label, double *v)
+{
+    const char *p = strstr(buf, label);
+    if (!p) return false;
+    p += strlen(label);
+    long long x = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9' && digits < 12; p++, digits++) x = x * 10 + (*p - '0');
+    if (digits == 0 || digits == 12 || x < 1) return false;
+    *v = (double)x * 1e-3;
+    return true;
+}
+
+/* The rates from path into w; false (the reason in why) unless the file is
+ * exactly what cache_text writes for them. */
+static bool cache_read(const char *path, gemm_ways *w, double margin, uint64_t key,
+                       const char **why)
+{
+    char buf[MP_CACHE_MAX + 2], want[MP_CACHE_MAX + 2];
+    size_t n;
+    if (!mp_cache_slurp(path, buf, &n, why)) return false;
+    gemm_ways got = {.kernel = w->kernel};
+    *why = "ignored (not this version's format, or corrupt)";
+    if (!rate_after(buf, "\nway0 ", &got.gflops[0]) || !rate_after(buf, " way1 ", &got.gflops[1]))
+        return false;
+    const int wn = cache_text(want, sizeof want, &got, margin, key);
+    if (wn < 0 || (size_t)wn != n || memcmp(buf, want, n)) return false;
+    w->gflops[0] = got.gflops[0];
+    w->gflops[1] = got.gflops[1];
+    *why = "read";
+    return true;
+}
+
+/* ---------------------------------------------------------- the decision */
+
+static void decide(gemm_ways *w, const gemm_impl *im, double margin)
+{
+    w->path[0] = w->note[0] = '\0';
+    w->gflops[0] = w->gflops[1] = 0;
+    mp_gemm_blocks(im, LDA, LDA, false, false, &w->kc, &w->nc);
+    const uint64_t key = mp_cpu_model_key();
+    char dir[400];
+    const char *status = "";
+    if (mp_cache_dir(dir, sizeof dir, w->note, sizeof w->note)) {
+        const int n = snprintf(w->path, sizeof w->path, "%s/gemm-ways-%s-%016llx-%s", dir,
+                               w->kernel, (unsigned long long)key, MP_VERSION_STRING);
+        if (n < 0 || (size_t)n >= sizeof w->path - 8) { /* room for the temporary's suffix */
+            w->path[0] = '\0';
+            snprintf(w->note, sizeof w->note, "off (the cache path is too long)");
+        } else if (cache_read(w->path, w, margin, key, &status)) {
+            w->source = MP_DISPATCH_CACHED;
+            snprintf(w->note, sizeof w->note, "%s", status);
+            return;
+        }
+    }
+    const double *fake = atomic_load(&test_rates);
+    if (fake) {
+        w->gflops[0] = fake[0];
+        w->gflops[1] = fake[1];
+    } else if (!time_ways(w, im)) {
+        w->source = MP_DISPATCH_DEFAULT;
+        w->gflops[0] = w->gflops[1] = 0;
+        snprintf(w->note, sizeof w->note, "%s%snot written (timing failed)", status,
+                 *status ? ", " : "");
+        return;
+    }
+    w->gflops[0] = rounded(w->gflops[0]);
+    w->gflops[1] = rounded(w->gflops[1]);
+    w->source = MP_DISPATCH_MEASURED;
+    if (!w->path[0]) return;
+    const double hi = w->gflops[0] > w->gflops[1] ? w->gflops[0] : w->gflops[1],
+                 lo = w->gflops[0] > w->gflops[1] ? w->gflops[1] : w->gflops[0];
+    if (!(hi > GEMM_WAYS_CLEAR * lo)) {
+        snprintf(w->note, sizeof w->note, "%s, not written (too close to keep: within %.0f%%)",
+                 status, (GEMM_WAYS_CLEAR - 1) * 100);
+        return;
+    }
+    char text[MP_CACHE_MAX];
+    const int n = cache_text(text, sizeof text, w, margin, key);
+    const int err = n < 0 ? ENOSPC : mp_cache_write(dir, w->path, text, (size_t)n);
+    snprintf(w->note, sizeof w->note, "%s, %s%s%s", status, err ? "not written (" : "written",
+             err ? strerror(err) : "", err ? ")" : "");
+}
+
 bool mp_gemm_ways_on(gemm_ways *w, const gemm_impl *im, double margin)
 {
     int s = IDLE;
     if (atomic_compare_exchange_strong(&w->state, &s, BUSY)) {
-        bool on = false;
-        if (w->forced >= 0)
+        bool on;
+        if (w->forced >= 0) {
             on = w->forced;
-        else if (time_ways(w, im))
-            on = !(w->gflops[0] > margin * w->gflops[1]);
+        } else {
+            char saved[512]; /* the timing's own messages are not the caller's */
+            snprintf(saved, sizeof saved, "%s", mp_last_error());
+            decide(w, im, margin);
+            mp_set_error(MP_OK, "%s", saved);
+            on = w->source == MP_DISPATCH_DEFAULT ? false : choose(w, margin);
+        }
         atomic_store(&w->on, on);
         atomic_store_explicit(&w->state, DONE, memory_order_release);
     } else {
@@ -110,15 +240,20 @@ void mp_gemm_ways_report(FILE *out, gemm_ways *w, const gemm_impl *im, double ma
                          const char *kernel, const char *way0, const char *way1)
 {
     const bool on = mp_gemm_ways_on(w, im, margin);
-    if (w->forced >= 0)
+    if (w->forced >= 0) {
         fprintf(out, "gemm float32 kernel (%s): forced: %s\n", kernel, on ? way1 : way0);
-    else if (w->gflops[0] <= 0)
+        return;
+    }
+    if (w->source == MP_DISPATCH_DEFAULT)
         fprintf(out, "gemm float32 kernel (%s): not timed (out of memory): %s\n", kernel,
                 on ? way1 : way0);
     else
         fprintf(out,
                 "gemm float32 kernel (%s): a %lld deep x %lld column B block from L2 on one "
-                "thread (median of %d), GFLOP/s: %s %.1f, %s %.1f -> %s\n",
-                kernel, (long long)w->kc, (long long)w->nc, GEMM_WAYS_REPS, way0, w->gflops[0],
-                way1, w->gflops[1], on ? way1 : way0);
+                "thread (median of %d), %s, GFLOP/s: %s %.1f, %s %.1f -> %s\n",
+                kernel, (long long)w->kc, (long long)w->nc, GEMM_WAYS_REPS,
+                w->source == MP_DISPATCH_CACHED ? "read from the cache" : "timed in this process",
+                way0, w->gflops[0], way1, w->gflops[1], on ? way1 : way0);
+    if (w->path[0] || w->note[0])
+        fprintf(out, "  cache: %s%s%s\n", w->path, w->path[0] ? ": " : "", w->note);
 }
