@@ -1,11 +1,11 @@
 /* test_kernel_choice.c - the measured choice for conversions, MX blocks and
  * optimizer updates (core/measured.c, core/convert_dispatch.c,
  * core/mx_dispatch.c, optim/update_dispatch.c): the candidates give the
- * same bits (so the choice
- * cannot change a result), the choice is a path this CPU supports, a forced
- * path is used as is, the cache file's round trip, and bad cache files
- * (garbage, a directory, oversized) ignored and replaced. No assertion
- * depends on how fast anything runs. */
+ * same bits (so the choice cannot change a result), the choice is a path
+ * this CPU supports, a forced path is used as is, the rates as cache files
+ * keep them, the cache file's round trip, and bad cache files (garbage, a
+ * directory, oversized) ignored and replaced. No assertion depends on how
+ * fast anything runs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,6 +237,49 @@ static void cache_file(const char *group, char *path, size_t len)
     path[strcspn(path, "\n")] = 0;
 }
 
+/* The rates as every cache file keeps them (core/cache_file.c): whole
+ * thousandths from 1 to 1e9, and the one parser the three readers share. */
+static void cache_rates_written_and_parsed(void **state)
+{
+    (void)state;
+    assert_int_equal(mp_cache_rate_thousandths(12.3454), 12345);
+    assert_int_equal(mp_cache_rate_thousandths(12.3455), 12346); /* halves round up */
+    assert_int_equal(mp_cache_rate_thousandths(0.0004), 1);      /* at least 1 */
+    assert_int_equal(mp_cache_rate_thousandths(-5.0), 1);
+    assert_int_equal(mp_cache_rate_thousandths(NAN), 1);
+    assert_int_equal(mp_cache_rate_thousandths(1e7), 1000000000); /* at most 1e9 */
+    assert_int_equal(mp_cache_rate_thousandths(INFINITY), 1000000000);
+    assert_true(mp_cache_rate_round(66.2004) == 66.2);
+
+    static const struct {
+        const char *text, *name;
+        bool ok;
+        double rate;
+        int used; /* bytes consumed */
+    } cases[] = {
+        {"avx2 66200 ->", "avx2", true, 66.2, 10},
+        {"avx2 1000000000\n", "avx2", true, 1e6, 15}, /* the largest */
+        {"avx2 1", "avx2", true, 0.001, 6},
+        {"avx2 1000000001", "avx2", false, 0, 0},
+        {"avx2 99999999999", "avx2", false, 0, 0}, /* 11 digits */
+        {"avx2 0", "avx2", false, 0, 0},
+        {"avx2 ", "avx2", false, 0, 0},
+        {"avx2 -5", "avx2", false, 0, 0},
+        {"avx2  5", "avx2", false, 0, 0},
+        {"avx2x 5", "avx2", false, 0, 0}, /* a longer name */
+        {"avx 5", "avx2", false, 0, 0},
+        {"way1 5", "way0", false, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *p = cases[i].text;
+        double r = -1;
+        assert_int_equal(mp_cache_rate_after(&p, cases[i].name, &r), cases[i].ok);
+        if (cases[i].ok) assert_true(r == cases[i].rate);
+        assert_int_equal(p - cases[i].text, cases[i].used); /* untouched on failure */
+        if (!cases[i].ok) assert_true(r == -1);
+    }
+}
+
 static void cache_round_trip_and_bad_files(void **state)
 {
     (void)state;
@@ -337,6 +380,7 @@ int main(void)
         cmocka_unit_test(mx_same_bits_on_every_path),
         cmocka_unit_test(updates_same_bits_on_every_path),
         cmocka_unit_test(forced_path_is_used),
+        cmocka_unit_test(cache_rates_written_and_parsed),
         cmocka_unit_test(cache_round_trip_and_bad_files),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -118,3 +118,26 @@ int mp_cache_write(const char *dir, const char *path, const char *text, size_t n
     if (err) unlink(tmp);
     return err;
 }
+
+long long mp_cache_rate_thousandths(double rate)
+{
+    const double k = rate * 1e3 + 0.5;
+    return !(k >= 1) ? 1 : k > 1e9 ? 1000000000ll : (long long)k;
+}
+
+double mp_cache_rate_round(double rate) { return (double)mp_cache_rate_thousandths(rate) * 1e-3; }
+
+bool mp_cache_rate_after(const char **p, const char *name, double *rate)
+{
+    const size_t len = strlen(name);
+    const char *s = *p;
+    if (strncmp(s, name, len) || s[len] != ' ') return false;
+    s += len + 1;
+    long long v = 0;
+    int digits = 0;
+    for (; *s >= '0' && *s <= '9' && digits < 11; s++, digits++) v = v * 10 + (*s - '0');
+    if (digits == 0 || digits > 10 || v < 1 || v > 1000000000ll) return false;
+    *rate = (double)v * 1e-3;
+    *p = s;
+    return true;
+}

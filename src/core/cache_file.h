@@ -1,8 +1,9 @@
 /* cache_file.h - the files under the user's cache directory that keep
- * measured kernel choices (gemm_dispatch.c, measured.c): where they live,
- * the CPU model they are keyed by, a bounded read that a bad file can never
- * break, and a write that never leaves a torn file. Each user writes its
- * own canonical text and accepts a file only when it equals that text. */
+ * measured kernel choices (gemm_dispatch.c, gemm_ways.c, measured.c): where
+ * they live, the CPU model they are keyed by, a bounded read that a bad file
+ * can never break, a write that never leaves a torn file, and the rates as
+ * the files keep them. Each user writes its own canonical text and accepts
+ * a file only when it equals that text. */
 #ifndef MP_CORE_CACHE_FILE_H
 #define MP_CORE_CACHE_FILE_H
 
@@ -26,5 +27,15 @@ bool mp_cache_slurp(const char *path, char *buf, size_t *n, const char **why);
 /* text into path (directories made, mode 0700) through a temporary file and
  * a rename: a reader sees the old file or the new one; 0 or an errno. */
 int mp_cache_write(const char *dir, const char *path, const char *text, size_t n);
+
+/* Rates as every cache file keeps them: whole thousandths of the unit the
+ * reader prints (MFLOP/s of GFLOP/s, thousands of million elements/s),
+ * from 1 to 1e9. mp_cache_rate_round gives the rate a file can hold. */
+long long mp_cache_rate_thousandths(double rate);
+double mp_cache_rate_round(double rate);
+/* At *p, name, one space and a rate as written (1 to 10 digits, at least
+ * 1) into *rate, and *p past it; false otherwise. A file is still valid
+ * only when it equals its writer's text for the rates read. */
+bool mp_cache_rate_after(const char **p, const char *name, double *rate);
 
 #endif

@@ -19,13 +19,6 @@ enum { TIMING_REPS = 5 };
 
 enum { IDLE = 0, BUSY = 1, DONE = 2 };
 
-/* Rates as the file keeps them: whole thousands of elements per second. */
-static double rounded(double mels)
-{
-    double k = (double)(long long)(mels * 1e3 + 0.5);
-    return (k < 1 ? 1 : k > 1e9 ? 1e9 : k) * 1e-3;
-}
-
 static int pick(const mp_measured_op *op)
 {
     int best = 0;
@@ -69,7 +62,8 @@ static bool measure(mp_measured_group *g, const mp_measured_spec *spec)
                 if (rep >= 0 && t < best[i]) best[i] = t;
             }
         for (int i = 0; i < op->n; i++)
-            op->rate[i] = rounded(g->elements * 1e-6 / (best[i] > 1e-12 ? best[i] : 1e-12));
+            op->rate[i] =
+                mp_cache_rate_round(g->elements * 1e-6 / (best[i] > 1e-12 ? best[i] : 1e-12));
         op->chosen = pick(op);
     }
     spec->teardown();
@@ -89,7 +83,7 @@ static int cache_text(char *buf, size_t len, const mp_measured_group *g, uint64_
         n += snprintf(buf + n, len - (size_t)n, "%s", op->name);
         for (int i = 0; i < op->n && n > 0 && (size_t)n < len; i++)
             n += snprintf(buf + n, len - (size_t)n, " %s %lld", mp_isa_name(op->isa[i]),
-                          (long long)(op->rate[i] * 1e3 + 0.5));
+                          mp_cache_rate_thousandths(op->rate[i]));
         if (n > 0 && (size_t)n < len)
             n += snprintf(buf + n, len - (size_t)n, " -> %s\n", mp_isa_name(op->isa[op->chosen]));
     }
@@ -115,17 +109,9 @@ static bool cache_read(const char *path, uint64_t key, mp_measured_group *g, con
         const char *p = strstr(buf, label);
         if (!p) return false;
         p += strlen(label) - 1;
-        for (int i = 0; i < op->n; i++) {
-            const char *name = mp_isa_name(op->isa[i]);
-            size_t len = strlen(name);
-            if (p[0] != ' ' || strncmp(p + 1, name, len) || p[len + 1] != ' ') return false;
-            p += len + 2;
-            long long v = 0;
-            int digits = 0;
-            for (; *p >= '0' && *p <= '9' && digits < 12; p++, digits++) v = v * 10 + (*p - '0');
-            if (digits == 0 || digits == 12 || v < 1) return false;
-            op->rate[i] = (double)v * 1e-3;
-        }
+        for (int i = 0; i < op->n; i++)
+            if (*p++ != ' ' || !mp_cache_rate_after(&p, mp_isa_name(op->isa[i]), &op->rate[i]))
+                return false;
         op->chosen = pick(op);
     }
     int wn = cache_text(want, sizeof want, &got, key);

@@ -173,13 +173,6 @@ static const double *test_rates;
 
 void mp_gemm_dispatch_test_rates(const double *gflops) { test_rates = gflops; }
 
-/* Whole MFLOP/s, as the cache keeps them. */
-static double rounded_gflops(double gflops)
-{
-    double mflops = (double)(long long)(gflops * 1e3 + 0.5);
-    return (mflops < 1 ? 1 : mflops > 1e8 ? 1e8 : mflops) * 1e-3;
-}
-
 /* The timing data: A and B (TIMING_N^2 each of the class's types, values in
  * [-1, 1)) and C. */
 typedef struct {
@@ -249,7 +242,7 @@ static bool time_runs(const timing_data *td, bool (*run)(const timing_data *, in
             if (rep >= 0 && t < best[i]) best[i] = t;
         }
     for (int i = 0; i < n; i++)
-        gflops[i] = rounded_gflops(flops * 1e-9 / (best[i] > 1e-12 ? best[i] : 1e-12));
+        gflops[i] = mp_cache_rate_round(flops * 1e-9 / (best[i] > 1e-12 ? best[i] : 1e-12));
     return true;
 }
 
@@ -292,8 +285,8 @@ static bool measure(decision *d, bool *busy)
     double team[MP_DISPATCH_MAX_KERNELS] = {0}, one[MP_DISPATCH_MAX_KERNELS] = {0};
     if (test_rates) {
         for (int i = 0; i < d->n; i++) {
-            team[i] = rounded_gflops(test_rates[i]);
-            one[i] = rounded_gflops(test_rates[d->n + i]);
+            team[i] = mp_cache_rate_round(test_rates[i]);
+            one[i] = mp_cache_rate_round(test_rates[d->n + i]);
         }
     } else if (!time_all(d, team, one)) {
         return false;
@@ -335,7 +328,7 @@ static int cache_text(char *buf, size_t len, const decision *d, uint64_t key)
                      like[d->cls / NLIKE].tag, like[d->cls % NLIKE].tag);
     for (int i = 0; i < d->n && n > 0 && (size_t)n < len; i++)
         n += snprintf(buf + n, len - (size_t)n, " %s %lld", describe(d->cand[i])->name,
-                      (long long)(d->gflops[i] * 1e3 + 0.5));
+                      mp_cache_rate_thousandths(d->gflops[i]));
     if (n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, " -> %s\n", describe(d->cand[d->chosen])->name);
     if (n > 0 && (size_t)n < len)
@@ -358,17 +351,9 @@ static bool cache_read(const char *path, uint64_t key, decision *d, const char *
     const char *p = strstr(buf, label);
     if (!p) return false;
     p += strlen(label) - 1;
-    for (int i = 0; i < d->n; i++) {
-        const char *name = describe(d->cand[i])->name;
-        size_t len = strlen(name);
-        if (p[0] != ' ' || strncmp(p + 1, name, len) || p[len + 1] != ' ') return false;
-        p += len + 2;
-        long long v = 0;
-        int digits = 0;
-        for (; *p >= '0' && *p <= '9' && digits < 10; p++, digits++) v = v * 10 + (*p - '0');
-        if (digits == 0 || digits == 10 || v < 1) return false;
-        d->gflops[i] = (double)v * 1e-3;
-    }
+    for (int i = 0; i < d->n; i++)
+        if (*p++ != ' ' || !mp_cache_rate_after(&p, describe(d->cand[i])->name, &d->gflops[i]))
+            return false;
     d->chosen = pick(d);
     int wn = cache_text(want, sizeof want, d, key);
     if (wn < 0 || (size_t)wn != n || memcmp(buf, want, n)) return false;

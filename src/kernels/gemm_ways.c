@@ -93,13 +93,6 @@ static bool time_ways(gemm_ways *w, const gemm_impl *im)
 
 /* ------------------------------------------------------------- the cache */
 
-/* Rates as the file keeps them: whole MFLOP/s, from 1 to 1e9. */
-static double rounded(double gflops)
-{
-    const double m = (double)(long long)(gflops * 1e3 + 0.5);
-    return (m < 1 ? 1 : m > 1e9 ? 1e9 : m) * 1e-3;
-}
-
 static bool choose(const gemm_ways *w, double margin)
 {
     return !(w->gflops[0] > margin * w->gflops[1]);
@@ -113,27 +106,12 @@ static int cache_text(char *buf, size_t len, const gemm_ways *w, double margin, 
                      "%s\nversion %s kernel %s margin %.2f\ncpu %016llx\nway0 %lld way1 %lld -> "
                      "way%d\n",
                      CACHE_MAGIC, MP_VERSION_STRING, w->kernel, margin, (unsigned long long)key,
-                     (long long)(w->gflops[0] * 1e3 + 0.5), (long long)(w->gflops[1] * 1e3 + 0.5),
-                     choose(w, margin));
+                     mp_cache_rate_thousandths(w->gflops[0]),
+                     mp_cache_rate_thousandths(w->gflops[1]), choose(w, margin));
     if (n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, "check %016llx\n",
                       (unsigned long long)mp_fnv1a(buf, (size_t)n));
     return n > 0 && (size_t)n < len ? n : -1;
-}
-
-/* A rate after "\n<label> " in buf, into *v; false unless 1 to 11 digits
- * of at least 1. */
-static bool rate_after(const char *buf, const char *label, double *v)
-{
-    const char *p = strstr(buf, label);
-    if (!p) return false;
-    p += strlen(label);
-    long long x = 0;
-    int digits = 0;
-    for (; *p >= '0' && *p <= '9' && digits < 12; p++, digits++) x = x * 10 + (*p - '0');
-    if (digits == 0 || digits == 12 || x < 1) return false;
-    *v = (double)x * 1e-3;
-    return true;
 }
 
 /* The rates from path into w; false (the reason in why) unless the file is
@@ -146,7 +124,11 @@ static bool cache_read(const char *path, gemm_ways *w, double margin, uint64_t k
     if (!mp_cache_slurp(path, buf, &n, why)) return false;
     gemm_ways got = {.kernel = w->kernel};
     *why = "ignored (not this version's format, or corrupt)";
-    if (!rate_after(buf, "\nway0 ", &got.gflops[0]) || !rate_after(buf, " way1 ", &got.gflops[1]))
+    const char *p = strstr(buf, "\nway0 ");
+    if (!p) return false;
+    p++;
+    if (!mp_cache_rate_after(&p, "way0", &got.gflops[0]) || *p++ != ' ' ||
+        !mp_cache_rate_after(&p, "way1", &got.gflops[1]))
         return false;
     const int wn = cache_text(want, sizeof want, &got, margin, key);
     if (wn < 0 || (size_t)wn != n || memcmp(buf, want, n)) return false;
@@ -189,8 +171,8 @@ static void decide(gemm_ways *w, const gemm_impl *im, double margin)
                  *status ? ", " : "");
         return;
     }
-    w->gflops[0] = rounded(w->gflops[0]);
-    w->gflops[1] = rounded(w->gflops[1]);
+    w->gflops[0] = mp_cache_rate_round(w->gflops[0]);
+    w->gflops[1] = mp_cache_rate_round(w->gflops[1]);
     w->source = MP_DISPATCH_MEASURED;
     if (!w->path[0]) return;
     const double hi = w->gflops[0] > w->gflops[1] ? w->gflops[0] : w->gflops[1],
