@@ -224,7 +224,8 @@ static int fuzz_ways(const char *text, size_t n, uint64_t h)
     const double margin = 1.03;
     /* clear of each other (the decision is written), either way ahead */
     const double lo = 10.0 * (double)(1 + (h & 15)), hi = 3 * lo;
-    const double rates[2] = {h & 16 ? hi : lo, h & 16 ? lo : hi};
+    const double rates[4] = {h & 16 ? hi : lo, h & 16 ? lo : hi, h & 16 ? hi : lo,
+                             h & 16 ? lo : hi};
     if (!w.path[0]) { /* the file's name, from a first decision */
         mp_gemm_ways_test_rates(rates);
         mp_gemm_ways_force(&w, -1);
@@ -248,7 +249,7 @@ static int fuzz_ways(const char *text, size_t n, uint64_t h)
                    strstr(w.note, "written") && !strstr(w.note, "not written"));
         FUZZ_CHECK(w.gflops[0] == rates[0] && w.gflops[1] == rates[1]);
         const double got[2] = {w.gflops[0], w.gflops[1]};
-        const double others[2] = {rates[1], rates[0]}; /* the file must win */
+        const double others[4] = {rates[1], rates[0], rates[1], rates[0]}; /* the file must win */
         mp_gemm_ways_test_rates(others);
         mp_gemm_ways_force(&w, -1);
         FUZZ_CHECK(mp_gemm_ways_on(&w, &mp_gemm_scalar_impl, margin) == on);

@@ -1,12 +1,12 @@
 /* test_gemm_ways.c - the float32 kernels' measured choice of way
  * (kernels/gemm_ways.c) and its cache file: the choice follows the rule
- * (way 1 unless way 0 is `margin` faster), only a clear choice is written,
- * a written file is read back as the same rates, and a bad or stale file
- * (garbage, a changed digit, another CPU, another kernel, a choice against
- * the rule, oversized, a directory) is ignored, timed again and replaced,
- * never trusted. The rates come from the test hook, so nothing here depends
- * on how fast anything runs; test_gemm_stream holds the two ways to the
- * same bits. */
+ * (way 1 unless way 0 is `margin` faster), only a clear choice that a
+ * second round confirms is written, a written file is read back as the
+ * same rates, and a bad or stale file (garbage, a changed digit, another
+ * CPU, another kernel, a choice against the rule, oversized, a directory)
+ * is ignored, timed again and replaced, never trusted. The rates come from the test hook, so
+ * nothing here depends on how fast anything runs; test_gemm_stream holds the two ways to the same
+ * bits. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,16 +37,20 @@ static int teardown(void **state)
     return test_remove_tree(dir);
 }
 
-/* A fresh decision with the timing's rates r0, r1: way 1 chosen or not. */
-static bool decide(gemm_ways *w, double r0, double r1)
+/* A fresh decision with the first round's rates r0, r1 and the second's
+ * s0, s1: way 1 chosen or not. */
+static bool decide2(gemm_ways *w, double r0, double r1, double s0, double s1)
 {
-    const double rates[2] = {r0, r1};
+    const double rates[4] = {r0, r1, s0, s1};
     mp_gemm_ways_test_rates(rates);
     mp_gemm_ways_force(w, -1);
     const bool on = mp_gemm_ways_on(w, &mp_gemm_scalar_impl, MARGIN);
     mp_gemm_ways_test_rates(NULL);
     return on;
 }
+
+/* The same, both rounds timing r0, r1. */
+static bool decide(gemm_ways *w, double r0, double r1) { return decide2(w, r0, r1, r0, r1); }
 
 static char *slurp(const char *path)
 {
@@ -110,6 +114,24 @@ static void the_rule_and_what_is_written(void **state)
     assert_int_equal(w.source, MP_DISPATCH_MEASURED);
     assert_non_null(strstr(w.note, "not written (too close to keep"));
     assert_int_equal(access(w.path, F_OK), -1);
+    /* a clear first round the second does not confirm: each way's faster
+     * rate decides, nothing is written */
+    assert_true(decide2(&w, 100, 50, 60, 100)); /* the other way ahead */
+    assert_true(w.gflops[0] == 100 && w.gflops[1] == 100);
+    assert_string_equal(
+        w.note, "none yet, not written (a second round did not confirm it: 60.0 and 100.0)");
+    assert_false(decide2(&w, 100, 50, 100, 95)); /* too close the second time */
+    assert_true(w.gflops[0] == 100 && w.gflops[1] == 95);
+    assert_non_null(strstr(w.note, "not written (a second round did not confirm it"));
+    assert_int_equal(access(w.path, F_OK), -1);
+    /* confirmed: written with each way's faster rate */
+    assert_false(decide2(&w, 90, 50, 100, 40));
+    assert_string_equal(w.note, "none yet, written");
+    assert_true(w.gflops[0] == 100 && w.gflops[1] == 50);
+    t = slurp(w.path);
+    assert_non_null(strstr(t, "\nway0 100000 way1 50000 -> way0\n"));
+    free(t);
+    assert_int_equal(unlink(w.path), 0);
     /* rates are kept in whole MFLOP/s, before the rule */
     assert_true(decide(&w, 100.0004, 100));
     assert_true(w.gflops[0] == 100 && w.gflops[1] == 100);
@@ -145,7 +167,7 @@ static void bad_files_are_replaced(void **state)
         char *p;
         switch (bad) {
         case 0: /* garbage */
-            snprintf(text, sizeof text, "mixprec gemm ways 1\nnot rates\n");
+            snprintf(text, sizeof text, "mixprec gemm ways 2\nnot rates\n");
             break;
         case 1: /* one digit of a rate changed: the check line no longer holds */
             p = strstr(text, "way0 ") + 5;
@@ -201,7 +223,7 @@ static void a_kernel_keeps_its_file(void **state)
     (void)state;
 #if MP_X86
     if (!mp_isa_supported(MP_ISA_AVX2)) skip();
-    const double rates[2] = {40, 100};
+    const double rates[4] = {40, 100, 40, 100};
     mp_gemm_ways_test_rates(rates);
     mp_gemm_avx2_pack_force(-1);
     assert_true(mp_gemm_avx2_impl.streams());

@@ -289,7 +289,10 @@ MP_TARGET_AVX2 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t
  * the driver, 2 threads, medians of 15 calls alternating in one process,
  * two runs: fc1 fwd 137.8 / 136.7 -> 143.0 / 142.4, fc2 fwd 123.8 / 118.6
  * -> 125.8 / 124.2, fc2 dX 122.5 / 132.5 -> 138.4 / 138.8, 2048^3 120.5 /
- * 115.3 -> 129.7 / 126.7 GFLOP/s. */
+ * 115.3 -> 129.7 / 126.7 GFLOP/s. The two ways are close in the timing
+ * (the fastest of 9: 76-98 in place, 79-101 packed, three processes), so
+ * one round under load once cached "in place" here; bench-gemm's float32
+ * geometric mean went from 0.81 to 0.87 of peak with A packed again. */
 #define PACK_MARGIN 1.03
 static gemm_ways ways = GEMM_WAYS_INIT("avx2"); /* A packed: way 1 */
 

@@ -40,10 +40,13 @@ typedef struct {
  * GEMM_WAYS_PANELS A micro-panels, each meeting every B panel as in the
  * driver: way 0 through kernel_a on A's rows 16 KiB apart (fc2 forward's
  * x), way 1 through kernel on a packed A with `on` set while it runs; the
- * median of GEMM_WAYS_REPS runs each after an untimed one, the ways in
- * turns (about 5 ms). Way 1 is kept unless way 0 is `margin` faster (a
- * timing in a quiet moment must not undo a gain the machine's load hides);
- * way 0 where the timing cannot allocate. */
+ * fastest of GEMM_WAYS_REPS runs each after an untimed one (noise only
+ * adds time), the ways in turns (about 5 ms). Way 1 is kept unless way 0
+ * is `margin` faster (a timing in a quiet moment must not undo a gain the
+ * machine's load hides); way 0 where the timing cannot allocate. A round
+ * that finds one way clearly ahead is followed by a second: the file is
+ * written only when both find the same way clearly ahead, and the rates
+ * are each way's faster of the two. */
 enum { GEMM_WAYS_PANELS = 8, GEMM_WAYS_REPS = 9 };
 #define GEMM_WAYS_CLEAR 1.10
 bool mp_gemm_ways_on(gemm_ways *w, const gemm_impl *im, double margin);
@@ -57,8 +60,9 @@ static inline bool mp_gemm_ways_get(gemm_ways *w)
 /* Tests: 0 or 1 forces the way; -1: decided again on the next call. */
 void mp_gemm_ways_force(gemm_ways *w, int on);
 
-/* Tests and the cache fuzzer: rates[0..1] (GFLOP/s, positive) stand for
- * the timing's, which then runs nothing; NULL: timed again. */
+/* Tests and the cache fuzzer: rates[0..1] and rates[2..3] (GFLOP/s,
+ * positive) stand for the first and second rounds' timings, which then run
+ * nothing; NULL: timed again. */
 void mp_gemm_ways_test_rates(const double *rates);
 
 /* The line mixprec info prints: the rates and the choice, naming the
