@@ -54,10 +54,11 @@ typedef struct {
     const gemm_impl *im;
     gemm_operand a, b; /* a: width m, depth k; b: width n, depth k */
     int64_t m, n, k;
-    int64_t kcb;     /* depth block, the same for every thread */
-    int64_t nc;      /* column block */
-    bool in_place;   /* the kernel reads A where it lies (a_in_place) */
-    bool b_in_place; /* and B's full panels (b_in_place) */
+    int64_t kcb;               /* depth block, the same for every thread */
+    int64_t nc;                /* column block */
+    bool in_place;             /* the kernel reads A where it lies (a_in_place) */
+    gemm_kernel_a_fn kernel_a; /* the kernel that does (A's type picks it) */
+    bool b_in_place;           /* and B's full panels (b_in_place) */
     gemm_epilogue e;
     atomic_int *nonfinite; /* NULL, or set to 1 when a value written to C is not finite */
 } gemm_plan;
@@ -93,14 +94,15 @@ typedef struct {
     int64_t si, sk;
 } a_panel;
 
-/* sb: B's depth stride, NR where it is packed */
-static void micro(const gemm_impl *im, gemm_kernel_fn kern, int kw, int64_t kc, a_panel a,
-                  const void *b, int64_t sb, float *c, int64_t ldc, int acc)
+/* sb: B's depth stride, NR where it is packed; ka: the kernel for A in
+ * place */
+static void micro(const gemm_impl *im, gemm_kernel_fn kern, gemm_kernel_a_fn ka, int kw, int64_t kc,
+                  a_panel a, const void *b, int64_t sb, float *c, int64_t ldc, int acc)
 {
     if (sb != im->nr)
         im->kernel_ab(kc, a.p, a.si ? a.si : 1, a.si ? a.sk : im->mr, b, sb, c, ldc, acc, kw / 16);
     else if (a.si)
-        im->kernel_a(kc, a.p, a.si, a.sk, b, c, ldc, acc, kw / 16);
+        ka(kc, a.p, a.si, a.sk, b, c, ldc, acc, kw / 16);
     else
         kern(kc, a.p, b, c, ldc, acc);
 }
@@ -113,7 +115,8 @@ static void micro(const gemm_impl *im, gemm_kernel_fn kern, int kw, int64_t kc, 
  * 1024- and 4096-wide rows, faster for 256). bf16: along rows, where each
  * pair along k is a 32-bit word of the row as the packed panel has it,
  * when k is even (every depth block then is: the last pair never reaches
- * past a row). */
+ * past a row); on a float32-format kernel with kernel_a_bf16, along
+ * rows where B is at most two panels wide. */
 static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k, int64_t n)
 {
     enum { MAX_COLUMN_STRIDE = 256 };
@@ -122,6 +125,7 @@ static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k, in
      * unless B is so narrow that packing A costs more than its products */
     if (im->streams && n > 2 * im->nr && im->streams()) return false;
     if (im->fmt == GEMM_FMT_BF16) return a->type == MP_BF16 && a->sd == 1 && !(k & 1);
+    if (a->type == MP_BF16) return im->kernel_a_bf16 && a->sd == 1 && n <= 2 * (int64_t)im->nr;
     return a->type == MP_F32 && (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
 }
 
@@ -382,13 +386,14 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                         if (!in_c && last) prefetch_out(e, ic + ir, jc + jr, mr, nr);
                         if (in_c) {
                             float *cp = (float *)e->c + (ic + ir) * e->ldc + jc + jr;
-                            micro(im, kern, kw, kpad, apan, bpan, sb, cp, e->ldc, !first);
+                            micro(im, kern, pl->kernel_a, kw, kpad, apan, bpan, sb, cp, e->ldc,
+                                  !first);
                         } else if (!multi) {
-                            micro(im, kern, kw, kpad, apan, bpan, sb, tile, NR, 0);
+                            micro(im, kern, pl->kernel_a, kw, kpad, apan, bpan, sb, tile, NR, 0);
                             im->epilogue(e, tile, NR, ic + ir, jc + jr, mr, nr);
                         } else {
                             float *t = cw + ir * ldw + (jc - n0) + jr;
-                            micro(im, kern, kw, kpad, apan, bpan, sb, t, ldw, !first);
+                            micro(im, kern, pl->kernel_a, kw, kpad, apan, bpan, sb, t, ldw, !first);
                             if (last) im->epilogue(e, t, ldw, ic + ir, jc + jr, mr, nr);
                         }
                         /* a tile the epilogue wrote was checked there (C's lines,
@@ -471,7 +476,10 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
         pl.e.trans = true;
     }
     pl.in_place = a_in_place(pl.im, &pl.a, k, pl.n);
-    pl.b_in_place = b_in_place(pl.im, &pl.b, pl.m);
+    pl.kernel_a =
+        pl.a.type == MP_BF16 && pl.im->fmt == GEMM_FMT_F32 ? pl.im->kernel_a_bf16 : pl.im->kernel_a;
+    /* kernel_ab reads A in float32, packed or in place */
+    pl.b_in_place = b_in_place(pl.im, &pl.b, pl.m) && !(pl.in_place && pl.a.type != MP_F32);
     mp_gemm_blocks(pl.im, k, pl.n, pl.in_place, pl.b_in_place, &pl.kcb, &pl.nc);
 
     const int MR = pl.im->mr, NR = pl.im->nr;
