@@ -129,9 +129,9 @@ typedef struct {
     gemm_kernel_a_fn kernel_a;   /* optional */
     gemm_kernel_ab_fn kernel_ab; /* optional, float32 format only */
     /* Optional, float32 format only: kernel_a on a bfloat16 A (sk = 1, any
-     * kc), each element widened in the kernel, for
-     * a B at most two panels wide, where each A element meets so few B
-     * columns that widening it while packing costs more than its products. */
+     * kc), each element widened in the kernel, for a B at most two panels
+     * wide, where each A element meets so few B columns that widening it
+     * while packing costs more than its products. */
     gemm_kernel_a_fn kernel_a_bf16;
     gemm_pack_fn pack; /* for both operands */
     gemm_epilogue_fn epilogue;
