@@ -353,8 +353,8 @@ MP_TARGET_AVX2 static void half_rows(const gemm_epilogue *e, const float *t, int
         }
         __m256i h;
         if (f16) {
-            const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-            h = _mm256_set_m128i(_mm256_cvtps_ph(v1, rnd), _mm256_cvtps_ph(v0, rnd));
+            enum { RNE = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }; /* an immediate */
+            h = _mm256_set_m128i(_mm256_cvtps_ph(v1, RNE), _mm256_cvtps_ph(v0, RNE));
         } else {
             /* each lane's bfloat16 in its low 16 bits: packus keeps them, in
              * the order r0[0..3] r1[0..3] r0[4..7] r1[4..7], which the
