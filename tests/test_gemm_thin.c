@@ -11,8 +11,8 @@
  * shapes get (gemm_blocks.c): one depth block for a single B panel with A
  * in place, its columns the same bits as inside a wider product that runs
  * several; a wide B block for a short depth; the depth block for a B read
- * in place. A bfloat16 A read in place by a float32 kernel equals its
- * float32 copy bit for bit. */
+ * in place. A bfloat16 A or B read in place by a float32 kernel equals
+ * its float32 copy bit for bit. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -364,12 +364,109 @@ static void test_bf16_a_in_place(void **state)
     mp_set_num_threads(0);
 }
 
+/* The product with the bfloat16 operands (a_bf16, b_bf16) given as
+ * bfloat16 must equal, bit for bit, the same product on their float32
+ * copies: the kernels widen exactly and keep each element's FMA chain. */
+static void bf16_equals_f32_copy(int64_t m, int64_t n, int64_t k, int64_t ldb, bool ta, bool a_bf16,
+                                 bool b_bf16, int threads)
+{
+    const int64_t lda = ta ? m : k, na = m * k, nb = k * ldb;
+    float *af = malloc((size_t)na * 4), *bf = malloc((size_t)nb * 4);
+    uint16_t *ah = malloc((size_t)na * 2), *bh = malloc((size_t)nb * 2); /* no slack past them */
+    float *bias = malloc((size_t)n * 4), *c0 = malloc((size_t)(m * n) * 4);
+    float *want = malloc((size_t)(m * n) * 4), *got = malloc((size_t)(m * n) * 4);
+    test_fill(af, (size_t)na, 71, -1, 1);
+    test_fill(bf, (size_t)nb, 72, -1, 1);
+    test_fill(bias, (size_t)n, 73, -1, 1);
+    test_fill(c0, (size_t)(m * n), 74, -1, 1);
+    mp_convert(ah, MP_BF16, af, MP_F32, (size_t)na);
+    mp_convert(af, MP_F32, ah, MP_BF16, (size_t)na); /* the values bfloat16 holds */
+    mp_convert(bh, MP_BF16, bf, MP_F32, (size_t)nb);
+    mp_convert(bf, MP_F32, bh, MP_BF16, (size_t)nb);
+    mp_set_num_threads(threads);
+    mp_gemm_args g = mp_gemm_args_default();
+    g.trans_a = ta;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = 0.75f;
+    g.beta = -0.5f;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.ldc = n;
+    g.bias = bias;
+    g.activation = MP_ACT_RELU;
+    g.a = af;
+    g.b = bf;
+    g.c = memcpy(want, c0, (size_t)(m * n) * 4);
+    assert_int_equal(mp_gemm_ex(&g), MP_OK);
+    if (a_bf16) {
+        g.a = ah;
+        g.a_type = MP_BF16;
+    }
+    if (b_bf16) {
+        g.b = bh;
+        g.b_type = MP_BF16;
+    }
+    g.c = memcpy(got, c0, (size_t)(m * n) * 4);
+    assert_int_equal(mp_gemm_ex(&g), MP_OK);
+    for (int64_t i = 0; i < m * n; i++)
+        if (f32_bits(got[i]) != f32_bits(want[i]))
+            fail_msg("%s %lldx%lldx%lld ldb %lld ta %d, bf16 A %d B %d, t%d: C[%lld] %.9g, from "
+                     "the float32 copies %.9g",
+                     mp_isa_name(mp_isa_active()), (long long)m, (long long)n, (long long)k,
+                     (long long)ldb, ta, a_bf16, b_bf16, threads, (long long)i, (double)got[i],
+                     (double)want[i]);
+    free(af);
+    free(bf);
+    free(ah);
+    free(bh);
+    free(bias);
+    free(c0);
+    free(want);
+    free(got);
+}
+
+/* A bfloat16 B read in place (gemm.c's b_in_place: kernel_ab_bf16, a C of
+ * at most two panels of rows, B laid out along n) equals its float32 copy
+ * bit for bit: a batch of one (two full panels and a packed remainder),
+ * several depth blocks, padded B rows, a row stride equal to the panel
+ * width, rows of A past the first panel, a bfloat16 A beside it, and the
+ * thin weight gradient computed as C^T (x, the B of dz^T x, bfloat16). B
+ * ends where its allocation does, so a read past it fails under ASan. */
+static void test_bf16_b_in_place(void **state)
+{
+    (void)state;
+    const int64_t shapes[][4] = {
+        /* m, n, k, ldb */
+        {1, 100, 33, 100}, {9, 96, 1500, 96}, {12, 200, 70, 211}, {1, 16, 40, 16}, {7, 48, 5, 48},
+    };
+    mp_isa isas[MP_ISA_COUNT];
+    const int ni = test_isas(isas);
+    const mp_isa saved = mp_isa_active();
+    for (int ii = 0; ii < ni; ii++) {
+        assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
+        for (int t = 1; t <= 2; t++) {
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                for (int a_bf16 = 0; a_bf16 <= 1; a_bf16++)
+                    bf16_equals_f32_copy(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3],
+                                         false, a_bf16, true, t);
+            /* dW = x^T dz, 300x10x1100: x bfloat16, dz either */
+            bf16_equals_f32_copy(300, 10, 1100, 10, true, true, false, t);
+            bf16_equals_f32_copy(300, 10, 1100, 10, true, true, true, t);
+        }
+    }
+    mp_isa_set(saved);
+    mp_set_num_threads(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_few_rows_equal_packed), cmocka_unit_test(test_thin_weight_gradient),
         cmocka_unit_test(test_thin_blocks),           cmocka_unit_test(test_thin_one_depth_block),
         cmocka_unit_test(test_short_depth),           cmocka_unit_test(test_bf16_a_in_place),
+        cmocka_unit_test(test_bf16_b_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -54,11 +54,12 @@ typedef struct {
     const gemm_impl *im;
     gemm_operand a, b; /* a: width m, depth k; b: width n, depth k */
     int64_t m, n, k;
-    int64_t kcb;               /* depth block, the same for every thread */
-    int64_t nc;                /* column block */
-    bool in_place;             /* the kernel reads A where it lies (a_in_place) */
-    gemm_kernel_a_fn kernel_a; /* the kernel that does (A's type picks it) */
-    bool b_in_place;           /* and B's full panels (b_in_place) */
+    int64_t kcb;                 /* depth block, the same for every thread */
+    int64_t nc;                  /* column block */
+    bool in_place;               /* the kernel reads A where it lies (a_in_place) */
+    gemm_kernel_a_fn kernel_a;   /* the kernel that does (A's type picks it) */
+    bool b_in_place;             /* and B's full panels (b_in_place) */
+    gemm_kernel_ab_fn kernel_ab; /* the kernel that reads both (B's type picks it) */
     gemm_epilogue e;
     atomic_int *nonfinite; /* NULL, or set to 1 when a value written to C is not finite */
 } gemm_plan;
@@ -94,13 +95,14 @@ typedef struct {
     int64_t si, sk;
 } a_panel;
 
-/* sb: B's depth stride, NR where it is packed; ka: the kernel for A in
- * place */
-static void micro(const gemm_impl *im, gemm_kernel_fn kern, gemm_kernel_a_fn ka, int kw, int64_t kc,
-                  a_panel a, const void *b, int64_t sb, float *c, int64_t ldc, int acc)
+/* kab: NULL where B is packed, else the kernel reading both A and B (B's
+ * depth stride sb); ka: the kernel for A in place */
+static void micro(const gemm_impl *im, gemm_kernel_fn kern, gemm_kernel_a_fn ka,
+                  gemm_kernel_ab_fn kab, int kw, int64_t kc, a_panel a, const void *b, int64_t sb,
+                  float *c, int64_t ldc, int acc)
 {
-    if (sb != im->nr)
-        im->kernel_ab(kc, a.p, a.si ? a.si : 1, a.si ? a.sk : im->mr, b, sb, c, ldc, acc, kw / 16);
+    if (kab)
+        kab(kc, a.p, a.si ? a.si : 1, a.si ? a.sk : im->mr, b, sb, c, ldc, acc, kw / 16);
     else if (a.si)
         ka(kc, a.p, a.si, a.sk, b, c, ldc, acc, kw / 16);
     else
@@ -129,16 +131,19 @@ static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k, in
     return a->type == MP_F32 && (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
 }
 
-/* Whether the kernel reads B's full panels where they lie: float32 laid
- * out along n (a panel row is NR consecutive floats), when C has at most
+/* Whether the kernel reads B's full panels where they lie: float32 (or
+ * bfloat16, on a kernel with kernel_ab_bf16) laid out along n (a panel row
+ * is NR consecutive elements), when C has at most
  * two panels of rows. Each B element then takes part in at most 2 MR
  * products, and packing it (a read and a write of all of B, then a read
  * of the copy) costs more than the products: fc3's weight gradient,
  * 4096x10x1024 f32 done as C^T = dz^T x, packed x 16 MiB for 84 MFLOP. */
 static bool b_in_place(const gemm_impl *im, const gemm_operand *b, int64_t m)
 {
-    return im->kernel_ab && im->fmt == GEMM_FMT_F32 && b->type == MP_F32 && b->sw == 1 &&
-           !b->gather && m <= 2 * im->mr;
+    const bool kernel = b->type == MP_F32    ? im->kernel_ab != NULL
+                        : b->type == MP_BF16 ? im->kernel_ab_bf16 != NULL
+                                             : false;
+    return kernel && im->fmt == GEMM_FMT_F32 && b->sw == 1 && !b->gather && m <= 2 * im->mr;
 }
 
 /* Every line of `rows` runs of `bytes` bytes, ld_bytes apart, asked for
@@ -324,6 +329,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     const int64_t ldw = nr_pad;
 
     const int64_t a_size = (int64_t)mp_dtype_size(pl->a.type);
+    const int64_t b_size = (int64_t)mp_dtype_size(pl->b.type);
     const int64_t m_end = bshare ? m0 + bshare->nblk * mc : m1;
     for (int64_t ic = m0; ic < m_end; ic += mc) {
         const int64_t mb = ic < m1 ? min64(mc, m1 - ic) : 0; /* B shared: maybe none */
@@ -372,10 +378,12 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                          * read in place would point before the buffer) */
                         const char *bpan;
                         int64_t sb = NR;
+                        gemm_kernel_ab_fn kab = NULL;
                         if (jr < nfull) {
                             bpan = (const char *)pl->b.base +
-                                   ((jc + jr) * pl->b.sw + pc * pl->b.sd) * (int64_t)esz;
+                                   ((jc + jr) * pl->b.sw + pc * pl->b.sd) * b_size;
                             sb = pl->b.sd;
+                            kab = pl->kernel_ab;
                         } else {
                             bpan = bblk + (size_t)((jr - nfull) / NR) * (size_t)(NR * kpad) * esz;
                         }
@@ -386,14 +394,16 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                         if (!in_c && last) prefetch_out(e, ic + ir, jc + jr, mr, nr);
                         if (in_c) {
                             float *cp = (float *)e->c + (ic + ir) * e->ldc + jc + jr;
-                            micro(im, kern, pl->kernel_a, kw, kpad, apan, bpan, sb, cp, e->ldc,
+                            micro(im, kern, pl->kernel_a, kab, kw, kpad, apan, bpan, sb, cp, e->ldc,
                                   !first);
                         } else if (!multi) {
-                            micro(im, kern, pl->kernel_a, kw, kpad, apan, bpan, sb, tile, NR, 0);
+                            micro(im, kern, pl->kernel_a, kab, kw, kpad, apan, bpan, sb, tile, NR,
+                                  0);
                             im->epilogue(e, tile, NR, ic + ir, jc + jr, mr, nr);
                         } else {
                             float *t = cw + ir * ldw + (jc - n0) + jr;
-                            micro(im, kern, pl->kernel_a, kw, kpad, apan, bpan, sb, t, ldw, !first);
+                            micro(im, kern, pl->kernel_a, kab, kw, kpad, apan, bpan, sb, t, ldw,
+                                  !first);
                             if (last) im->epilogue(e, t, ldw, ic + ir, jc + jr, mr, nr);
                         }
                         /* a tile the epilogue wrote was checked there (C's lines,
@@ -483,6 +493,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
      * bf16 1024x8x4096 26-36 -> 54-55 GFLOP/s, 1024x4x4096 15-21 -> 26-28,
      * 2 threads, medians of 31 calls, two runs.) */
     pl.b_in_place = b_in_place(pl.im, &pl.b, pl.m) && !(pl.in_place && pl.a.type != MP_F32);
+    pl.kernel_ab = pl.b.type == MP_BF16 ? pl.im->kernel_ab_bf16 : pl.im->kernel_ab;
     mp_gemm_blocks(pl.im, k, pl.n, pl.in_place, pl.b_in_place, &pl.kcb, &pl.nc);
 
     const int MR = pl.im->mr, NR = pl.im->nr;

@@ -133,6 +133,11 @@ typedef struct {
      * wide, where each A element meets so few B columns that widening it
      * while packing costs more than its products. */
     gemm_kernel_a_fn kernel_a_bf16;
+    /* Optional, float32 format only: kernel_ab on a bfloat16 B (its rows'
+     * 16 elements widened in the kernel), for the products kernel_ab takes
+     * (a C of at most two panels of rows): a batch of one through a layer
+     * whose weights are bfloat16 then reads them once, as they lie. */
+    gemm_kernel_ab_fn kernel_ab_bf16;
     gemm_pack_fn pack; /* for both operands */
     gemm_epilogue_fn epilogue;
     /* whether the epilogue reports non-finite values through e->nonfinite
