@@ -259,111 +259,6 @@ static void test_short_depth(void **state)
     free(c);
 }
 
-/* A bfloat16 A read in place by a float32-format kernel (gemm.c's
- * a_in_place: kernel_a_bf16, B at most two panels wide) is widened exactly
- * in the kernel, so the product equals, bit for bit, the same product on A
- * widened to float32 beforehand (the same FMA chain per element): one and
- * two B panels, a third (A packed), an odd depth, depth blocks of odd
- * length and offset, several depth blocks (n past one panel), the
- * epilogue (alpha, beta, bias, relu), a bfloat16 C, rows past the last
- * full panel, a C of two panels of rows (B read in place for the float32
- * A), one thread and two. A ends where its allocation does, so a read past
- * it fails under ASan. Each element is also within the float64 bound
- * (test_gemm_worst). */
-static void test_bf16_a_in_place(void **state)
-{
-    (void)state;
-    const int64_t shapes[][3] = {
-        /* m, n, k */
-        {702, 10, 1100}, /* fc3 forward's shape, smaller: one B panel, full panels of rows */
-        {700, 32, 1100}, /* two panels, two depth blocks */
-        {700, 33, 1100}, /* three: A packed */
-        {700, 10, 1101}, /* odd depth */
-        {700, 20, 514},  /* two depth blocks of 257 */
-        {13, 32, 1},     /* one deep */
-        {702, 4, 300},   /* C thin enough for the C^T swap, which A in place keeps out of */
-        {9, 20, 600},    /* two panels of rows */
-    };
-    mp_isa isas[MP_ISA_COUNT];
-    const int ni = test_isas(isas);
-    const mp_isa saved = mp_isa_active();
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
-        float *af = malloc((size_t)(m * k) * 4), *b = malloc((size_t)(k * n) * 4);
-        uint16_t *a = malloc((size_t)(m * k) * 2); /* exactly A: no slack past it */
-        float *bias = malloc((size_t)n * 4), *c0 = malloc((size_t)(m * n) * 4);
-        float *want = malloc((size_t)(m * n) * 4), *got = malloc((size_t)(m * n) * 4);
-        test_fill(af, (size_t)(m * k), 61, -1, 1);
-        mp_convert(a, MP_BF16, af, MP_F32, (size_t)(m * k));
-        mp_convert(af, MP_F32, a, MP_BF16, (size_t)(m * k)); /* A's values exactly */
-        test_fill(b, (size_t)(k * n), 62, -1, 1);
-        test_fill(bias, (size_t)n, 63, -1, 1);
-        test_fill(c0, (size_t)(m * n), 64, -1, 1);
-        for (int ii = 0; ii < ni; ii++) {
-            assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
-            for (int t = 1; t <= 2; t++) {
-                mp_set_num_threads(t);
-                mp_gemm_args g = mp_gemm_args_default();
-                g.m = m;
-                g.n = n;
-                g.k = k;
-                g.alpha = 0.75f;
-                g.beta = -0.5f;
-                g.lda = k;
-                g.b = b;
-                g.ldb = n;
-                g.ldc = n;
-                g.bias = bias;
-                g.activation = MP_ACT_RELU;
-                g.a = af;
-                g.c = memcpy(want, c0, (size_t)(m * n) * 4);
-                assert_int_equal(mp_gemm_ex(&g), MP_OK);
-                g.a = a;
-                g.a_type = MP_BF16;
-                g.c = memcpy(got, c0, (size_t)(m * n) * 4);
-                assert_int_equal(mp_gemm_ex(&g), MP_OK);
-                for (int64_t i = 0; i < m * n; i++)
-                    if (f32_bits(got[i]) != f32_bits(want[i]))
-                        fail_msg("%s %lldx%lldx%lld t%d: C[%lld] %.9g from bf16 A, %.9g from "
-                                 "its float32 copy",
-                                 mp_isa_name(mp_isa_active()), (long long)m, (long long)n,
-                                 (long long)k, t, (long long)i, (double)got[i], (double)want[i]);
-                /* a bfloat16 C, without beta and relu, against float64 */
-                g.beta = 0;
-                g.activation = MP_ACT_NONE;
-                g.c = got;
-                g.c_type = MP_BF16;
-                g.ldc = n;
-                assert_int_equal(mp_gemm_ex(&g), MP_OK);
-                const test_gemm_ref ref = {.a = af,
-                                           .b = b,
-                                           .bias = bias,
-                                           .m = m,
-                                           .n = n,
-                                           .k = k,
-                                           .bs_k = n,
-                                           .bs_n = 1,
-                                           .bf16_out = true,
-                                           .alpha = 0.75};
-                const double worst = test_gemm_worst(&ref, got, MP_BF16);
-                if (!(worst <= 1))
-                    fail_msg("%s %lldx%lldx%lld t%d: bfloat16 C, error %.3g of the bound",
-                             mp_isa_name(mp_isa_active()), (long long)m, (long long)n, (long long)k,
-                             t, worst);
-            }
-        }
-        free(af);
-        free(b);
-        free(a);
-        free(bias);
-        free(c0);
-        free(want);
-        free(got);
-    }
-    mp_isa_set(saved);
-    mp_set_num_threads(0);
-}
-
 /* The product with the bfloat16 operands (a_bf16, b_bf16) given as
  * bfloat16 must equal, bit for bit, the same product on their float32
  * copies: the kernels widen exactly and keep each element's FMA chain. */
@@ -425,6 +320,87 @@ static void bf16_equals_f32_copy(int64_t m, int64_t n, int64_t k, int64_t ldb, b
     free(c0);
     free(want);
     free(got);
+}
+
+/* A bfloat16 A read in place by a float32-format kernel (gemm.c's
+ * a_in_place: kernel_a_bf16, B at most two panels wide) is widened exactly
+ * in the kernel, so the product equals, bit for bit, the same product on A
+ * widened to float32 beforehand (bf16_equals_f32_copy): one and two B
+ * panels, a third (A packed), an odd depth, depth blocks of odd length and
+ * offset, several depth blocks (n past one panel), the epilogue, rows past
+ * the last full panel, a C of two panels of rows (B read in place for the
+ * float32 A), one thread and two. A ends where its allocation does, so a
+ * read past it fails under ASan. A bfloat16 C from it is within the
+ * float64 bound (test_gemm_worst). */
+static void test_bf16_a_in_place(void **state)
+{
+    (void)state;
+    const int64_t shapes[][3] = {
+        /* m, n, k */
+        {702, 10, 1100}, /* fc3 forward's shape, smaller: one B panel, full panels of rows */
+        {700, 32, 1100}, /* two panels, two depth blocks */
+        {700, 33, 1100}, /* three: A packed */
+        {700, 10, 1101}, /* odd depth */
+        {700, 20, 514},  /* two depth blocks of 257 */
+        {13, 32, 1},     /* one deep */
+        {702, 4, 300},   /* C thin enough for the C^T swap, which A in place keeps out of */
+        {9, 20, 600},    /* two panels of rows */
+    };
+    mp_isa isas[MP_ISA_COUNT];
+    const int ni = test_isas(isas);
+    const mp_isa saved = mp_isa_active();
+    for (int ii = 0; ii < ni; ii++) {
+        assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+            for (int t = 1; t <= 2; t++) bf16_equals_f32_copy(m, n, k, n, false, true, false, t);
+            float *af = malloc((size_t)(m * k) * 4), *b = malloc((size_t)(k * n) * 4);
+            float *bias = malloc((size_t)n * 4);
+            uint16_t *a = malloc((size_t)(m * k) * 2), *c = malloc((size_t)(m * n) * 2);
+            test_fill(af, (size_t)(m * k), 61, -1, 1);
+            mp_convert(a, MP_BF16, af, MP_F32, (size_t)(m * k));
+            mp_convert(af, MP_F32, a, MP_BF16, (size_t)(m * k)); /* A's values exactly */
+            test_fill(b, (size_t)(k * n), 62, -1, 1);
+            test_fill(bias, (size_t)n, 63, -1, 1);
+            mp_gemm_args g = mp_gemm_args_default();
+            g.m = m;
+            g.n = n;
+            g.k = k;
+            g.alpha = 0.75f;
+            g.a = a;
+            g.a_type = MP_BF16;
+            g.lda = k;
+            g.b = b;
+            g.ldb = n;
+            g.c = c;
+            g.c_type = MP_BF16;
+            g.ldc = n;
+            g.bias = bias;
+            assert_int_equal(mp_gemm_ex(&g), MP_OK);
+            const test_gemm_ref ref = {.a = af,
+                                       .b = b,
+                                       .bias = bias,
+                                       .m = m,
+                                       .n = n,
+                                       .k = k,
+                                       .bs_k = n,
+                                       .bs_n = 1,
+                                       .bf16_out = true,
+                                       .alpha = 0.75};
+            const double worst = test_gemm_worst(&ref, c, MP_BF16);
+            if (!(worst <= 1))
+                fail_msg("%s %lldx%lldx%lld: bfloat16 C, error %.3g of the bound",
+                         mp_isa_name(mp_isa_active()), (long long)m, (long long)n, (long long)k,
+                         worst);
+            free(af);
+            free(b);
+            free(bias);
+            free(a);
+            free(c);
+        }
+    }
+    mp_isa_set(saved);
+    mp_set_num_threads(0);
 }
 
 /* A bfloat16 B read in place (gemm.c's b_in_place: kernel_ab_bf16, a C of

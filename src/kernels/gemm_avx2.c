@@ -21,13 +21,26 @@
  * kernel. */
 enum { HMR = 6, HNR = 16, BPD = 16 };
 
-/* The microkernel, A's element (i, k) at ap[i * si + k * sk] (packed: si = 1,
- * sk = HMR), B's row k at bp + k * sb (packed: sb = HNR; in place: B's row
- * stride). */
-MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
-kernel_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float *bp, int64_t sb,
-            float *c, int64_t ldc, int acc)
+/* Half h of B's row at p as 8 floats: float32, or bfloat16 widened (a
+ * shift: exact). */
+MP_TARGET_AVX2 static inline __attribute__((always_inline)) __m256 b_half(const char *p, bool bf16,
+                                                                          int h)
 {
+    if (!bf16) return _mm256_loadu_ps((const float *)p + 8 * h);
+    const __m128i x = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + 8 * h));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+}
+
+/* The microkernel, A's element (i, k) at ap[i * si + k * sk] (packed: si = 1,
+ * sk = HMR), B's row k at bp + k * sb elements (packed: sb = HNR; in place:
+ * B's row stride), float32 or (bf16: in place only) bfloat16 widened as it
+ * is loaded, the same FMAs in the same order either way. */
+MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
+kernel_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const void *b, int64_t sb,
+            bool bf16, float *c, int64_t ldc, int acc)
+{
+    const int64_t es = bf16 ? 2 : 4;
+    const char *bp = b;
     __m256 lo[HMR], hi[HMR];
 #pragma GCC unroll 6
     for (int i = 0; i < HMR; i++) {
@@ -36,11 +49,11 @@ kernel_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float *bp
     }
 #pragma GCC unroll 2
     for (int64_t k = 0; k < kc; k++) {
-        if (sb != HNR) {
-            _mm_prefetch((const char *)(bp + BPD * sb), _MM_HINT_T0);
-            _mm_prefetch((const char *)(bp + BPD * sb + HNR - 1), _MM_HINT_T0);
+        if (bf16 || sb != HNR) {
+            _mm_prefetch(bp + BPD * sb * es, _MM_HINT_T0);
+            _mm_prefetch(bp + (BPD * sb + HNR - 1) * es, _MM_HINT_T0);
         }
-        const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+        const __m256 b0 = b_half(bp, bf16, 0), b1 = b_half(bp, bf16, 1);
 #pragma GCC unroll 6
         for (int i = 0; i < HMR; i++) {
             const __m256 av = _mm256_broadcast_ss(ap + i * si);
@@ -48,7 +61,7 @@ kernel_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float *bp
             hi[i] = _mm256_fmadd_ps(av, b1, hi[i]);
         }
         ap += sk;
-        bp += sb;
+        bp += sb * es;
     }
 #pragma GCC unroll 6
     for (int i = 0; i < HMR; i++) {
@@ -60,7 +73,7 @@ kernel_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float *bp
 MP_TARGET_AVX2 static void kernel_f32(int64_t kc, const void *a, const void *b, float *c,
                                       int64_t ldc, int acc)
 {
-    kernel_core(kc, a, 1, HMR, b, HNR, c, ldc, acc);
+    kernel_core(kc, a, 1, HMR, b, HNR, false, c, ldc, acc);
 }
 
 /* A and B where they lie: A's rows (sk = 1: one stream per row) or a panel
@@ -73,9 +86,9 @@ MP_TARGET_AVX2 static void kernel_f32_ab(int64_t kc, const void *av, int64_t si,
     const float *a = av;
     (void)nv;
     if (sk == 1)
-        kernel_core(kc, a, si, 1, b, sb, c, ldc, acc);
+        kernel_core(kc, a, si, 1, b, sb, false, c, ldc, acc);
     else
-        kernel_core(kc, a, 1, sk, b, sb, c, ldc, acc);
+        kernel_core(kc, a, 1, sk, b, sb, false, c, ldc, acc);
 }
 
 /* A in place, B packed. */
@@ -85,9 +98,9 @@ MP_TARGET_AVX2 static void kernel_f32_a(int64_t kc, const void *av, int64_t si, 
     const float *a = av;
     (void)nv;
     if (sk == 1)
-        kernel_core(kc, a, si, 1, b, HNR, c, ldc, acc);
+        kernel_core(kc, a, si, 1, b, HNR, false, c, ldc, acc);
     else
-        kernel_core(kc, a, 1, sk, b, HNR, c, ldc, acc);
+        kernel_core(kc, a, 1, sk, b, HNR, false, c, ldc, acc);
 }
 
 /* Row i's 32-bit word at byte offset `off` from element k, broadcast. */
@@ -181,43 +194,6 @@ MP_TARGET_AVX2 static void kernel_bf16a(int64_t kc, const void *av, int64_t si, 
 }
 #undef WORD
 
-/* kernel_core with B in bfloat16 where it lies (row k at bp + k * sb
- * elements), each row's 16 elements widened exactly (a shift) as they are
- * loaded: the same FMAs in the same order as on B's float32 copy. */
-MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
-kernel_core_bf16b(int64_t kc, const float *ap, int64_t si, int64_t sk, const uint16_t *bp,
-                  int64_t sb, float *c, int64_t ldc, int acc)
-{
-    __m256 lo[HMR], hi[HMR];
-#pragma GCC unroll 6
-    for (int i = 0; i < HMR; i++) {
-        lo[i] = acc ? _mm256_loadu_ps(c + i * ldc) : _mm256_setzero_ps();
-        hi[i] = acc ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_setzero_ps();
-    }
-#pragma GCC unroll 2
-    for (int64_t k = 0; k < kc; k++) {
-        _mm_prefetch((const char *)(bp + BPD * sb), _MM_HINT_T0);
-        _mm_prefetch((const char *)(bp + BPD * sb + HNR - 1), _MM_HINT_T0);
-        const __m256 b0 = _mm256_castsi256_ps(_mm256_slli_epi32(
-                         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)bp)), 16)),
-                     b1 = _mm256_castsi256_ps(_mm256_slli_epi32(
-                         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(bp + 8))), 16));
-#pragma GCC unroll 6
-        for (int i = 0; i < HMR; i++) {
-            const __m256 av = _mm256_broadcast_ss(ap + i * si);
-            lo[i] = _mm256_fmadd_ps(av, b0, lo[i]);
-            hi[i] = _mm256_fmadd_ps(av, b1, hi[i]);
-        }
-        ap += sk;
-        bp += sb;
-    }
-#pragma GCC unroll 6
-    for (int i = 0; i < HMR; i++) {
-        _mm256_storeu_ps(c + i * ldc, lo[i]);
-        _mm256_storeu_ps(c + i * ldc + 8, hi[i]);
-    }
-}
-
 /* kernel_f32_ab with B in bfloat16 (gemm_impl.kernel_ab_bf16): a batch of
  * one through a bfloat16 layer reads the weights once, where they lie,
  * instead of widening all of them into a packed copy first. AMD EPYC (Zen
@@ -234,9 +210,9 @@ MP_TARGET_AVX2 static void kernel_bf16b_ab(int64_t kc, const void *av, int64_t s
     const float *a = av;
     (void)nv;
     if (sk == 1)
-        kernel_core_bf16b(kc, a, si, 1, b, sb, c, ldc, acc);
+        kernel_core(kc, a, si, 1, b, sb, true, c, ldc, acc);
     else
-        kernel_core_bf16b(kc, a, 1, sk, b, sb, c, ldc, acc);
+        kernel_core(kc, a, 1, sk, b, sb, true, c, ldc, acc);
 }
 
 /* Lanes [0, n) set, for maskload / maskstore. */
