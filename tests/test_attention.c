@@ -392,7 +392,8 @@ static void test_causal(void **state)
 }
 
 /* threads 0: the library's default; scalar: the portable product loops
- * instead of the AVX-512 ones (mp_isa_set), which must give the same bits. */
+ * instead of the AVX-512 or AVX2 forms (mp_isa_set), which must give the
+ * same bits. */
 /* Each output is rounded once: o, dq, dk and dv written in bfloat16 or
  * float16 equal, bit for bit, mp_convert of the same call's float32
  * outputs (the kernel's own row rounding against the conversion kernels);
