@@ -522,6 +522,46 @@ static void test_scratch_linear(void **state)
     free_case(&c);
 }
 
+/* Decoding one row against the cache (mp_attention_decode_row) gives, bit
+ * for bit, the forward's row at that position: for every position of
+ * sequences that end inside a key tile and cross two tile edges, head
+ * widths 8 to 64, float32 and bfloat16, outputs in the inputs' dtype and in
+ * float32; on 1 and 2 threads (a cache of 300 x 64 splits the heads between
+ * threads) and with the portable loops on both sides. */
+static void test_decode_matches_forward(void **state)
+{
+    (void)state;
+    const int64_t shapes[][3] = {{5, 1, 8}, {70, 2, 16}, {130, 3, 64}, {300, 4, 64}};
+    const mp_dtype types[] = {MP_F32, MP_BF16};
+    for (int ty = 0; ty < 2; ty++)
+        for (int si = 0; si < 4; si++)
+            for (int cfg = 0; cfg < 3; cfg++) {
+                const int64_t t = shapes[si][0], heads = shapes[si][1], d = shapes[si][2];
+                const mp_dtype it = types[ty], ot = cfg == 2 ? MP_F32 : it;
+                attn_case c = make_case(1, t, heads, d, it, (uint64_t)(77 + si + 10 * ty));
+                const size_t ie = mp_dtype_size(it), oe = mp_dtype_size(ot), row = heads * d;
+                char *o = malloc((size_t)c.n * oe), *got = malloc(row * oe);
+                mp_set_num_threads(cfg == 1 ? 1 : 0);
+                if (cfg == 2) assert_int_equal(mp_isa_set(MP_ISA_SCALAR), MP_OK);
+                assert_int_equal(
+                    mp_attention_forward(&c.g, c.q, it, c.k, it, c.v, it, o, ot, NULL), MP_OK);
+                for (int64_t i = 0; i < t; i++) {
+                    assert_int_equal(mp_attention_decode_row(heads, d, (char *)c.q + i * row * ie,
+                                                             c.k, c.v, it, i + 1, got, ot),
+                                     MP_OK);
+                    if (memcmp(got, o + i * row * oe, row * oe))
+                        fail_msg("decode T %lld heads %lld d %lld %s -> %s, config %d: position "
+                                 "%lld differs from the forward's row",
+                                 (long long)t, (long long)heads, (long long)d, mp_dtype_name(it),
+                                 mp_dtype_name(ot), cfg, (long long)i);
+                }
+                mp_isa_reset();
+                mp_set_num_threads(0);
+                free(o), free(got);
+                free_case(&c);
+            }
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -537,6 +577,14 @@ static void test_bad_arguments(void **state)
     assert_int_equal(mp_attention_backward(&g, x, MP_F32, x, MP_F32, x, MP_F32, x, MP_F32, NULL, x,
                                            MP_F32, y, y, y, MP_F32),
                      MP_ERR_INVALID);
+    assert_int_equal(mp_attention_decode_row(1, 8, x, x, x, MP_F32, 0, y, MP_F32),
+                     MP_ERR_INVALID);
+    assert_int_equal(mp_attention_decode_row(1, 8, x, NULL, x, MP_F32, 1, y, MP_F32),
+                     MP_ERR_INVALID);
+    mp_scratch_fail_above = 0;
+    assert_int_equal(mp_attention_decode_row(1, 8, x, x, x, MP_F32, 1, y, MP_F32), MP_ERR_NOMEM);
+    mp_scratch_fail_above = SIZE_MAX;
+    assert_non_null(strstr(mp_last_error(), "attention decode"));
     /* T = 1: the output is v itself */
     for (int i = 0; i < 8; i++) x[i] = (float)i - 3.5f;
     assert_int_equal(mp_attention_forward(&g, x, MP_F32, x, MP_F32, x, MP_F32, y, MP_F32, lse),
@@ -555,6 +603,7 @@ int main(void)
         cmocka_unit_test(test_outputs_rounded_once),
         cmocka_unit_test(test_thread_count_and_isa_independent),
         cmocka_unit_test(test_scratch_linear),
+        cmocka_unit_test(test_decode_matches_forward),
     };
     return cmocka_run_group_tests_name("attention", tests, NULL, NULL);
 }

@@ -437,37 +437,66 @@ mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype q
 
 /* ------------------------------------------------------------- decoding */
 
-void mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const void *kc,
-                             const void *vc, mp_dtype ct, int64_t len, void *o, mp_dtype ot,
-                             float *scratch)
+/* Head h of one query row (position len - 1) against the cache's first len
+ * rows: forward_tile's operations for that row, in its order (the key
+ * tiles from 0, the scores as gemv_t over KT, the online softmax's max,
+ * correction and sum, the value sums as gemv_t over V), so the row gets
+ * the bits the full forward gives it; gemv_t4's rows are gemv_t's bits. */
+TILE_CLONES static void decode_head(const mp_attn_geom *g, float *ws, int64_t h, const void *q,
+                                    const void *kc, const void *vc, mp_dtype ct, void *o,
+                                    mp_dtype ot)
 {
-    const int64_t hd = heads * d;
-    const size_t cs = mp_dtype_size(ct);
+    const int64_t d = g->d, dp = (int64_t)pad16((size_t)d), td = TILE * dp, i = g->t - 1;
     const float scale = 1.0f / sqrtf((float)d);
-    float qh[MP_ATTN_DECODE_MAX_D], row[MP_ATTN_DECODE_MAX_D], acc[MP_ATTN_DECODE_MAX_D];
-    float *p = scratch;
-    for (int64_t h = 0; h < heads; h++) {
-        mp_convert(qh, MP_F32, (const char *)q + (size_t)(h * d) * cs, ct, (size_t)d);
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < len; j++) {
-            mp_convert(row, MP_F32, (const char *)kc + (size_t)(j * hd + h * d) * cs, ct,
-                       (size_t)d);
-            float s = 0.0f;
-            for (int64_t c = 0; c < d; c++) s += qh[c] * row[c];
-            p[j] = s * scale;
-            mx = p[j] > mx ? p[j] : mx;
-        }
-        float sum = 0.0f;
+    float *Q = ws, *KT = Q + td, *V = KT + td, *acc = V + td, *s = acc + td, *tmp = s + pad16(TILE);
+    load_row(Q, q, ct, (size_t)(h * d), d);
+    float mx = -INFINITY, sum = 0.0f;
+    memset(acc, 0, (size_t)dp * sizeof(float));
+    for (int64_t k0 = 0; k0 <= i; k0 += TILE) {
+        const int64_t nc = g->t - k0 < TILE ? g->t - k0 : TILE, n = (int64_t)pad16((size_t)nc);
+        load_rows_t(KT, tmp, g, kc, ct, 0, h, k0, nc);
+        load_rows(V, g, vc, ct, 0, h, k0, nc);
+        gemv_t(s, Q, 1, KT, TILE, d, n, false);
+        scal(s, scale, n);
+        const float m = row_max(s, nc, mx);
+        const float corr = mp_expf(mx - m);
 #pragma omp simd
-        for (int64_t j = 0; j < len; j++) p[j] = mp_expf(p[j] - mx);
-        for (int64_t j = 0; j < len; j++) sum += p[j];
-        for (int64_t c = 0; c < d; c++) acc[c] = 0.0f;
-        for (int64_t j = 0; j < len; j++) {
-            mp_convert(row, MP_F32, (const char *)vc + (size_t)(j * hd + h * d) * cs, ct,
-                       (size_t)d);
-            for (int64_t c = 0; c < d; c++) acc[c] += p[j] * row[c];
-        }
-        for (int64_t c = 0; c < d; c++) acc[c] /= sum;
-        mp_convert((char *)o + (size_t)(h * d) * mp_dtype_size(ot), ot, acc, MP_F32, (size_t)d);
+        for (int64_t c = 0; c < nc; c++) s[c] = mp_expf(s[c] - m);
+        sum = sum * corr + row_total(s, nc);
+        mx = m;
+        scal(acc, corr, dp);
+        gemv_t(acc, s, 1, V, dp, nc, dp, true);
     }
+    scal(acc, 1.0f / sum, dp);
+    store_row(o, ot, (size_t)(h * d), acc, d);
+}
+
+mp_status mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const void *kc,
+                                  const void *vc, mp_dtype ct, int64_t len, void *o, mp_dtype ot)
+{
+    const mp_attn_geom g = {1, len, heads, d}; /* the cache's rows */
+    mp_status s = check_geom(&g, "decode");
+    if (s) return s;
+    if (!q || !kc || !vc || !o) return mp_set_error(MP_ERR_INVALID, "attention decode: NULL tensor");
+    choose_gemv();
+    const size_t bytes = mp_attention_scratch_bytes(d);
+    /* a head's work is about len * d FMAs and a transpose of its key rows:
+     * a parallel region (a few microseconds) only where that is larger */
+    const int nt = len * d >= 16384 ? threads_for(heads) : 1;
+    int fail = 0;
+#pragma omp parallel num_threads(nt)
+    {
+        float *ws = mp_scratch(SLOT, bytes);
+        if (!ws) {
+#pragma omp atomic write
+            fail = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t h = 0; h < heads; h++)
+            if (ws) decode_head(&g, ws, h, q, kc, vc, ct, o, ot);
+    }
+    if (fail)
+        return mp_set_error(MP_ERR_NOMEM, "attention decode: %zu bytes of scratch per thread",
+                            bytes);
+    return MP_OK;
 }

@@ -31,7 +31,6 @@
 #include "core/internal.h"
 
 enum { MP_ATTN_TILE = 64 };          /* query and key rows per tile */
-enum { MP_ATTN_DECODE_MAX_D = 256 }; /* head size mp_attention_decode_row takes */
 
 typedef struct {
     int64_t batch, t, heads, d;
@@ -58,10 +57,12 @@ mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype q
 /* One query row against a key/value cache (incremental decoding): for each
  * head, o = sum_j softmax_j(q . k_j / sqrt(d)) v_j over the cache's first
  * len rows (the positions up to and including the query's own). q and o
- * are one [heads, d] row; kc and vc [len, heads, d] rows in ct. float32
- * arithmetic, o rounded once to ot; scratch: len floats from the caller. */
-void mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const void *kc,
-                             const void *vc, mp_dtype ct, int64_t len, void *o, mp_dtype ot,
-                             float *scratch);
+ * are one [heads, d] row; kc and vc [len, heads, d] rows in ct. The
+ * forward's arithmetic for the query at position len - 1, in its order: o
+ * is, bit for bit, that row of mp_attention_forward over the same rows.
+ * Heads run on the library's threads where the cache is long; each takes
+ * mp_attention_scratch_bytes(d) from its mp_scratch slot 3. */
+mp_status mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const void *kc,
+                                  const void *vc, mp_dtype ct, int64_t len, void *o, mp_dtype ot);
 
 #endif

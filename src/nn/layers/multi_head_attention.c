@@ -42,9 +42,8 @@ typedef struct {
     /* the kernels as the forward's GEMMs read them (quantized or not) */
     mp_quant_operand wq[4];
     /* decoding: K and V rows of the positions so far, [max_batch, cap,
-     * heads, key_dim] each in the compute dtype, and a softmax row */
+     * heads, key_dim] each in the compute dtype */
     void *kcache, *vcache;
-    float *prow;
     int64_t cap;
 } mha_state;
 
@@ -178,9 +177,7 @@ static void mha_release(mp_layer *l)
     mha_state *st = l->state;
     mp_free(st->kcache);
     mp_free(st->vcache);
-    free(st->prow);
     st->kcache = st->vcache = NULL;
-    st->prow = NULL;
     st->cap = 0;
 }
 
@@ -188,18 +185,13 @@ static mp_status mha_decode_reset(mp_model *m, mp_layer *l, int64_t capacity)
 {
     const mha_config *c = l->config;
     mha_state *st = l->state;
-    if (c->key_dim > MP_ATTN_DECODE_MAX_D)
-        return mp_set_error(MP_ERR_UNSUPPORTED,
-                            "multi_head_attention '%s': decoding takes key_dim up to %d, not %lld",
-                            l->name, MP_ATTN_DECODE_MAX_D, (long long)c->key_dim);
     if (capacity <= st->cap) return MP_OK; /* positions past the new start are overwritten */
     mha_release(l);
     size_t bytes =
         (size_t)(m->max_batch * capacity * heads_dim(c)) * mp_dtype_size(l->policy.compute);
     st->kcache = mp_alloc(bytes, MP_MEM_ACTIVATIONS);
     st->vcache = mp_alloc(bytes, MP_MEM_ACTIVATIONS);
-    st->prow = malloc((size_t)capacity * sizeof *st->prow);
-    if (!st->kcache || !st->vcache || !st->prow) {
+    if (!st->kcache || !st->vcache) {
         mha_release(l);
         return mp_layer_nomem(l, "its key/value cache");
     }
@@ -229,8 +221,10 @@ static mp_status decode_attention(mp_model *m, mp_layer *l, int64_t batch)
             size_t r = (size_t)(b * t + i) * row;
             memcpy(kc + (size_t)pos * row, (const char *)st->proj[PK] + r, row);
             memcpy(vc + (size_t)pos * row, (const char *)st->proj[PV] + r, row);
-            mp_attention_decode_row(c->num_heads, c->key_dim, (const char *)st->proj[PQ] + r, kc,
-                                    vc, ct, pos + 1, (char *)st->att + r, ct, st->prow);
+            mp_status s = mp_attention_decode_row(c->num_heads, c->key_dim,
+                                                  (const char *)st->proj[PQ] + r, kc, vc, ct,
+                                                  pos + 1, (char *)st->att + r, ct);
+            if (s) return s;
         }
     }
     return MP_OK;
