@@ -198,7 +198,7 @@ static int fuzz_measured(int k, const char *text, size_t n)
 static void fuzz_gemm(const char *path, const char *text, size_t n, const double *rates)
 {
     fuzz_write(path, text, n, false);
-    mp_gemm_dispatch_test_rates(rates);
+    mp_gemm_dispatch_test_rates(rates, 1);
     mp_gemm_dispatch_reset();
     mp_gemm_dispatch_info in;
     FUZZ_CHECK(mp_gemm_dispatch_query(MP_BF16, MP_BF16, &in) == MP_OK);
@@ -282,9 +282,18 @@ static void fuzz_init(void)
         FUZZ_CHECK(fuzz_groups[k].path[0] != '\0');
     }
     const gemm_impl *cands[MP_DISPATCH_MAX_KERNELS];
+#if MP_X86
+    /* a CPU with one kernel for bf16 operands: the choice between two it
+     * has, so that its file is read here too */
+    if (mp_gemm_dispatch_candidates(cands, MP_DISPATCH_MAX_KERNELS) < 2 &&
+        mp_isa_supported(MP_ISA_AVX2)) {
+        const gemm_impl *two[2] = {&mp_gemm_scalar_impl, &mp_gemm_avx2_impl};
+        mp_gemm_dispatch_test_candidates(two, 2);
+    }
+#endif
     if (mp_gemm_dispatch_candidates(cands, MP_DISPATCH_MAX_KERNELS) < 2) return;
     static const double rates[2 * MP_DISPATCH_MAX_KERNELS] = {100, 300, 100, 300};
-    mp_gemm_dispatch_test_rates(rates);
+    mp_gemm_dispatch_test_rates(rates, 1);
     mp_gemm_dispatch_reset();
     mp_gemm_dispatch_info in;
     FUZZ_CHECK(mp_gemm_dispatch_query(MP_BF16, MP_BF16, &in) == MP_OK && in.cache_file[0]);
@@ -314,7 +323,7 @@ int mp_fuzz_cache_one(const uint8_t *data, size_t size)
         const double b = 50.0 * (double)(1 + (h & 15));
         const double rates[2 * MP_DISPATCH_MAX_KERNELS] = {b, 3 * b, b, 3 * b};
         fuzz_gemm(fuzz_gemm_path, text, n, rates);
-        mp_gemm_dispatch_test_rates(NULL);
+        mp_gemm_dispatch_test_rates(NULL, 0);
     }
     free(text);
     return result;

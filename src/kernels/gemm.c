@@ -33,6 +33,8 @@ static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
     const gemm_impl *timing = mp_gemm_dispatch_override();
     if (timing) return timing;
     mp_isa isa = mp_isa_active();
+    if (bf16_like(at) && bf16_like(bt) && !mp_isa_forced() && mp_gemm_dispatch_testing())
+        return mp_gemm_dispatch_bf16(at, bt);
 #if MP_X86
     if (isa >= MP_ISA_AVX512BF16 && bf16_like(at) && bf16_like(bt))
         return mp_isa_forced() ? &mp_gemm_avx512bf16_impl : mp_gemm_dispatch_bf16(at, bt);

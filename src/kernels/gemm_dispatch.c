@@ -4,19 +4,18 @@
  * (Intel Xeons without AMX). Where an input-type class has more than one
  * kernel this CPU supports (today each pair of bf16 / fp8 input types:
  * vdpbf16ps, or exact widening to float32 and FMA), the candidates are timed
- * on that pair once per process on its first use and the faster is kept. The
- * choice and the rates are cached per CPU model, library version, thread
- * count and pair in small files under the user's cache directory; a file
- * that is not exactly what this version would
- * write is ignored, re-measured and replaced, so a bad one never breaks
- * anything. MP_ISA / mp_isa_set force a path and skip all of this (gemm.c). */
+ * on that pair once per process on its first use (gemm_dispatch_timing.c)
+ * and the faster is kept. A choice clear of the noise, and confirmed by a
+ * second round, is cached with the rates per CPU model, library version,
+ * thread count and pair in small files under the user's cache directory; a
+ * file that is not exactly what this version would write is ignored,
+ * re-measured and replaced, so a bad one never breaks anything. MP_ISA /
+ * mp_isa_set force a path and skip all of this (gemm.c). */
 #include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #ifdef _OPENMP
@@ -26,25 +25,25 @@
 #include "core/cache_file.h"
 #include "kernels/gemm_internal.h"
 
-/* The timing: best of TIMING_REPS runs per candidate of bf16 TIMING_N^3
- * through the driver with the caller's threads, and of TIMING_N1^3 on one
- * thread (see measure). About 15 ms per pair on two cores. */
-enum { TIMING_N = 384, TIMING_N1 = 240, TIMING_REPS = 5 };
+enum { TIMING_N = MP_DISPATCH_TIMING_N, TIMING_N1 = MP_DISPATCH_TIMING_N1 };
+enum { TIMING_REPS = MP_DISPATCH_TIMING_REPS };
 /* A later candidate must beat the preferred one by this factor: inside the
  * noise the choice (and the low bits of results) then rarely flips between
  * processes, and the preferred FMA route is exact on subnormal inputs, which
  * vdpbf16ps reads as zero. */
 #define TIMING_MARGIN 1.03
-/* A choice is cached only when its kernel is ahead by this factor: a file
- * outlives the process, so it holds only what no plausible noise made. */
+/* A choice is cached only when its kernel is ahead by this factor in two
+ * rounds of timing: a file outlives the process, so it holds only what no
+ * plausible noise made (one round in a moment of load can mislead). */
 #define CACHE_MARGIN 1.10
 /* Cache files are tiny; anything longer is not ours. */
 /* Its number goes up whenever a candidate kernel changes, so rates measured
  * on older kernels (2: the FMA kernel got narrow panels and in-place A; 3:
  * its depth block went from 256 to 1024; 4: both AVX-512 kernels ask for
- * their C tile ahead of its stores) are measured again rather than
- * trusted. */
-#define CACHE_MAGIC "mixprec gemm dispatch 4"
+ * their C tile ahead of its stores; 5: a choice is written only when a
+ * second round confirms it, with each kernel's faster rate) are measured
+ * again rather than trusted. */
+#define CACHE_MAGIC "mixprec gemm dispatch 5"
 
 typedef struct {
     const gemm_impl *impl;
@@ -133,9 +132,25 @@ mp_status mp_gemm_ex_on(const gemm_impl *im, const mp_gemm_args *g)
     return st;
 }
 
+/* Tests: a candidate list that replaces this CPU's (n 0: none). */
+static const gemm_impl *test_cands[MP_DISPATCH_MAX_KERNELS];
+static int test_ncands;
+
+void mp_gemm_dispatch_test_candidates(const gemm_impl *const *list, int n)
+{
+    test_ncands = n < 0 ? 0 : n > MP_DISPATCH_MAX_KERNELS ? MP_DISPATCH_MAX_KERNELS : n;
+    for (int i = 0; i < test_ncands; i++) test_cands[i] = list[i];
+}
+
+bool mp_gemm_dispatch_testing(void) { return test_ncands > 0; }
+
 int mp_gemm_dispatch_candidates(const gemm_impl **out, int max)
 {
     int n = 0;
+    if (test_ncands) {
+        for (; n < test_ncands && n < max; n++) out[n] = test_cands[n];
+        return n;
+    }
 #if MP_X86
     for (int i = 0; i < NBF16 && n < max; i++)
         if (mp_isa_supported(bf16_candidates[i].needs)) out[n++] = bf16_candidates[i].impl;
@@ -147,13 +162,6 @@ int mp_gemm_dispatch_candidates(const gemm_impl **out, int max)
 }
 
 /* ------------------------------------------------------------ the timing */
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Threads a GEMM started here gets: mp_num_threads(), or 1 inside an OpenMP
  * region where nesting is off. */
@@ -168,133 +176,39 @@ static int team_threads(void)
     return got;
 }
 
-/* Tests: rates that replace the timing, the team's then one thread's. */
+/* Tests: rates that replace the timing, per round the team's then one
+ * thread's; rounds past test_rounds repeat the last. */
 static const double *test_rates;
+static int test_rounds;
 
-void mp_gemm_dispatch_test_rates(const double *gflops) { test_rates = gflops; }
-
-/* The timing data: A and B (TIMING_N^2 each of the class's types, values in
- * [-1, 1)) and C. */
-typedef struct {
-    const decision *d;
-    mp_dtype at, bt;
-    void *a, *b;
-    float *c;
-} timing_data;
-
-/* One run of candidate i through the driver, with the caller's threads. */
-static bool run_driver(const timing_data *td, int i)
+void mp_gemm_dispatch_test_rates(const double *gflops, int rounds)
 {
-    mp_gemm_args g = mp_gemm_args_default();
-    g.m = g.n = g.k = TIMING_N;
-    g.a = td->a;
-    g.b = td->b;
-    g.c = td->c;
-    g.a_type = td->at;
-    g.b_type = td->bt;
-    g.lda = g.ldb = g.ldc = TIMING_N;
-    return mp_gemm_ex_on(td->d->cand[i], &g) == MP_OK;
+    test_rates = gflops;
+    test_rounds = rounds < 1 ? 1 : rounds;
 }
 
-/* One run of candidate i on this thread alone, as each driver thread works
- * (pack a depth block of A and of B, microkernel over the tiles) on the
- * leading TIMING_N1^3 of the data: a reference that other load on the
- * machine cannot drag down the way it stalls a team of threads at its
- * barriers. */
-static bool run_one_thread(const timing_data *td, int i)
-{
-    const gemm_impl *im = td->d->cand[i];
-    const gemm_operand a = {.base = td->a, .type = td->at, .sw = TIMING_N, .sd = 1};
-    const gemm_operand b = {.base = td->b, .type = td->bt, .sw = 1, .sd = TIMING_N};
-    const size_t esz = (size_t)mp_gemm_fmt_bytes(im->fmt);
-    const int64_t n = TIMING_N1, kc = im->kc < n ? im->kc : n;
-    char *ap = mp_scratch(0, (size_t)(n * (kc + 1)) * esz);
-    char *bp = mp_scratch(1, (size_t)(n * (kc + 1)) * esz);
-    if (!ap || !bp || n % im->mr || n % im->nr) return false;
-    for (int64_t pc = 0; pc < n; pc += kc) {
-        const int64_t kb = n - pc < kc ? n - pc : kc;
-        const int64_t kpad = mp_gemm_kpad(im->fmt, kb);
-        im->pack(&a, 0, n, pc, kb, im->mr, ap);
-        im->pack(&b, 0, n, pc, kb, im->nr, bp);
-        for (int64_t ir = 0; ir < n; ir += im->mr)
-            for (int64_t jr = 0; jr < n; jr += im->nr)
-                im->kernel(kpad, ap + (size_t)(ir * kpad) * esz, bp + (size_t)(jr * kpad) * esz,
-                           td->c + ir * TIMING_N + jr, TIMING_N, pc > 0);
-    }
-    return true;
-}
-
-/* GFLOP/s of each candidate for runs of `flops`: the best of TIMING_REPS
- * rounds after an untimed one, the candidates in turns (the order rotating)
- * so drift in clock or load hits all alike. */
-static bool time_runs(const timing_data *td, bool (*run)(const timing_data *, int), double flops,
-                      double *gflops)
-{
-    const int n = td->d->n;
-    double best[MP_DISPATCH_MAX_KERNELS];
-    for (int i = 0; i < n; i++) best[i] = 1e30;
-    for (int rep = -1; rep < TIMING_REPS; rep++)
-        for (int j = 0; j < n; j++) {
-            const int i = (j + rep + 1) % n;
-            const double t0 = now();
-            if (!run(td, i)) return false;
-            const double t = now() - t0;
-            if (rep >= 0 && t < best[i]) best[i] = t;
-        }
-    for (int i = 0; i < n; i++)
-        gflops[i] = mp_cache_rate_round(flops * 1e-9 / (best[i] > 1e-12 ? best[i] : 1e-12));
-    return true;
-}
-
-/* Times every candidate with the caller's threads (team, when there are
- * more than one) and on one thread; false if the runs could not get memory. */
-static bool time_all(const decision *d, double *team, double *one)
-{
-    const size_t ne = (size_t)TIMING_N * TIMING_N;
-    timing_data td = {d,
-                      like[d->cls / NLIKE].type,
-                      like[d->cls % NLIKE].type,
-                      malloc(ne * 2),
-                      malloc(ne * 2),
-                      malloc(ne * sizeof(float))};
-    bool ok = td.a && td.b && td.c;
-    uint64_t z = 0x9E3779B97F4A7C15ull;
-    for (int op = 0; ok && op < 2; op++) {
-        for (size_t i = 0; i < ne; i++) {
-            z = mp_mix64(z + i);
-            td.c[i] = (float)((double)(z >> 40) * 0x1p-23 - 1.0); /* uniform in [-1, 1) */
-        }
-        mp_convert(op ? td.b : td.a, op ? td.bt : td.at, td.c, MP_F32, ne);
-    }
-    ok = ok && time_runs(&td, run_one_thread, 2.0 * TIMING_N1 * TIMING_N1 * TIMING_N1, one);
-    if (ok && d->threads > 1)
-        ok = time_runs(&td, run_driver, 2.0 * TIMING_N * TIMING_N * TIMING_N, team);
-    free(td.a);
-    free(td.b);
-    free(td.c);
-    return ok;
-}
-
-/* Fills d->gflops, and d->threads with the rates' thread count; false if the
- * runs could not get memory. The team's rates decide unless some kernel ran
- * slower on the team than on one thread: then the machine is busy with other
- * work (a team stalled at its barriers times every kernel alike, or worse,
- * at random), the one-thread rates decide and *busy is set. */
-static bool measure(decision *d, bool *busy)
+/* One round of timing (round 0, 1) into g; false if the runs could not
+ * get memory. The team's rates (d->threads of them) decide unless some
+ * kernel ran slower on the team than on one thread: then the machine is
+ * busy with other work (a team stalled at its barriers times every kernel
+ * alike, or worse, at random), the one-thread rates decide and *busy is
+ * set. */
+static bool measure(const decision *d, int round, double *g, bool *busy)
 {
     double team[MP_DISPATCH_MAX_KERNELS] = {0}, one[MP_DISPATCH_MAX_KERNELS] = {0};
     if (test_rates) {
+        const double *r = test_rates + 2 * d->n * (round < test_rounds ? round : test_rounds - 1);
         for (int i = 0; i < d->n; i++) {
-            team[i] = mp_cache_rate_round(test_rates[i]);
-            one[i] = mp_cache_rate_round(test_rates[d->n + i]);
+            team[i] = mp_cache_rate_round(r[i]);
+            one[i] = mp_cache_rate_round(r[d->n + i]);
         }
-    } else if (!time_all(d, team, one)) {
+    } else if (!mp_gemm_dispatch_time(d->cand, d->n, like[d->cls / NLIKE].type,
+                                      like[d->cls % NLIKE].type, d->threads, team, one)) {
         return false;
     }
     *busy = false;
     for (int i = 0; d->threads > 1 && i < d->n; i++) *busy = *busy || team[i] < one[i];
-    if (d->threads <= 1 || *busy) d->threads = 1;
-    memcpy(d->gflops, d->threads > 1 ? team : one, sizeof d->gflops);
+    memcpy(g, d->threads > 1 && !*busy ? team : one, sizeof team);
     return true;
 }
 
@@ -400,7 +314,7 @@ static void decide(decision *d, int cls)
     }
     const int team = d->threads;
     bool busy = false;
-    if (!measure(d, &busy)) {
+    if (!measure(d, 0, d->gflops, &busy)) {
         /* Out of memory: the feature-flag rule, the most specialised kernel. */
         d->source = MP_DISPATCH_DEFAULT;
         memset(d->gflops, 0, sizeof d->gflops);
@@ -410,6 +324,7 @@ static void decide(decision *d, int cls)
         return;
     }
     d->source = MP_DISPATCH_MEASURED;
+    if (busy) d->threads = 1;
     d->chosen = pick(d);
     if (!d->path[0]) return;
     if (busy) {
@@ -421,6 +336,30 @@ static void decide(decision *d, int cls)
     if (!clear_choice(d)) {
         snprintf(d->note, sizeof d->note, "%s, not written (too close to keep: within %.0f%%)",
                  status, (CACHE_MARGIN - 1) * 100);
+        return;
+    }
+    /* Before it is written, a second round must make the same clear choice
+     * on the team; the process then keeps each kernel's faster rate. */
+    decision again = *d;
+    bool busy2 = false;
+    if (!measure(d, 1, again.gflops, &busy2)) {
+        snprintf(d->note, sizeof d->note, "%s, not written (timing failed)", status);
+        return;
+    }
+    again.chosen = pick(&again);
+    const bool confirmed = !busy2 && again.chosen == d->chosen && clear_choice(&again);
+    if (!busy2) {
+        for (int i = 0; i < d->n; i++)
+            if (again.gflops[i] > d->gflops[i]) d->gflops[i] = again.gflops[i];
+        d->chosen = pick(d);
+    }
+    if (!confirmed) {
+        int w = snprintf(d->note, sizeof d->note, "%s, not written (a second round did not "
+                                                  "confirm it:", status);
+        for (int i = 0; i < d->n && w > 0 && (size_t)w < sizeof d->note; i++)
+            w += snprintf(d->note + w, sizeof d->note - (size_t)w, " %s %.1f%s",
+                          describe(d->cand[i])->name, again.gflops[i],
+                          i < d->n - 1 ? "" : busy2 ? ", a busy machine)" : ")");
         return;
     }
     char text[MP_CACHE_MAX];

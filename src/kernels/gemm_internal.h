@@ -199,6 +199,14 @@ void mp_gemm_avx2_pack_force(int on);
 #endif
 
 /* Measured kernel choice (gemm_dispatch.c). */
+/* The timing (gemm_dispatch_timing.c): per candidate the best of
+ * MP_DISPATCH_TIMING_REPS runs of N^3 (values in [-1, 1) of the pair's
+ * types) through the driver with `threads` threads into team (when threads
+ * > 1), and of N1^3 on this thread alone into one, in GFLOP/s rounded as
+ * the cache keeps them; false if the runs could not get memory. */
+enum { MP_DISPATCH_TIMING_N = 384, MP_DISPATCH_TIMING_N1 = 240, MP_DISPATCH_TIMING_REPS = 5 };
+bool mp_gemm_dispatch_time(const gemm_impl *const *cand, int n, mp_dtype at, mp_dtype bt,
+                           int threads, double *team, double *one);
 /* The kernel for bf16-like operands of types at x bt on an unforced
  * AVX512_BF16 path: the faster candidate on that pair, timed (or read from
  * the cache) on the pair's first call in the process; thread-safe, callable
@@ -222,9 +230,15 @@ int mp_gemm_dispatch_choices(int8_t *out, int max);
 void mp_gemm_dispatch_adopt(const int8_t *in, int n);
 /* Tests: forget the process's choice; the next use reads the cache or times. */
 void mp_gemm_dispatch_reset(void);
-/* Tests: GFLOP/s that replace the timing, 2 x candidates of them: with the
- * caller's threads, then on one thread (NULL: time again). */
-void mp_gemm_dispatch_test_rates(const double *gflops);
+/* Tests: GFLOP/s that replace the timing, per round 2 x candidates of them
+ * (with the caller's threads, then on one thread), `rounds` rounds, the
+ * last repeated for later ones (NULL: time again). */
+void mp_gemm_dispatch_test_rates(const double *gflops, int rounds);
+/* Tests: n candidates that replace this CPU's (0: this CPU's again), for
+ * the choice's logic on a CPU with a single kernel for bf16 operands; the
+ * driver then asks the choice for such operands on any path. */
+void mp_gemm_dispatch_test_candidates(const gemm_impl *const *list, int n);
+bool mp_gemm_dispatch_testing(void);
 /* Cache blocking (gemm_blocks.c). The depth block (*kcb) and column block
  * (*nc) the driver uses on im for depth k and n columns of C on this CPU,
  * A and B each read in place or packed. */
