@@ -3,9 +3,10 @@
  * core/mx_dispatch.c, optim/update_dispatch.c): the candidates give the
  * same bits (so the choice cannot change a result), the choice is a path
  * this CPU supports, a forced path is used as is, the rates as cache files
- * keep them, the cache file's round trip, and bad cache files (garbage, a
- * directory, oversized) ignored and replaced. No assertion depends on how
- * fast anything runs. */
+ * keep them, the cache file's round trip, bad cache files (garbage, a
+ * directory, oversized) ignored and replaced, and a choice written only
+ * when a second round of timing confirms it (made-up times). No assertion
+ * depends on how fast anything runs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "common.h"
 #include "core/cache_file.h"
 #include "core/internal.h"
+#include "core/measured.h"
 #include "core/mx_internal.h"
 #include "optim/optim_internal.h"
 
@@ -339,7 +341,7 @@ static void cache_round_trip_and_bad_files(void **state)
     for (int bad = 0; bad < 3; bad++) {
         FILE *f = fopen(conv, bad == 1 ? "r+" : "w");
         assert_non_null(f);
-        if (bad == 0) fputs("mixprec kernel choice 1\nnot a rate\n", f);
+        if (bad == 0) fputs("mixprec kernel choice 2\nnot a rate\n", f);
         if (bad == 1) {
             char text[4096];
             size_t n = fread(text, 1, sizeof text - 1, f);
@@ -373,6 +375,75 @@ static void cache_round_trip_and_bad_files(void **state)
     fresh("0");
 }
 
+/* A group of one op between two candidates whose times the test sets per
+ * round (setup() counts the rounds; later rounds repeat the second). */
+static int fake_round;
+static double fake_ms[2][2]; /* [round][candidate] */
+
+static void fake_fill(mp_measured_group *g)
+{
+    g->nops = 1;
+    g->elements = 1e6;
+    mp_measured_op *op = &g->op[0];
+    op->name = "fake";
+    op->n = 2;
+    op->isa[0] = MP_ISA_SCALAR;
+    op->isa[1] = MP_ISA_AVX2;
+    op->rate[0] = op->rate[1] = 0;
+    op->chosen = 0;
+}
+static bool fake_setup(void) { return ++fake_round > 0; }
+static void fake_teardown(void) {}
+static double fake_time(int o, mp_isa isa)
+{
+    (void)o;
+    return fake_ms[fake_round > 1][isa == MP_ISA_SCALAR ? 0 : 1] * 1e-3;
+}
+
+/* A choice is written only when a second round makes it again (a file
+ * outlives the process; one round in a moment of load can mislead), with
+ * each candidate's faster rate, which the process keeps either way. */
+static void second_round_confirms(void **state)
+{
+    (void)state;
+    static const mp_measured_spec spec = {fake_fill, fake_setup, fake_teardown, fake_time};
+    static mp_measured_group g = {.file = "fake", .revision = 1};
+    static atomic_int st;
+    char cdir[128];
+    snprintf(cdir, sizeof cdir, "%s/second", dir);
+    setenv("MP_DISPATCH_CACHE", cdir, 1);
+    /* round 1: scalar 1000 M/s, avx2 500; round 2 the other way round */
+    const double flip[2][2] = {{1, 2}, {2, 1}}, agree[2][2] = {{1, 2}, {1.25, 2}};
+    memcpy(fake_ms, flip, sizeof fake_ms);
+    fake_round = 0;
+    mp_measured_reset(&st);
+    assert_ptr_equal(mp_measured_get(&g, &st, &spec), &g);
+    assert_int_equal(fake_round, 2);
+    assert_int_equal(g.source, MP_DISPATCH_MEASURED);
+    if (!strstr(g.note, "not written (a second round did not confirm it: fake chose avx2)"))
+        fail_msg("note '%s'", g.note);
+    assert_true(g.op[0].rate[0] == 1000 && g.op[0].rate[1] == 1000);
+    assert_int_equal(g.op[0].chosen, 0); /* a tie: the first */
+    struct stat sb;
+    assert_int_not_equal(stat(g.path, &sb), 0);
+    /* two rounds that agree: written with the faster rates, read back */
+    memcpy(fake_ms, agree, sizeof fake_ms);
+    fake_round = 0;
+    mp_measured_reset(&st);
+    assert_ptr_equal(mp_measured_get(&g, &st, &spec), &g);
+    assert_non_null(strstr(g.note, "written"));
+    assert_null(strstr(g.note, "not written"));
+    assert_true(g.op[0].rate[0] == 1000 && g.op[0].rate[1] == 500);
+    fake_round = 0;
+    mp_measured_reset(&st);
+    assert_ptr_equal(mp_measured_get(&g, &st, &spec), &g);
+    assert_int_equal(fake_round, 0); /* nothing timed */
+    assert_int_equal(g.source, MP_DISPATCH_CACHED);
+    assert_true(g.op[0].rate[0] == 1000 && g.op[0].rate[1] == 500);
+    assert_int_equal(g.op[0].chosen, 0);
+    setenv("MP_DISPATCH_CACHE", "0", 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -382,6 +453,7 @@ int main(void)
         cmocka_unit_test(forced_path_is_used),
         cmocka_unit_test(cache_rates_written_and_parsed),
         cmocka_unit_test(cache_round_trip_and_bad_files),
+        cmocka_unit_test(second_round_confirms),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

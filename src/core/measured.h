@@ -1,8 +1,9 @@
 /* measured.h - a measured choice among kernels that give the same bits:
  * for an operation with versions on several paths (scalar, AVX-512, ...)
  * that tests prove bit-identical, time each once per process on first use,
- * keep the faster, and cache the rates per CPU model in a small file under
- * the user's cache directory (the directory and MP_DISPATCH_CACHE as for
+ * keep the faster, and, once a second round of timing makes every choice
+ * again, cache the rates per CPU model in a small file under the user's
+ * cache directory (the directory and MP_DISPATCH_CACHE as for
  * the GEMM choice, gemm_dispatch.c). A file that is not exactly what this
  * version would write is ignored, measured again and replaced. A forced
  * path (MP_ISA, mp_isa_set) times nothing: the callers use it. Users:
