@@ -543,8 +543,8 @@ static void test_decode_matches_forward(void **state)
                 char *o = malloc((size_t)c.n * oe), *got = malloc(row * oe);
                 mp_set_num_threads(cfg == 1 ? 1 : 0);
                 if (cfg == 2) assert_int_equal(mp_isa_set(MP_ISA_SCALAR), MP_OK);
-                assert_int_equal(
-                    mp_attention_forward(&c.g, c.q, it, c.k, it, c.v, it, o, ot, NULL), MP_OK);
+                assert_int_equal(mp_attention_forward(&c.g, c.q, it, c.k, it, c.v, it, o, ot, NULL),
+                                 MP_OK);
                 for (int64_t i = 0; i < t; i++) {
                     assert_int_equal(mp_attention_decode_row(heads, d, (char *)c.q + i * row * ie,
                                                              c.k, c.v, it, i + 1, got, ot),
@@ -577,8 +577,7 @@ static void test_bad_arguments(void **state)
     assert_int_equal(mp_attention_backward(&g, x, MP_F32, x, MP_F32, x, MP_F32, x, MP_F32, NULL, x,
                                            MP_F32, y, y, y, MP_F32),
                      MP_ERR_INVALID);
-    assert_int_equal(mp_attention_decode_row(1, 8, x, x, x, MP_F32, 0, y, MP_F32),
-                     MP_ERR_INVALID);
+    assert_int_equal(mp_attention_decode_row(1, 8, x, x, x, MP_F32, 0, y, MP_F32), MP_ERR_INVALID);
     assert_int_equal(mp_attention_decode_row(1, 8, x, NULL, x, MP_F32, 1, y, MP_F32),
                      MP_ERR_INVALID);
     mp_scratch_fail_above = 0;

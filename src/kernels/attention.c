@@ -477,7 +477,8 @@ mp_status mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const
     const mp_attn_geom g = {1, len, heads, d}; /* the cache's rows */
     mp_status s = check_geom(&g, "decode");
     if (s) return s;
-    if (!q || !kc || !vc || !o) return mp_set_error(MP_ERR_INVALID, "attention decode: NULL tensor");
+    if (!q || !kc || !vc || !o)
+        return mp_set_error(MP_ERR_INVALID, "attention decode: NULL tensor");
     choose_gemv();
     const size_t bytes = mp_attention_scratch_bytes(d);
     /* a head's work is about len * d FMAs and a transpose of its key rows:

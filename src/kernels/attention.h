@@ -30,7 +30,7 @@
 
 #include "core/internal.h"
 
-enum { MP_ATTN_TILE = 64 };          /* query and key rows per tile */
+enum { MP_ATTN_TILE = 64 }; /* query and key rows per tile */
 
 typedef struct {
     int64_t batch, t, heads, d;

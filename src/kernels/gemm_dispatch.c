@@ -354,12 +354,14 @@ static void decide(decision *d, int cls)
         d->chosen = pick(d);
     }
     if (!confirmed) {
-        int w = snprintf(d->note, sizeof d->note, "%s, not written (a second round did not "
-                                                  "confirm it:", status);
+        int w = snprintf(d->note, sizeof d->note,
+                         "%s, not written (a second round did not confirm it:", status);
         for (int i = 0; i < d->n && w > 0 && (size_t)w < sizeof d->note; i++)
             w += snprintf(d->note + w, sizeof d->note - (size_t)w, " %s %.1f%s",
                           describe(d->cand[i])->name, again.gflops[i],
-                          i < d->n - 1 ? "" : busy2 ? ", a busy machine)" : ")");
+                          i < d->n - 1 ? ""
+                          : busy2      ? ", a busy machine)"
+                                       : ")");
         return;
     }
     char text[MP_CACHE_MAX];

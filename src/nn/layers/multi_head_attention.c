@@ -221,9 +221,9 @@ static mp_status decode_attention(mp_model *m, mp_layer *l, int64_t batch)
             size_t r = (size_t)(b * t + i) * row;
             memcpy(kc + (size_t)pos * row, (const char *)st->proj[PK] + r, row);
             memcpy(vc + (size_t)pos * row, (const char *)st->proj[PV] + r, row);
-            mp_status s = mp_attention_decode_row(c->num_heads, c->key_dim,
-                                                  (const char *)st->proj[PQ] + r, kc, vc, ct,
-                                                  pos + 1, (char *)st->att + r, ct);
+            mp_status s =
+                mp_attention_decode_row(c->num_heads, c->key_dim, (const char *)st->proj[PQ] + r,
+                                        kc, vc, ct, pos + 1, (char *)st->att + r, ct);
             if (s) return s;
         }
     }
