@@ -193,6 +193,9 @@ void *mp_scratch(int slot, size_t bytes);
  * (SIZE_MAX, the default: none do). */
 extern size_t mp_scratch_fail_above;
 
+/* Seconds on the monotonic clock (profile.c), for timing and timeouts. */
+double mp_seconds(void);
+
 /* numerics.c: the figures of mp_numerics (mixprec/train.h) gathered chunk
  * by chunk, for a pass that already holds the values. A target's rounding
  * thresholds as bits of |x|: */

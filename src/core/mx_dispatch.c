@@ -9,7 +9,6 @@
  * AVX-512 kernels' masked stores halved that on Zen 5 at the same rate in
  * cache (mx_avx512.c keeps its whole vectors unmasked). */
 #include <stdlib.h>
-#include <time.h>
 
 #include "core/measured.h"
 #include "mx_internal.h"
@@ -67,8 +66,7 @@ static double time_op(int op, mp_isa isa)
     const mp_mx_kernels *k = mp_mx_kernels_for(isa);
     const mp_mx_format f = MP_MXFP8_E4M3;
     uint8_t codes[TIMING_ELEMS], scales[TIMING_ELEMS / MP_MX_BLOCK];
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    const double t0 = mp_seconds();
     switch (op) {
     case MP_MX_OP_PACK: /* into its own buffers: the unpack's stay as setup left them */
         k->pack(f, t_in, TIMING_ELEMS, codes, scales);
@@ -83,8 +81,7 @@ static double time_op(int op, mp_isa isa)
         k->quantize_cols(f, t_in, SIDE, SIDE, t_out, MP_F32);
         break;
     }
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    return mp_seconds() - t0;
 }
 
 static const mp_measured_spec spec = {fill, setup, teardown, time_op};

@@ -1,4 +1,5 @@
-/* profile.c - the per-thread clock behind profile.h. */
+/* profile.c - the monotonic clock (mp_seconds, core/internal.h) and the
+ * per-thread sums behind profile.h. */
 #include <string.h>
 #include <time.h>
 
@@ -6,6 +7,7 @@
 #include <omp.h>
 #endif
 
+#include "core/internal.h"
 #include "core/profile.h"
 
 bool mp_prof_on;
@@ -13,7 +15,7 @@ static _Thread_local mp_prof_times sums;
 static _Thread_local mp_prof_region current; /* the region being timed */
 static _Thread_local bool in_leaf;
 
-static double clock_s(void)
+double mp_seconds(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -43,12 +45,12 @@ double mp_prof_region_begin_(mp_prof_region r)
 {
     if (current != MP_PROF_NONE || in_leaf || in_parallel()) return 0;
     current = r;
-    return clock_s();
+    return mp_seconds();
 }
 
 void mp_prof_region_end_(double t0)
 {
-    sums.region[current] += clock_s() - t0;
+    sums.region[current] += mp_seconds() - t0;
     current = MP_PROF_NONE;
 }
 
@@ -56,11 +58,11 @@ double mp_prof_leaf_begin_(void)
 {
     if (in_leaf || in_parallel()) return 0;
     in_leaf = true;
-    return clock_s();
+    return mp_seconds();
 }
 
 void mp_prof_leaf_end_(mp_prof_leaf l, double t0)
 {
-    sums.leaf[current][l] += clock_s() - t0;
+    sums.leaf[current][l] += mp_seconds() - t0;
     in_leaf = false;
 }

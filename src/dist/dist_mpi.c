@@ -109,13 +109,6 @@ mp_status mp_dist_mpi_error(int rc, const char *what)
     return mp_set_error(MP_ERR_IO, "dist: %s failed on rank %d: %s", what, mp_dist_rank(), msg);
 }
 
-double mp_dist_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double timeout_s = -1; /* < 0: not read from the environment yet */
 
 void mp_dist_set_timeout(double seconds) { timeout_s = seconds > 0 ? seconds : 300; }
@@ -140,8 +133,8 @@ static bool wait_within(MPI_Request *req, double limit, int *rc)
         *rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (*rc != MPI_SUCCESS || done) return true;
         if (spins < 256) continue; /* a sum in flight on this machine: microseconds */
-        if (spins == 256) start = mp_dist_now();
-        double waited = mp_dist_now() - start;
+        if (spins == 256) start = mp_seconds();
+        double waited = mp_seconds() - start;
         if (waited > limit) return false;
         /* let a rank that shares this core compute (mpirun --oversubscribe);
          * past a few milliseconds the other ranks are busy for longer, and

@@ -13,7 +13,5 @@ mp_status mp_dist_mpi_error(int rc, const char *what);
 /* Wait for req: MP_OK when it completes; past mp_dist_timeout() seconds the
  * rank prints one line naming `what` and aborts the job (MPI_Abort). */
 mp_status mp_dist_wait(MPI_Request *req, const char *what);
-/* Seconds on a monotonic clock. */
-double mp_dist_now(void);
 
 #endif

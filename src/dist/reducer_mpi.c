@@ -168,7 +168,7 @@ static void pairwise_sum(float *rows, size_t c, int size)
 
 static mp_status start(mp_dist_reducer *r, bucket *b)
 {
-    double t0 = mp_dist_now();
+    double t0 = mp_seconds();
     if (b->nseg) { /* packed: copy the segments in */
         if (!grow((void **)&b->stage, &b->stage_cap, b->n * sizeof(float))) return nomem();
         size_t off = 0;
@@ -187,7 +187,7 @@ static mp_status start(mp_dist_reducer *r, bucket *b)
                             &b->req);
         r->now.bytes_sent += 2.0 * (N - 1) / N * (double)b->n * sizeof(float);
         b->phase = SECOND;
-        r->now.work_seconds += mp_dist_now() - t0;
+        r->now.work_seconds += mp_seconds() - t0;
         return rc == MPI_SUCCESS ? MP_OK : mp_dist_mpi_error(rc, "MPI_Iallreduce");
     }
     bool half = r->mode == MP_REDUCE_BFLOAT16;
@@ -211,7 +211,7 @@ static mp_status start(mp_dist_reducer *r, bucket *b)
     rc = MPI_Ialltoallv(send, sc, sd, t, b->recv, rcnt, rd, t, r->comm[0], &b->req);
     r->now.bytes_sent += (double)(b->n - mine) * (double)es;
     b->phase = FIRST;
-    r->now.work_seconds += mp_dist_now() - t0;
+    r->now.work_seconds += mp_seconds() - t0;
     return rc == MPI_SUCCESS ? MP_OK : mp_dist_mpi_error(rc, "MPI_Ialltoallv");
 }
 
@@ -265,9 +265,9 @@ static void done(mp_dist_reducer *r, bucket *b)
         b->phase = READY;
         return;
     }
-    double t0 = mp_dist_now();
+    double t0 = mp_seconds();
     complete(r, b);
-    r->now.work_seconds += mp_dist_now() - t0;
+    r->now.work_seconds += mp_seconds() - t0;
 }
 
 /* Start the second phases whose turn has come. */
@@ -278,9 +278,9 @@ static mp_status start_seconds(mp_dist_reducer *r)
         if (b->phase == FIRST || b->phase == IDLE) return MP_OK; /* its turn, not yet ready */
         r->second++;
         if (b->phase != READY) continue; /* single-phase (FLOAT32) */
-        double t0 = mp_dist_now();
+        double t0 = mp_seconds();
         mp_status s = second_phase(r, b);
-        r->now.work_seconds += mp_dist_now() - t0;
+        r->now.work_seconds += mp_seconds() - t0;
         if (s) return s;
     }
     return MP_OK;
@@ -358,9 +358,9 @@ mp_status mp_dist_reducer_finish(mp_dist_reducer *r)
                 s = mp_set_error(MP_ERR_INVALID, "dist: bucket %d of %d idle in finish", i, r->nb);
                 break;
             }
-            double t0 = mp_dist_now();
+            double t0 = mp_seconds();
             s = mp_dist_wait(&b->req, "the gradient sum over the ranks");
-            r->now.wait_seconds += mp_dist_now() - t0;
+            r->now.wait_seconds += mp_seconds() - t0;
             if (s) break;
             done(r, b);
             s = mp_dist_reducer_progress(r);

@@ -25,8 +25,6 @@
 #include "core/cache_file.h"
 #include "kernels/gemm_internal.h"
 
-enum { TIMING_N = MP_DISPATCH_TIMING_N, TIMING_N1 = MP_DISPATCH_TIMING_N1 };
-enum { TIMING_REPS = MP_DISPATCH_TIMING_REPS };
 /* A later candidate must beat the preferred one by this factor: inside the
  * noise the choice (and the low bits of results) then rarely flips between
  * processes, and the preferred FMA route is exact on subnormal inputs, which
@@ -36,7 +34,6 @@ enum { TIMING_REPS = MP_DISPATCH_TIMING_REPS };
  * rounds of timing: a file outlives the process, so it holds only what no
  * plausible noise made (one round in a moment of load can mislead). */
 #define CACHE_MARGIN 1.10
-/* Cache files are tiny; anything longer is not ours. */
 /* Its number goes up whenever a candidate kernel changes, so rates measured
  * on older kernels (2: the FMA kernel got narrow panels and in-place A; 3:
  * its depth block went from 256 to 1024; 4: both AVX-512 kernels ask for
@@ -498,7 +495,8 @@ mp_status mp_gemm_dispatch_report(FILE *out)
                 "gemm bf16/fp8 inputs: each pair's kernels timed once (best of %d runs of "
                 "%d^3 on %d threads), the faster kept (%s unless another is %.0f%% faster); "
                 "GFLOP/s:\n",
-                TIMING_REPS, TIMING_N, mp_num_threads(), b->kernel[0], (TIMING_MARGIN - 1) * 100);
+                MP_DISPATCH_TIMING_REPS, MP_DISPATCH_TIMING_N, mp_num_threads(), b->kernel[0],
+                (TIMING_MARGIN - 1) * 100);
         fprintf(out, "  %-12s", "a x b");
         for (int i = 0; i < b->n_kernels; i++) fprintf(out, " %11s", b->kernel[i]);
         fprintf(out, "  %-11s %s\n", "chosen", "source");
@@ -509,7 +507,7 @@ mp_status mp_gemm_dispatch_report(FILE *out)
             fprintf(out, "  %-12s", pair);
             for (int i = 0; i < x->n_kernels; i++) fprintf(out, " %11.1f", x->gflops[i]);
             fprintf(out, "  %-11s %s", x->kernel[x->chosen], source_text[x->source]);
-            if (x->threads == 1) fprintf(out, " (%d^3 on one thread)", TIMING_N1);
+            if (x->threads == 1) fprintf(out, " (%d^3 on one thread)", MP_DISPATCH_TIMING_N1);
             if (x->cache_file[0] && x->source != MP_DISPATCH_CACHED)
                 fprintf(out, "; cache: %s", x->cache_note);
             fprintf(out, "\n");

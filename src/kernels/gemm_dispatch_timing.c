@@ -5,20 +5,12 @@
  * MP_DISPATCH_TIMING_N1^3 on one thread. About 15 ms per pair on two
  * cores. */
 #include <stdlib.h>
-#include <time.h>
 
 #include "core/cache_file.h"
 #include "kernels/gemm_internal.h"
 
 enum { TIMING_N = MP_DISPATCH_TIMING_N, TIMING_N1 = MP_DISPATCH_TIMING_N1 };
 enum { TIMING_REPS = MP_DISPATCH_TIMING_REPS };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The timing data: A and B (TIMING_N^2 each of the class's types, values in
  * [-1, 1)) and C. */
@@ -84,9 +76,9 @@ static bool time_runs(const timing_data *td, bool (*run)(const timing_data *, in
     for (int rep = -1; rep < TIMING_REPS; rep++)
         for (int j = 0; j < n; j++) {
             const int i = (j + rep + 1) % n;
-            const double t0 = now();
+            const double t0 = mp_seconds();
             if (!run(td, i)) return false;
-            const double t = now() - t0;
+            const double t = mp_seconds() - t0;
             if (rep >= 0 && t < best[i]) best[i] = t;
         }
     for (int i = 0; i < n; i++)

@@ -5,7 +5,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/cache_file.h"
 #include "core/internal.h"
@@ -21,13 +20,6 @@ enum { LDA = 4096 }; /* A's row stride for way 0, in floats */
 static _Atomic(const double *) test_rates;
 
 void mp_gemm_ways_test_rates(const double *rates) { atomic_store(&test_rates, rates); }
-
-static double seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* One round: the two ways' rates into r, timed on the block w->kc x
  * w->nc; false if out of memory. */
@@ -55,7 +47,7 @@ static bool time_ways(gemm_ways *w, const gemm_impl *im, double r[2])
             for (int j = 0; j < 2; j++) {
                 const int way = (j + rep + 1) & 1;
                 atomic_store(&w->on, way);
-                const double t0 = seconds();
+                const double t0 = mp_seconds();
                 for (int64_t ir = 0; ir < rows; ir += MR)
                     for (int64_t jr = 0; jr < nc; jr += NR) {
                         float *ct = c + ir * nc + jr;
@@ -65,7 +57,7 @@ static bool time_ways(gemm_ways *w, const gemm_impl *im, double r[2])
                             im->kernel_a(kc, a + ir * lda, lda, 1, b + jr * kc, ct, nc, 0,
                                          (int)(NR / 16));
                     }
-                const double t = seconds() - t0;
+                const double t = mp_seconds() - t0;
                 if (rep >= 0 && t < best[way]) best[way] = t;
             }
         atomic_store(&w->on, 0);

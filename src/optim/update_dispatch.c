@@ -5,7 +5,6 @@
  * choice is speed only. Also mp_kernel_dispatch_report: every measured
  * choice that is not a GEMM's, for mixprec info. */
 #include <stdlib.h>
-#include <time.h>
 
 #include "core/measured.h"
 #include "core/mx_internal.h"
@@ -70,16 +69,14 @@ static double time_op(int op, mp_isa isa)
     mp_adam_kernel adam;
     mp_update_kernels_for(isa, &sgd, &adam);
     float *w = buf, *g = buf + TIMING_ELEMS, *m = g + TIMING_ELEMS, *v = m + TIMING_ELEMS;
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    const double t0 = mp_seconds();
     for (int64_t off = 0; off < TIMING_ELEMS; off += MP_UPDATE_CHUNK) {
         if (op == OP_ADAM)
             adam(&c, false, w + off, g + off, m + off, v + off, MP_UPDATE_CHUNK);
         else
             sgd(&c, w + off, g + off, m + off, MP_UPDATE_CHUNK);
     }
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    return mp_seconds() - t0;
 }
 
 static const mp_measured_spec spec = {fill, setup, teardown, time_op};

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -48,13 +47,6 @@ struct mp_diagnostics {
     float lr;
     double t0; /* the step's start */
 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* JSON has no inf/NaN: those become null. */
 static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -264,7 +256,7 @@ mp_status mp_diagnostics_before_step(mp_diagnostics *d, mp_model *m, int64_t ste
         memset(d->num_weights, 0, (size_t)d->nopt * 2 * sizeof *d->num_weights);
         mp_optimizer_collect_numerics(opt, d->num_weights, d->num_grads);
     }
-    d->t0 = now();
+    d->t0 = mp_seconds();
     return MP_OK;
 }
 
@@ -365,7 +357,7 @@ static json_t *memory_json(void)
 mp_status mp_diagnostics_after_step(mp_diagnostics *d, mp_model *m, const mp_step_result *r,
                                     int64_t batch, int epoch)
 {
-    double ms = 1e3 * (now() - d->t0);
+    double ms = 1e3 * (mp_seconds() - d->t0);
     mp_optimizer_collect_numerics(mp_model_optimizer(m), NULL, NULL); /* a skipped step's */
     mp_loss_scaler *ls = mp_model_loss_scaler(m);
     float next = ls ? mp_loss_scaler_scale(ls) : 1.0f;
@@ -394,7 +386,7 @@ mp_status mp_diagnostics_after_step(mp_diagnostics *d, mp_model *m, const mp_ste
     if (!rec) return mp_set_error(MP_ERR_NOMEM, "diagnostics: out of memory");
     /* the diagnostics' own time after the step (what the update pass
      * gathered is in step_ms) */
-    json_object_set_new(rec, "diagnostics_ms", jnum(1e3 * (now() - d->t0) - ms));
+    json_object_set_new(rec, "diagnostics_ms", jnum(1e3 * (mp_seconds() - d->t0) - ms));
     return write_record(d, rec);
 }
 

@@ -7,17 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "train/train_internal.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void mp_history_free(mp_history *h)
 {
@@ -138,7 +130,7 @@ static void fmt_metrics(char *buf, size_t len, double loss, double acc, const mp
 static void draw(progress *p, int64_t done, double loss, double acc, const mp_epoch_log *final)
 {
     if (!p->on) return;
-    double t = now();
+    double t = mp_seconds();
     if (!final && (!p->tty || t - p->last_draw < 0.1)) return;
     p->last_draw = t;
     char bar[31];
@@ -418,7 +410,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
             fs.seconds = 0;
         }
         if (p.on) fprintf(o.out, "Epoch %d/%d\n", fs.epoch + 1, o.epochs);
-        p.start = now() - fs.seconds;
+        p.start = mp_seconds() - fs.seconds;
         p.last_draw = 0;
         while (fs.batch < per_epoch) {
             bool interrupted = o.interrupt && *o.interrupt;
@@ -467,7 +459,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
             fs.samples += c * b.label_dim; /* label positions */
             saved = false;
             if (o.checkpoint_every && fs.steps % o.checkpoint_every == 0) {
-                fs.seconds = now() - p.start;
+                fs.seconds = mp_seconds() - p.start;
                 if ((s = save_checkpoint(m, &o, &fs, h.epochs, p.on))) break;
                 saved = true;
             }
@@ -477,7 +469,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         if (s) break;
         if (stop) { /* stopped by max_steps or an interrupt: resumable from here */
             if (o.checkpoint_dir && !saved) {
-                fs.seconds = now() - p.start;
+                fs.seconds = mp_seconds() - p.start;
                 s = save_checkpoint(m, &o, &fs, h.epochs, p.on);
                 saved = true;
             }
@@ -485,7 +477,7 @@ mp_status mp_model_fit(mp_model *m, const mp_dataset *data, const mp_fit_options
         }
         mp_loss_scaler *ls = mp_model_loss_scaler(m);
         log->steps = fs.batch;
-        log->seconds = now() - p.start;
+        log->seconds = mp_seconds() - p.start;
         log->ms_per_step = fs.batch ? 1e3 * log->seconds / (double)fs.batch : 0;
         log->loss = fs.loss_samples ? fs.loss_sum / (double)fs.loss_samples : NAN;
         log->accuracy = fs.samples ? (double)fs.correct / (double)fs.samples : NAN;
