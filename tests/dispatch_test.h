@@ -47,13 +47,16 @@ static inline int teardown(void **state)
 }
 
 /* A fresh choice on the next use, with the cache in `cache` ("0": off) and
- * the given rates (NULL: timed). */
-static inline void fresh(const char *cache, const double *rates)
+ * the given rates for `rounds` rounds of timing (NULL: timed). */
+static inline void fresh_rounds(const char *cache, const double *rates, int rounds)
 {
     setenv("MP_DISPATCH_CACHE", cache, 1);
-    mp_gemm_dispatch_test_rates(rates, 1);
+    mp_gemm_dispatch_test_rates(rates, rounds);
     mp_gemm_dispatch_reset();
 }
+
+/* The same, every round with the same rates. */
+static inline void fresh(const char *cache, const double *rates) { fresh_rounds(cache, rates, 1); }
 
 static inline mp_gemm_dispatch_info query(void)
 {

@@ -295,8 +295,7 @@ static void test_second_round(void **state)
                  busy[8] = {100, 300, 100, 300, 100, 300, 150, 350},
                  agree[8] = {100, 300, 100, 300, 110, 280, 110, 280}, unused[4] = {1, 1, 1, 1};
     struct stat st;
-    fresh(cdir, NULL);
-    mp_gemm_dispatch_test_rates(flip, 2);
+    fresh_rounds(cdir, flip, 2);
     mp_gemm_dispatch_info in = query();
     snprintf(want, sizeof want,
              "not written (a second round did not confirm it: %s 300.0 %s 100.0)", in.kernel[0],
@@ -306,24 +305,21 @@ static void test_second_round(void **state)
     assert_int_equal(in.chosen, 0);                          /* a tie: the preferred one */
     assert_runs(cands[0]);
     assert_int_not_equal(stat(in.cache_file, &st), 0);
-    mp_gemm_dispatch_test_rates(close, 2);
-    mp_gemm_dispatch_reset();
+    fresh_rounds(cdir, close, 2);
     in = query();
     assert_non_null(strstr(in.cache_note, "a second round did not confirm it"));
     assert_true(in.gflops[0] == 100 && in.gflops[1] == 300);
     assert_int_equal(in.chosen, 1);
     assert_int_not_equal(stat(in.cache_file, &st), 0);
     if (mp_num_threads() > 1) {
-        mp_gemm_dispatch_test_rates(busy, 2);
-        mp_gemm_dispatch_reset();
+        fresh_rounds(cdir, busy, 2);
         in = query();
         assert_non_null(strstr(in.cache_note, "a second round did not confirm it"));
         assert_non_null(strstr(in.cache_note, "busy"));
         assert_true(in.gflops[0] == 100 && in.gflops[1] == 300); /* the first round's */
         assert_int_not_equal(stat(in.cache_file, &st), 0);
     }
-    mp_gemm_dispatch_test_rates(agree, 2);
-    mp_gemm_dispatch_reset();
+    fresh_rounds(cdir, agree, 2);
     in = query();
     assert_non_null(strstr(in.cache_note, "written"));
     assert_null(strstr(in.cache_note, "not written"));
