@@ -522,6 +522,35 @@ static void test_scratch_linear(void **state)
     free_case(&c);
 }
 
+/* A prefill's rows against the cache (mp_attention_decode_rows, the
+ * forward's query tiles starting anywhere) are the forward's rows o, bit
+ * for bit: the sequence in chunks of 1, 3, 37 (crossing tile edges at
+ * other offsets than the forward's) and whole. */
+static void check_decode_rows(const attn_case *c, mp_dtype it, mp_dtype ot, const char *o, int cfg)
+{
+    const int64_t t = c->g.t, heads = c->g.heads, d = c->g.d, row = heads * d;
+    const size_t ie = mp_dtype_size(it), oe = mp_dtype_size(ot);
+    char *got = malloc((size_t)(t * row) * oe);
+    const int64_t chunks[] = {1, 3, 37, t};
+    for (int ci = 0; ci < 4; ci++) {
+        memset(got, 0xA5, (size_t)(t * row) * oe);
+        for (int64_t first = 0; first < t; first += chunks[ci]) {
+            const int64_t n = t - first < chunks[ci] ? t - first : chunks[ci];
+            assert_int_equal(mp_attention_decode_rows(heads, d, (char *)c->q + first * row * ie,
+                                                      c->k, c->v, it, first, n,
+                                                      got + first * row * oe, ot),
+                             MP_OK);
+        }
+        for (int64_t i = 0; i < t; i++)
+            if (memcmp(got + i * row * oe, o + i * row * oe, row * oe))
+                fail_msg("decode rows T %lld heads %lld d %lld %s -> %s, config %d, chunks of "
+                         "%lld: position %lld differs from the forward's row",
+                         (long long)t, (long long)heads, (long long)d, mp_dtype_name(it),
+                         mp_dtype_name(ot), cfg, (long long)chunks[ci], (long long)i);
+    }
+    free(got);
+}
+
 /* Decoding one row against the cache (mp_attention_decode_row) gives, bit
  * for bit, the forward's row at that position: for every position of
  * sequences that end inside a key tile and cross two tile edges, head
@@ -555,6 +584,7 @@ static void test_decode_matches_forward(void **state)
                                  (long long)t, (long long)heads, (long long)d, mp_dtype_name(it),
                                  mp_dtype_name(ot), cfg, (long long)i);
                 }
+                check_decode_rows(&c, it, ot, o, cfg);
                 mp_isa_reset();
                 mp_set_num_threads(0);
                 free(o), free(got);
@@ -579,6 +609,10 @@ static void test_bad_arguments(void **state)
                      MP_ERR_INVALID);
     assert_int_equal(mp_attention_decode_row(1, 8, x, x, x, MP_F32, 0, y, MP_F32), MP_ERR_INVALID);
     assert_int_equal(mp_attention_decode_row(1, 8, x, NULL, x, MP_F32, 1, y, MP_F32),
+                     MP_ERR_INVALID);
+    assert_int_equal(mp_attention_decode_rows(1, 8, x, x, x, MP_F32, -1, 1, y, MP_F32),
+                     MP_ERR_INVALID);
+    assert_int_equal(mp_attention_decode_rows(1, 8, x, x, x, MP_F32, 0, 0, y, MP_F32),
                      MP_ERR_INVALID);
     mp_scratch_fail_above = 0;
     assert_int_equal(mp_attention_decode_row(1, 8, x, x, x, MP_F32, 1, y, MP_F32), MP_ERR_NOMEM);

@@ -438,6 +438,64 @@ static void test_position_embedding_gradient(void **state)
     mp_model_free(m);
 }
 
+/* A prefill takes a prompt's positions as the rows of one batch (each
+ * weight layer one GEMM of them): its rows, and the steps after it, are
+ * the full forward's bits (want: its T rows of V), as one step per
+ * position gives them (check_decode). Chunks of 3 and 5, and 5 then three
+ * steps; then what a prefill refuses. */
+static void check_prefill(mp_model *dec, int32_t *ids, const float *want)
+{
+    const mp_tensor *y;
+    mp_tensor x;
+    assert_int_equal(mp_model_max_batch(dec), T); /* 128, or the context if shorter */
+    for (int split = 3; split <= 5; split += 2) {
+        assert_int_equal(mp_model_decode_reset(dec, T), MP_OK);
+        for (int at = 0; at < T;) {
+            const int n = at ? T - at : split;
+            mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){n, 1}, &ids[at]);
+            if (split == 5 && at) { /* after the prefill, one step at a time */
+                mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){1, 1}, &ids[at]);
+                assert_int_equal(mp_model_decode_step(dec, &x, &y), MP_OK);
+                if (memcmp(y->data, want + at * V, V * sizeof(float)))
+                    fail_msg("decode after a prefill: position %d differs", at);
+                at++;
+                continue;
+            }
+            assert_int_equal(mp_model_decode_prefill(dec, &x, &y), MP_OK);
+            assert_int_equal(y->shape[0], n);
+            for (int r = 0; r < n; r++)
+                if (memcmp((const float *)y->data + r * V, want + (at + r) * V, V * sizeof(float)))
+                    fail_msg("prefill of %d from %d: position %d differs", n, at, at + r);
+            at += n;
+        }
+        assert_int_equal(mp_model_decode_position(dec), T);
+    }
+    /* past the context: nothing runs, the position stays */
+    assert_int_equal(mp_model_decode_reset(dec, T), MP_OK);
+    mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){5, 1}, ids);
+    assert_int_equal(mp_model_decode_prefill(dec, &x, &y), MP_OK);
+    assert_int_equal(mp_model_decode_prefill(dec, &x, &y), MP_ERR_INVALID);
+    assert_non_null(strstr(mp_last_error(), "position 9 is past the context of 8"));
+    assert_int_equal(mp_model_decode_position(dec), 5);
+    /* caches for two sequences: a prefill fills one; a step takes at most two */
+    assert_int_equal(mp_model_decode_reset_sequences(dec, T, 2), MP_OK);
+    assert_int_equal(mp_model_decode_prefill(dec, &x, &y), MP_ERR_INVALID);
+    assert_non_null(strstr(mp_last_error(), "a prefill fills one sequence; the caches hold 2"));
+    mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){3, 1}, ids);
+    assert_int_equal(mp_model_decode_step(dec, &x, &y), MP_ERR_INVALID);
+    assert_non_null(strstr(mp_last_error(), "a batch of 3 sequences; the caches hold 2"));
+    mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){2, 1}, ids);
+    assert_int_equal(mp_model_decode_step(dec, &x, &y), MP_OK);
+    assert_int_equal(mp_model_decode_reset_sequences(dec, T, 0), MP_ERR_INVALID);
+    assert_int_equal(mp_model_decode_reset_sequences(dec, T, T + 1), MP_ERR_INVALID);
+    assert_non_null(strstr(mp_last_error(), "9 sequences (1..8, the max_batch)"));
+    /* a batch over max_batch */
+    assert_int_equal(mp_model_decode_reset_sequences(dec, T, 1), MP_OK);
+    int32_t many[T + 1] = {0};
+    mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){T + 1, 1}, many);
+    assert_int_equal(mp_model_decode_prefill(dec, &x, &y), MP_ERR_INVALID);
+}
+
 /* Decoding one token at a time through the cache gives the full causal
  * forward's bits: the attention row is the forward kernel's arithmetic for
  * that position in its order (test_attention checks it alone), and every
@@ -475,6 +533,7 @@ static void check_decode(const char *path, mp_model *full)
     mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){1, 1}, &ids[0]);
     assert_int_equal(mp_model_decode_step(dec, &x, &y), MP_OK);
     assert_memory_equal(y->data, want, V * sizeof(float));
+    check_prefill(dec, ids, want);
     mp_model_free(dec);
 }
 

@@ -451,9 +451,22 @@ const mp_tensor *mp_model_node_grad(const mp_model *m, mp_node node);
  * positions; each step runs the input at the next position and returns the
  * model's output there ([batch, 1, ...]): attention layers attend over every
  * position so far from their cache, so a token costs one position, not a
- * rerun of the prefix. A step past the capacity is MP_ERR_INVALID. */
+ * rerun of the prefix. A step past the capacity is MP_ERR_INVALID.
+ * reset_sequences keeps caches for `sequences` sequences (1..max_batch),
+ * and a step's batch may not exceed them; reset for as many as the last
+ * reset_sequences said (max_batch before any). */
 mp_status mp_model_decode_reset(mp_model *m, int64_t capacity);
+mp_status mp_model_decode_reset_sequences(mp_model *m, int64_t capacity, int64_t sequences);
 mp_status mp_model_decode_step(mp_model *m, const mp_tensor *x, const mp_tensor **y);
+/* A prompt's next positions in one call, for a decoder of one sequence
+ * (reset_sequences with 1): x's rows (up to max_batch) are consecutive
+ * positions of that sequence, [n, 1] ids for n positions, and y holds the
+ * output at each ([n, 1, ...]; the last row predicts the next token). The
+ * weight layers make one GEMM of the n rows instead of n one-row GEMMs;
+ * the outputs and the cache are bit for bit those of n steps (where no
+ * layer quantizes with a scale taken over the whole input: float8 and MX
+ * layers may round the rows differently together). */
+mp_status mp_model_decode_prefill(mp_model *m, const mp_tensor *x, const mp_tensor **y);
 /* Positions decoded since the reset. */
 int64_t mp_model_decode_position(const mp_model *m);
 

@@ -327,8 +327,10 @@ mp_status mp_model_from_safetensors(const mp_safetensors *f, const char *name, i
                                     mp_model **out, mp_fit_state *fit);
 /* The model of a checkpoint (or weights file) of a sequence model, rebuilt
  * for incremental decoding (mp_model_decode_step): its input takes one
- * position, batch 1, the weights loaded and a cache reset for the trained
- * context, which *context (optional) receives. */
+ * position, the weights loaded and a cache for one sequence reset for the
+ * trained context, which *context (optional) receives. Its max_batch (128,
+ * or the context if shorter) is how many prompt positions one
+ * mp_model_decode_prefill takes. */
 mp_status mp_model_decoder_from_checkpoint(const char *path, mp_model **out, int64_t *context);
 /* The newest checkpoint in dir (ckpt-<steps>.safetensors) that reads and
  * validates, into path; MP_ERR_IO when there is none. */

@@ -2,8 +2,10 @@
  * from a trained byte-level language model (a checkpoint or weights file of
  * a model whose input is a sequence of int32 ids), sampled with temperature
  * and top-k, printed as it goes. With the key/value cache (the default) each
- * token costs one position; --no-cache reruns the whole prefix per token
- * (the reference the cache is measured against). */
+ * token costs one position, and the prompt runs as prefills of up to the
+ * decoder's max_batch positions (one GEMM per weight layer for each);
+ * --no-cache reruns the whole prefix per token (the reference the cache is
+ * measured against). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,21 +187,27 @@ int mp_cli_generate(int argc, char **argv)
     fputs(a.prompt, stdout);
     double t0 = now();
     int64_t len = 0; /* positions the model has seen (cache) */
+    const int64_t chunk = mp_model_max_batch(m);
     for (int64_t step = 0; step < a.tokens && !s; step++) {
         int64_t n = plen + step; /* tokens so far; predict position n */
         const mp_tensor *y = NULL;
         mp_tensor x;
+        int64_t at = n - 1; /* the output row for position n - 1 */
         if (a.cache) {
-            for (; len < n && !s; len++) { /* the new positions, one at a time */
-                mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){1, 1}, &seq[len]);
-                s = mp_model_decode_step(m, &x, &y);
+            /* the new positions (the prompt's at first) as the rows of one
+             * prefill per max_batch of them */
+            while (len < n && !s) {
+                const int64_t rows = n - len < chunk ? n - len : chunk;
+                mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){rows, 1}, &seq[len]);
+                s = mp_model_decode_prefill(m, &x, &y);
+                len += rows;
+                at = rows - 1;
             }
         } else { /* the whole prefix again (later positions do not affect it) */
             mp_tensor_wrap(&x, MP_I32, 2, (int64_t[]){1, context}, seq);
             s = mp_model_forward(m, &x, false, &y);
         }
         if (s) break;
-        int64_t at = a.cache ? 0 : n - 1; /* the output row for position n - 1 */
         mp_convert(probs, MP_F32,
                    (const char *)y->data + (size_t)(at * 256) * mp_dtype_size(y->dtype), y->dtype,
                    256);

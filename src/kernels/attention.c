@@ -163,7 +163,7 @@ static int threads_for(long long tasks)
 TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b, int64_t h,
                                      int64_t q0, const void *q, mp_dtype qt, const void *k,
                                      mp_dtype kt, const void *v, mp_dtype vt, void *o, mp_dtype ot,
-                                     float *lse)
+                                     float *lse, int64_t qoff)
 {
     const int64_t d = g->d, dp = (int64_t)pad16((size_t)d), td = TILE * dp;
     const int64_t nr = g->t - q0 < TILE ? g->t - q0 : TILE;
@@ -171,7 +171,7 @@ TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b
     const int64_t sp = (int64_t)pad16(TILE); /* a score row */
     float *Q = ws, *KT = Q + td, *V = KT + td, *acc = V + td, *s = acc + td;
     float *mx = s + 4 * sp, *sum = mx + sp, *tmp = sum + sp;
-    load_rows(Q, g, q, qt, b, h, q0, nr);
+    load_rows(Q, g, q, qt, b, h, q0 - qoff, nr);
     memset(Q + nr * dp, 0, (size_t)((TILE - nr) * dp) * sizeof(float)); /* rows of a last group */
     for (int64_t r = 0; r < nr; r++) {
         mx[r] = -INFINITY;
@@ -209,7 +209,7 @@ TILE_CLONES static void forward_tile(const mp_attn_geom *g, float *ws, int64_t b
     for (int64_t r = 0; r < nr; r++) {
         float *a = acc + r * dp;
         scal(a, 1.0f / sum[r], dp);
-        store_row(o, ot, row_off(g, b, h, q0 + r), a, d);
+        store_row(o, ot, row_off(g, b, h, q0 + r - qoff), a, d);
         if (lse) lse[(b * g->heads + h) * g->t + q0 + r] = mx[r] + logf(sum[r]);
     }
 }
@@ -237,7 +237,7 @@ mp_status mp_attention_forward(const mp_attn_geom *g, const void *q, mp_dtype qt
             if (!ws) continue;
             const int64_t qi = task % nq, bh = task / nq;
             forward_tile(g, ws, bh / g->heads, bh % g->heads, qi * TILE, q, qt, k, kt, v, vt, o, ot,
-                         lse);
+                         lse, 0);
         }
     }
     if (fail)
@@ -471,19 +471,28 @@ TILE_CLONES static void decode_head(const mp_attn_geom *g, float *ws, int64_t h,
     store_row(o, ot, (size_t)(h * d), acc, d);
 }
 
-mp_status mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const void *kc,
-                                  const void *vc, mp_dtype ct, int64_t len, void *o, mp_dtype ot)
+mp_status mp_attention_decode_rows(int64_t heads, int64_t d, const void *q, const void *kc,
+                                   const void *vc, mp_dtype ct, int64_t first, int64_t n, void *o,
+                                   mp_dtype ot)
 {
-    const mp_attn_geom g = {1, len, heads, d}; /* the cache's rows */
+    const mp_attn_geom g = {1, first + n, heads, d}; /* the cache's rows */
     mp_status s = check_geom(&g, "decode");
     if (s) return s;
+    if (first < 0 || n < 1)
+        return mp_set_error(MP_ERR_INVALID, "attention decode: rows %lld..%lld", (long long)first,
+                            (long long)(first + n - 1));
     if (!q || !kc || !vc || !o)
         return mp_set_error(MP_ERR_INVALID, "attention decode: NULL tensor");
     choose_gemv();
     const size_t bytes = mp_attention_scratch_bytes(d);
-    /* a head's work is about len * d FMAs and a transpose of its key rows:
-     * a parallel region (a few microseconds) only where that is larger */
-    const int nt = len * d >= 16384 ? threads_for(heads) : 1;
+    /* one row: a head's work is about len * d FMAs and a transpose of its
+     * key rows. Several: the forward's tiles of TILE query rows, which
+     * share each key tile's transpose and loads (the same arithmetic per
+     * row as one row's). A parallel region (a few microseconds) only where
+     * the work is larger; the longest tiles first, each taken by the next
+     * free thread (their lengths differ). */
+    const int64_t nq = (n + TILE - 1) / TILE, tasks = n > 1 ? nq * heads : heads;
+    const int nt = n * (first + n) * d >= 16384 ? threads_for(tasks) : 1;
     int fail = 0;
 #pragma omp parallel num_threads(nt)
     {
@@ -492,12 +501,25 @@ mp_status mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const
 #pragma omp atomic write
             fail = 1;
         }
-#pragma omp for schedule(static)
-        for (int64_t h = 0; h < heads; h++)
-            if (ws) decode_head(&g, ws, h, q, kc, vc, ct, o, ot);
+#pragma omp for schedule(dynamic)
+        for (int64_t j = 0; j < tasks; j++) {
+            const int64_t qi = nq - 1 - j / heads, h = j % heads;
+            if (!ws) continue;
+            if (n == 1)
+                decode_head(&g, ws, h, q, kc, vc, ct, o, ot);
+            else
+                forward_tile(&g, ws, 0, h, first + qi * TILE, q, ct, kc, ct, vc, ct, o, ot, NULL,
+                             first);
+        }
     }
     if (fail)
         return mp_set_error(MP_ERR_NOMEM, "attention decode: %zu bytes of scratch per thread",
                             bytes);
     return MP_OK;
+}
+
+mp_status mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const void *kc,
+                                  const void *vc, mp_dtype ct, int64_t len, void *o, mp_dtype ot)
+{
+    return mp_attention_decode_rows(heads, d, q, kc, vc, ct, len - 1, 1, o, ot);
 }

@@ -64,5 +64,14 @@ mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype q
  * mp_attention_scratch_bytes(d) from its mp_scratch slot 3. */
 mp_status mp_attention_decode_row(int64_t heads, int64_t d, const void *q, const void *kc,
                                   const void *vc, mp_dtype ct, int64_t len, void *o, mp_dtype ot);
+/* n query rows at consecutive positions first .. first + n - 1 (a
+ * prefill): q and o [n, heads, d], row r attending over the cache's first
+ * first + r + 1 rows, each row's bits those of mp_attention_decode_row and
+ * of the forward's row. Several rows run as the forward's tiles of
+ * MP_ATTN_TILE query rows (starting at first), which share each key tile's
+ * loads; the tiles and heads share the library's threads. */
+mp_status mp_attention_decode_rows(int64_t heads, int64_t d, const void *q, const void *kc,
+                                   const void *vc, mp_dtype ct, int64_t first, int64_t n, void *o,
+                                   mp_dtype ot);
 
 #endif

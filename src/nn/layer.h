@@ -72,9 +72,11 @@ struct mp_layer_ops {
     /* optional: the float32-softmax logits this layer kept when it is a
      * softmax ending the model, for the fused cross-entropy (else NULL) */
     const mp_tensor *(*softmax_logits)(const mp_model *m, const mp_layer *l);
-    /* optional, incremental decoding (decode.c): start a new sequence with
-     * room for `capacity` positions, in a cache kept outside the arenas
-     * (NULL: the layer treats every position alike and keeps none) */
+    /* optional, incremental decoding (decode.c): start m->decode_sequences
+     * new sequences with room for `capacity` positions each, in a cache
+     * kept outside the arenas (NULL: the layer treats every position alike
+     * and keeps none); a forward with m->prefill takes its batch's rows as
+     * consecutive positions of the first sequence */
     mp_status (*decode_reset)(mp_model *m, mp_layer *l, int64_t capacity);
     /* optional: free what the layer allocated outside the arenas */
     void (*release)(mp_layer *l);

@@ -112,9 +112,12 @@ struct mp_model {
     void *after_backward_user;
     const mp_tensor *x; /* the data of the forward in progress */
     /* incremental decoding (decode.c): the sequence position of the input's
-     * first token (0 otherwise), and the positions the layers' key/value
-     * caches hold (0: not decoding) */
-    int64_t position, decode_capacity;
+     * first token (0 otherwise), the positions and sequences the layers'
+     * key/value caches hold (capacity 0: not decoding), and whether the
+     * forward in progress is a prefill: its batch's rows are consecutive
+     * positions of the first sequence, not sequences of their own */
+    int64_t position, decode_capacity, decode_sequences;
+    bool prefill;
     /* act: what forward keeps for backward; ws: the gradients of the nodes
      * during backward; tmp: one layer's temporaries, emptied after each
      * layer's forward or backward (so it is as big as the largest layer

@@ -18,7 +18,9 @@
  * Nothing more is kept: backward quantizes the kept inputs and attention
  * output again with the forward's scales (the same codes).
  * Decoding (decode.c) appends each new position's K and V rows to a cache
- * and attends the new queries over it: a token costs one position. */
+ * and attends the new queries over it: a token costs one position. A
+ * prefill (m->prefill) takes the batch's rows as consecutive positions of
+ * the first sequence instead: a prompt's projections are one GEMM each. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,10 +43,10 @@ typedef struct {
     float *lse;      /* [batch, heads, T] float32 */
     /* the kernels as the forward's GEMMs read them (quantized or not) */
     mp_quant_operand wq[4];
-    /* decoding: K and V rows of the positions so far, [max_batch, cap,
-     * heads, key_dim] each in the compute dtype */
+    /* decoding: K and V rows of the positions so far, [seqs, cap, heads,
+     * key_dim] each in the compute dtype */
     void *kcache, *vcache;
-    int64_t cap;
+    int64_t cap, seqs;
 } mha_state;
 
 /* Which input feeds projection p (query 0, value 1, key 2, Keras's call
@@ -178,17 +180,18 @@ static void mha_release(mp_layer *l)
     mp_free(st->kcache);
     mp_free(st->vcache);
     st->kcache = st->vcache = NULL;
-    st->cap = 0;
+    st->cap = st->seqs = 0;
 }
 
 static mp_status mha_decode_reset(mp_model *m, mp_layer *l, int64_t capacity)
 {
     const mha_config *c = l->config;
     mha_state *st = l->state;
-    if (capacity <= st->cap) return MP_OK; /* positions past the new start are overwritten */
+    const int64_t seqs = m->decode_sequences;
+    /* positions past the new start are overwritten */
+    if (capacity <= st->cap && seqs <= st->seqs) return MP_OK;
     mha_release(l);
-    size_t bytes =
-        (size_t)(m->max_batch * capacity * heads_dim(c)) * mp_dtype_size(l->policy.compute);
+    size_t bytes = (size_t)(seqs * capacity * heads_dim(c)) * mp_dtype_size(l->policy.compute);
     st->kcache = mp_alloc(bytes, MP_MEM_ACTIVATIONS);
     st->vcache = mp_alloc(bytes, MP_MEM_ACTIVATIONS);
     if (!st->kcache || !st->vcache) {
@@ -196,12 +199,16 @@ static mp_status mha_decode_reset(mp_model *m, mp_layer *l, int64_t capacity)
         return mp_layer_nomem(l, "its key/value cache");
     }
     st->cap = capacity;
+    st->seqs = seqs;
     return MP_OK;
 }
 
-/* The new positions m->position .. + T-1 of each sample: their K and V rows
- * join the cache, then each query attends over the cache up to its own
- * position (the causal mask). */
+/* The new positions m->position .. + T-1 of each sample (a prefill: the
+ * positions m->position .. + batch T - 1 of the first sequence, row after
+ * row): their K and V rows join the cache, then each query attends over
+ * the cache up to its own position (the causal mask). decode.c checked
+ * that they fit the cache and that the batch does not exceed its
+ * sequences. */
 static mp_status decode_attention(mp_model *m, mp_layer *l, int64_t batch)
 {
     const mha_config *c = l->config;
@@ -209,23 +216,24 @@ static mp_status decode_attention(mp_model *m, mp_layer *l, int64_t batch)
     const mp_dtype ct = l->policy.compute;
     const int64_t t = l->shape[0], hd = heads_dim(c);
     const size_t row = (size_t)hd * mp_dtype_size(ct);
-    if (m->position + t > st->cap)
+    /* a prefill: one sequence of batch T rows; else batch sequences of T */
+    const int64_t seqs = m->prefill ? 1 : batch, rows = m->prefill ? batch * t : t;
+    if (m->position + rows > st->cap || seqs > st->seqs)
         return mp_set_error(MP_ERR_INVALID,
-                            "multi_head_attention '%s': position %lld is past the cache of %lld",
-                            l->name, (long long)(m->position + t - 1), (long long)st->cap);
-    for (int64_t b = 0; b < batch; b++) {
+                            "multi_head_attention '%s': %lld sequences to position %lld; the "
+                            "cache holds %lld of %lld positions",
+                            l->name, (long long)seqs, (long long)(m->position + rows - 1),
+                            (long long)st->seqs, (long long)st->cap);
+    for (int64_t b = 0; b < seqs; b++) {
         char *kc = (char *)st->kcache + (size_t)(b * st->cap) * row;
         char *vc = (char *)st->vcache + (size_t)(b * st->cap) * row;
-        for (int64_t i = 0; i < t; i++) {
-            int64_t pos = m->position + i;
-            size_t r = (size_t)(b * t + i) * row;
-            memcpy(kc + (size_t)pos * row, (const char *)st->proj[PK] + r, row);
-            memcpy(vc + (size_t)pos * row, (const char *)st->proj[PV] + r, row);
-            mp_status s =
-                mp_attention_decode_row(c->num_heads, c->key_dim, (const char *)st->proj[PQ] + r,
-                                        kc, vc, ct, pos + 1, (char *)st->att + r, ct);
-            if (s) return s;
-        }
+        const size_t r = (size_t)(b * rows) * row;
+        memcpy(kc + (size_t)m->position * row, (const char *)st->proj[PK] + r, (size_t)rows * row);
+        memcpy(vc + (size_t)m->position * row, (const char *)st->proj[PV] + r, (size_t)rows * row);
+        mp_status s =
+            mp_attention_decode_rows(c->num_heads, c->key_dim, (const char *)st->proj[PQ] + r, kc,
+                                     vc, ct, m->position, rows, (char *)st->att + r, ct);
+        if (s) return s;
     }
     return MP_OK;
 }

@@ -4,7 +4,8 @@
  * sequence_length: out[b, t] = x[b, t] + P[position + t], summed in float32
  * from the compute-dtype values and rounded once to the compute dtype.
  * position is 0 in training; while decoding with a cache (decode.c) it is
- * the sequence position of the input's first token. (keras_hub returns the
+ * the sequence position of the input's first token (a prefill: row b of
+ * the batch starts at position + b T). (keras_hub returns the
  * table rows alone for an Add; here the sum is the layer, which saves a node
  * and a pass.) Backward passes the gradient to x unchanged and sums it over
  * the batch into the table's rows, in float32, batch by batch in order. */
@@ -53,19 +54,22 @@ static mp_status pe_forward(mp_model *m, mp_layer *l, bool training)
     const mp_model_param *w = mp_layer_param(m, l, 0);
     const mp_dtype ct = l->policy.compute;
     const int64_t t = l->shape[0], e = l->shape[1];
-    if (m->position < 0 || m->position + t > c->sequence_length)
+    mp_tensor x;
+    if (mp_layer_input_compute(m, l, 0, false, &x)) return MP_ERR_NOMEM;
+    const int64_t batch = x.shape[0];
+    /* a prefill's rows are consecutive positions of one sequence */
+    const int64_t span = m->prefill ? batch * t : t;
+    if (m->position < 0 || m->position + span > c->sequence_length)
         return mp_set_error(MP_ERR_INVALID,
                             "position_embedding '%s': position %lld is past the position table "
                             "(sequence_length %lld)",
-                            l->name, (long long)(m->position + t - 1),
+                            l->name, (long long)(m->position + span - 1),
                             (long long)c->sequence_length);
-    mp_tensor x;
-    if (mp_layer_input_compute(m, l, 0, false, &x)) return MP_ERR_NOMEM;
     if (mp_layer_alloc(m, l, m->act, ct, &l->out)) return mp_layer_nomem(l, "its output");
-    const int64_t batch = x.shape[0];
     const size_t cs = mp_dtype_size(ct), ws = mp_dtype_size(w->weight_dtype);
-    const char *rows = (const char *)w->weight + (size_t)(m->position * e) * ws;
     for (int64_t b = 0; b < batch; b++) {
+        const int64_t first = m->position + (m->prefill ? b * t : 0);
+        const char *rows = (const char *)w->weight + (size_t)(first * e) * ws;
         size_t off = (size_t)(b * t * e);
         mp_op_add((const char *)x.data + off * cs, ct, rows, w->weight_dtype,
                   (char *)l->out.data + off * cs, ct, (size_t)(t * e));
