@@ -3,13 +3,15 @@
  *   1. the fused causal attention kernel (src/kernels/attention.h) against
  *      the plain three-matmul formula (S = QK^T/sqrt(d) materialized per
  *      head with mp_gemm, masked softmax, SV) at contexts 128, 512 and 2048,
- *      forward and forward+backward, float32, and the bytes each allocates
- *      at context 2048 (mixprec's memory accounting);
+ *      forward and forward+backward, float32, the kernel on its portable
+ *      loops against the ISA path (time and bits), and the bytes each
+ *      allocates at context 2048 (mixprec's memory accounting);
  *   2. training tokens per second at batch 32 x 128 (AdamW, a fixed random
  *      token batch) per policy, float32 and mixed_bfloat16, median step;
  *   3. generation tokens per second with the key/value cache against
  *      rerunning the whole window per token, prompts of 16 and 512 tokens,
- *      on the same model rebuilt for context 1024 (random weights, greedy);
+ *      on the same model rebuilt for context 1024 (random weights, greedy),
+ *      and the prompt's prefill against one position per step;
  *   4. Keras 3 on TensorFlow on the same model and batch (bench/gpt_keras.py,
  *      from the virtual environment `make bench-gpt` makes), with the ratio
  *      mixprec/Keras in tokens per second per policy. n/a where Keras is not
@@ -202,8 +204,31 @@ static double max_diff(const float *a, const float *b, size_t n)
 }
 
 typedef struct {
-    double fwd, fwd_plain, both, both_plain;
+    double fwd, fwd_plain, both, both_plain, both_portable;
+    bool same_bits; /* the portable loops gave the ISA path's o, dq, dk, dv */
 } attn_times;
+
+/* The kernel's forward+backward on the portable loops (mp_isa_set
+ * MP_ISA_SCALAR), timed in turn with the ISA path above, and whether its
+ * outputs are the ISA path's bits (kb holds those). */
+static double portable_ms(attn_bufs *kb, int reps, bool *same)
+{
+    const size_t n = (size_t)(kb->t * HEADS * HEAD_DIM) * sizeof(float);
+    float *keep[4], *out[4] = {kb->o, kb->dq, kb->dk, kb->dv};
+    for (int i = 0; i < 4; i++) {
+        if (!(keep[i] = malloc(n))) die("malloc");
+        memcpy(keep[i], out[i], n);
+    }
+    if (mp_isa_set(MP_ISA_SCALAR)) die("mp_isa_set");
+    const double ms = median_ms(kernel_run, kb, true, reps);
+    mp_isa_reset();
+    *same = true;
+    for (int i = 0; i < 4; i++) {
+        *same = *same && !memcmp(keep[i], out[i], n);
+        free(keep[i]);
+    }
+    return ms;
+}
 
 static const int64_t contexts[3] = {128, 512, 2048};
 
@@ -220,8 +245,8 @@ static void bench_attention(int reps, attn_times at[3], size_t mem[2])
     mem[1] = peak_bytes(plain_run, &pb);
     bufs_free(&kb);
     bufs_free(&pb);
-    printf("  %7s %9s %9s %7s %11s %11s %7s %9s\n", "context", "fwd", "plain", "x", "fwd+bwd",
-           "plain", "x", "max|diff|");
+    printf("  %7s %9s %9s %7s %11s %11s %7s %9s %9s %7s %5s\n", "context", "fwd", "plain", "x",
+           "fwd+bwd", "plain", "x", "max|diff|", "portable", "x", "bits");
     for (int c = 0; c < 3; c++) {
         bufs_init(&kb, contexts[c]);
         bufs_init(&pb, contexts[c]);
@@ -233,22 +258,27 @@ static void bench_attention(int reps, attn_times at[3], size_t mem[2])
         size_t n = (size_t)(contexts[c] * HEADS * HEAD_DIM);
         double d = fmax(fmax(max_diff(kb.o, pb.o, n), max_diff(kb.dq, pb.dq, n)),
                         fmax(max_diff(kb.dk, pb.dk, n), max_diff(kb.dv, pb.dv, n)));
-        printf("  %7lld %9.3f %9.3f %6.2fx %11.3f %11.3f %6.2fx %9.1e\n", (long long)contexts[c],
-               a->fwd, a->fwd_plain, a->fwd_plain / a->fwd, a->both, a->both_plain,
-               a->both_plain / a->both, d);
+        a->both_portable = portable_ms(&kb, reps, &a->same_bits);
+        printf("  %7lld %9.3f %9.3f %6.2fx %11.3f %11.3f %6.2fx %9.1e %9.3f %6.2fx %5s\n",
+               (long long)contexts[c], a->fwd, a->fwd_plain, a->fwd_plain / a->fwd, a->both,
+               a->both_plain, a->both_plain / a->both, d, a->both_portable,
+               a->both_portable / a->both, a->same_bits ? "same" : "DIFF");
         fflush(stdout);
         bufs_free(&kb);
         bufs_free(&pb);
     }
     const size_t scratch = (mp_attention_scratch_bytes(HEAD_DIM) + 4095) / 4096 * 4096;
-    printf("  (x = plain ms / kernel ms; max|diff| over o, dq, dk, dv of the two)\n"
+    printf("  (x = plain ms / kernel ms; max|diff| over o, dq, dk, dv of the two; portable: "
+           "the kernel's fwd+bwd on its portable loops (MP_ISA_SCALAR), x = portable ms / %s "
+           "ms, bits: its outputs against the %s path's)\n"
            "  memory at context 2048, forward+backward, bytes allocated beyond the shared "
            "q, k, v, o and gradients:\n"
            "    kernel %10zu B = %.2f MiB (measured; expected %d threads x %zu B scratch + "
            "lse %d x 2048 x 4 B)\n"
            "    plain  %10zu B = %.2f MiB (measured; expected P and dP, 2 x %d x 2048 x 2048 x "
            "4 B = %d MiB, + GEMM packing)\n",
-           mem[0], (double)mem[0] / 1048576.0, mp_num_threads(), scratch, HEADS, mem[1],
+           mp_isa_name(mp_isa_active()), mp_isa_name(mp_isa_active()), mem[0],
+           (double)mem[0] / 1048576.0, mp_num_threads(), scratch, HEADS, mem[1],
            (double)mem[1] / 1048576.0, HEADS, 2 * HEADS * 2048 * 2048 * 4 / 1048576);
 }
 
@@ -625,8 +655,10 @@ int main(int argc, char **argv)
             printf(" %s_vs_keras=n/a", tag[p]);
     }
     for (int c = 0; c < 3 && on[S_ATTENTION]; c++)
-        printf(" attn_fwd_%lld_x=%.2f attn_fwdbwd_%lld_x=%.2f", (long long)contexts[c],
-               at[c].fwd_plain / at[c].fwd, (long long)contexts[c], at[c].both_plain / at[c].both);
+        printf(" attn_fwd_%lld_x=%.2f attn_fwdbwd_%lld_x=%.2f attn_portable_%lld_x=%.2f",
+               (long long)contexts[c], at[c].fwd_plain / at[c].fwd, (long long)contexts[c],
+               at[c].both_plain / at[c].both, (long long)contexts[c],
+               at[c].both_portable / at[c].both);
     if (on[S_ATTENTION])
         printf(" attn_2048_kernel_bytes=%zu attn_2048_plain_bytes=%zu", mem[0], mem[1]);
     for (int i = 0; i < 2 && on[S_GENERATE]; i++)
