@@ -127,7 +127,8 @@ static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k, in
     if (!im->kernel_a || a->gather) return false;
     /* a kernel that streams reads a packed A faster (gemm_impl.streams),
      * unless B is so narrow that packing A costs more than its products */
-    if (im->streams && n > 2 * im->nr && im->streams()) return false;
+    const int64_t narrow = (a->sd == 1 && im->narrow_panels ? im->narrow_panels : 2) * im->nr;
+    if (im->streams && n > narrow && im->streams()) return false;
     if (im->fmt == GEMM_FMT_BF16) return a->type == MP_BF16 && a->sd == 1 && !(k & 1);
     if (a->type == MP_BF16) return im->kernel_a_bf16 && a->sd == 1 && n <= 2 * (int64_t)im->nr;
     return a->type == MP_F32 && (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));

@@ -147,13 +147,18 @@ typedef struct {
      * NaN or +-inf; NULL: the driver's portable loop serves. */
     bool (*nonfinite)(const float *c, int64_t ldc, int64_t rows, int64_t cols);
     /* Optional: whether the kernel streams on this CPU: the driver packs A
-     * rather than reading it in place unless B is at most two panels wide
+     * rather than reading it in place unless B is narrow (narrow_panels)
      * (and the AVX-512 kernel asks for its packed panels' rows ahead):
      * timed once per process on the first call, thread-safe (gemm_ways.h).
      * The bits are the same either way. NULL: never. streams_report prints
      * the timing for mixprec info. */
     bool (*streams)(void);
     void (*streams_report)(FILE *out);
+    /* Optional: how many panels wide B may be for an A laid along rows
+     * (unit depth stride) to be read in place whatever streams says (0:
+     * two). Each packed A element serves one kernel call per B panel; over
+     * few panels the packing costs more than the packed panel saves. */
+    int narrow_panels;
 } gemm_impl;
 
 /* Portable pieces (gemm_scalar.c): widen any dtype to f32 / bf16 bits. */
