@@ -249,19 +249,23 @@ typedef struct {
     bool ta, tb;
     int64_t m, n, k;
     bool big;
+    int calls; /* per timed run (0: one): a product of microseconds runs many */
 } shape;
 
 static const shape shapes[] = {
-    {"fc1 fwd    1024x4096x784 ", false, false, 1024, 4096, 784, true},
-    {"fc1 dW     784x4096x1024 ", true, false, 784, 4096, 1024, true},
-    {"fc1 dX     1024x784x4096 ", false, true, 1024, 784, 4096, true},
-    {"fc2 fwd    1024x4096x4096", false, false, 1024, 4096, 4096, true},
-    {"fc2 dW     4096x4096x1024", true, false, 4096, 4096, 1024, true},
-    {"fc2 dX     1024x4096x4096", false, true, 1024, 4096, 4096, true},
-    {"fc3 fwd    1024x10x4096  ", false, false, 1024, 10, 4096, false},
-    {"fc3 dW     4096x10x1024  ", true, false, 4096, 10, 1024, false},
-    {"fc3 dX     1024x4096x10  ", false, true, 1024, 4096, 10, false},
-    {"square     2048x2048x2048", false, false, 2048, 2048, 2048, true},
+    {"fc1 fwd    1024x4096x784 ", false, false, 1024, 4096, 784, true, 0},
+    {"fc1 dW     784x4096x1024 ", true, false, 784, 4096, 1024, true, 0},
+    {"fc1 dX     1024x784x4096 ", false, true, 1024, 784, 4096, true, 0},
+    {"fc2 fwd    1024x4096x4096", false, false, 1024, 4096, 4096, true, 0},
+    {"fc2 dW     4096x4096x1024", true, false, 4096, 4096, 1024, true, 0},
+    {"fc2 dX     1024x4096x4096", false, true, 1024, 4096, 4096, true, 0},
+    {"fc3 fwd    1024x10x4096  ", false, false, 1024, 10, 4096, false, 0},
+    {"fc3 dW     4096x10x1024  ", true, false, 4096, 10, 1024, false, 0},
+    {"fc3 dX     1024x4096x10  ", false, true, 1024, 4096, 10, false, 0},
+    {"square     2048x2048x2048", false, false, 2048, 2048, 2048, true, 0},
+    /* a decoder's step: one position through gpt_mini's MLP (W read as it lies) */
+    {"dec up     1x1024x256    ", false, false, 1, 1024, 256, false, 400},
+    {"dec down   1x256x1024    ", false, false, 1, 256, 1024, false, 400},
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
@@ -286,11 +290,10 @@ typedef struct {
  * with. */
 #define PEAK_JOB_ITERS 2500000
 
-/* Floating-point operations of one run of job j. */
-static double run_job(const job *j)
+/* One call of job j's product (not the peak loop). */
+static void run_call(const job *j)
 {
     const shape *s = j->s;
-    if (j->kind == 3) return peak_run(j->t == MP_BF16, mp_num_threads(), PEAK_JOB_ITERS);
     int64_t lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
     if (j->kind == 0)
         mp_gemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, j->a, j->t, lda, j->b, j->t, ldb, 0.0f, j->c,
@@ -302,7 +305,16 @@ static double run_job(const job *j)
     else
         dnnl_mm_run(j->dm);
 #endif
-    return 2.0 * (double)s->m * (double)s->n * (double)s->k;
+}
+
+/* Floating-point operations of one run of job j. */
+static double run_job(const job *j)
+{
+    const shape *s = j->s;
+    if (j->kind == 3) return peak_run(j->t == MP_BF16, mp_num_threads(), PEAK_JOB_ITERS);
+    const int calls = s->calls > 0 ? s->calls : 1;
+    for (int r = 0; r < calls; r++) run_call(j);
+    return 2.0 * (double)s->m * (double)s->n * (double)s->k * calls;
 }
 
 /* Median GFLOP/s of each job, and for a job paired with a peak loop

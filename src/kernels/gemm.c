@@ -211,8 +211,8 @@ static bool accumulates_in_c(const gemm_epilogue *e)
            e->act == MP_ACT_NONE && !e->trans;
 }
 
-/* Whether any of the n floats at p is NaN or +-inf: all exponent bits set. */
-MP_SIMD_CLONES static bool any_nonfinite(const float *p, int64_t n)
+/* All exponent bits set. */
+MP_SIMD_CLONES bool mp_gemm_any_nonfinite(const float *p, int64_t n)
 {
     uint32_t bad = 0;
 #pragma omp simd reduction(| : bad)
@@ -235,7 +235,8 @@ static void check_tile(const gemm_plan *pl, int64_t i0, int64_t j0, int64_t mr, 
     if (pl->im->nonfinite)
         bad = pl->im->nonfinite(at, e->ldc, rows, cols);
     else
-        for (int64_t r = 0; r < rows && !bad; r++) bad = any_nonfinite(at + r * e->ldc, cols);
+        for (int64_t r = 0; r < rows && !bad; r++)
+            bad = mp_gemm_any_nonfinite(at + r * e->ldc, cols);
     if (bad) atomic_store_explicit(pl->nonfinite, 1, memory_order_relaxed);
 }
 
@@ -466,6 +467,8 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     pl.e = *e;
     pl.nonfinite = nonfinite;
     pl.e.nonfinite = pl.im->epilogue_checks ? nonfinite : NULL;
+    if (mp_gemm_rows_take(pl.im, m, n, k, a, b, &pl.e))
+        return mp_gemm_rows(pl.im, m, n, k, a, b, &pl.e, nonfinite);
     /* A thin C (n well below the kernel's NR) wastes most of each register
      * tile; as C^T = op(B)^T op(A)^T the thin side meets the short MR, where
      * it fills more of the tiles it needs (n = 10: 10 of 16 columns on the

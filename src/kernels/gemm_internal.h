@@ -138,6 +138,15 @@ typedef struct {
      * (a C of at most two panels of rows): a batch of one through a layer
      * whose weights are bfloat16 then reads them once, as they lie. */
     gemm_kernel_ab_fn kernel_ab_bf16;
+    /* Optional, float32 format only: one row of C for a product with few
+     * rows (gemm_rows.c): c[0..n) = the sum over k < kc, in order, of a[k]
+     * times B's row k (b + k * sb elements of type bt: float32, bfloat16
+     * or float16, widened as loaded), one FMA per product from zero: each
+     * element the bits the tile kernels give it, none of the work spent on
+     * a tile's padding rows. */
+    void (*kernel_row)(int64_t kc, const float *a, const void *b, int64_t sb, mp_dtype bt, float *c,
+                       int64_t n);
+    int row_max;       /* the most rows of C kernel_row takes: past them the tiles are faster */
     gemm_pack_fn pack; /* for both operands */
     gemm_epilogue_fn epilogue;
     /* whether the epilogue reports non-finite values through e->nonfinite
@@ -185,6 +194,15 @@ void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t, int64_t ldt, 
  * false if out of memory. */
 bool mp_gemm_pack_gather(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
                          int W, gemm_fmt fmt, void *dst);
+/* Whether any of the n floats at p is NaN or +-inf (gemm.c). */
+bool mp_gemm_any_nonfinite(const float *p, int64_t n);
+/* A C of few rows (gemm_rows.c): whether mp_gemm_rows takes the product
+ * on im, and the product itself (e->nonfinite as gemm_epilogue says;
+ * nonfinite: the caller's flag, for an impl whose epilogue does not check). */
+bool mp_gemm_rows_take(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
+                       const gemm_operand *b, const gemm_epilogue *e);
+mp_status mp_gemm_rows(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
+                       const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite);
 /* The driver on prepared operands: C[m x n] = epilogue(A B) with A width m,
  * B width n, both depth k (k == 0 or alpha == 0: A and B are not read);
  * e->nonfinite as gemm_epilogue says. Timed as the profile's GEMM leaf. */
@@ -196,6 +214,10 @@ extern const gemm_impl mp_gemm_scalar_impl;
 extern const gemm_impl mp_gemm_avx2_impl;       /* f32 FMA, 256-bit */
 extern const gemm_impl mp_gemm_avx512_impl;     /* f32 FMA */
 extern const gemm_impl mp_gemm_avx512bf16_impl; /* vdpbf16ps */
+/* The AVX2 row kernel (gemm_row_avx2.c), and the most rows of C it takes. */
+void mp_gemm_row_avx2(int64_t kc, const float *a, const void *b, int64_t sb, mp_dtype bt, float *c,
+                      int64_t n);
+#define MP_GEMM_ROW_MAX_AVX2 2
 /* Tests: 0 or 1 forces mp_gemm_avx512_impl's streaming, or
  * mp_gemm_avx2_impl's packing of A, off or on; -1: timed again on the next
  * call. */

@@ -1,0 +1,212 @@
+/* test_gemm_rows.c - products whose C has one or two rows, which the driver
+ * runs as one pass of each row of A over B's rows where they lie
+ * (gemm_rows.c, on a kernel with kernel_row: a decoder's step, a batch of
+ * one). Each element is the sum the register tiles give it, in the same
+ * order, so the rows must equal, bit for bit, the same rows computed inside
+ * a taller product (tiles, B packed): A float32 along rows (read in place),
+ * bfloat16 or float16 (widened first) or transposed (gathered along its
+ * stride); B float32, bfloat16 or float16, rows padded; n with a 64-column
+ * pass, 8-column vectors and single columns; C written directly or through
+ * the epilogue (alpha, beta, bias, GELU, a bfloat16 or float16 C); one
+ * thread and two, B big enough that two split its columns. On the path that
+ * takes them the rows path must be the one run (else the equality proves
+ * nothing). The results are within gamma_k sum |a b| of float64 (one float32
+ * FMA chain of length k per element), and a non-finite value in C raises
+ * c_nonfinite, which stays down otherwise. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "kernels/gemm_internal.h"
+
+typedef struct {
+    int64_t m, n, k, ldb;
+    bool ta;             /* A stored transposed: its rows strided */
+    mp_dtype at, bt, ct; /* A, B, C types */
+    bool plain;          /* alpha 1, beta 0, no bias, no activation: C written directly */
+} rows_case;
+
+enum { TALL = 40 }; /* five panels of rows on every kernel: the tiles */
+
+/* Whether the driver takes a product of this case's operands by rows on
+ * the active path (the operands as gemm_api.c describes them). */
+static bool takes_rows(const rows_case *r, int64_t m, const void *a, int64_t lda, const void *b)
+{
+    const gemm_operand ao = {a, r->at, r->ta ? 1 : lda, r->ta ? lda : 1, NULL};
+    const gemm_operand bo = {b, r->bt, 1, r->ldb, NULL};
+    const gemm_epilogue e = {.alpha = 1.0f, .c_type = r->ct};
+    return mp_gemm_rows_take(mp_gemm_impl_for(r->at, r->bt), m, r->n, r->k, &ao, &bo, &e);
+}
+
+static void *typed(const float *x, size_t n, mp_dtype t)
+{
+    void *p = malloc(n * mp_dtype_size(t));
+    mp_convert(p, t, x, MP_F32, n);
+    return p;
+}
+
+static void rows_equal_tiles(const rows_case *r, int threads)
+{
+    const int64_t lda = r->ta ? TALL : r->k, na = TALL * r->k, nb = r->k * r->ldb;
+    const size_t cs = mp_dtype_size(r->ct);
+    float *af = malloc((size_t)na * 4), *bf = malloc((size_t)nb * 4);
+    float *bias = malloc((size_t)r->n * 4), *c0 = malloc((size_t)(TALL * r->n) * 4);
+    test_fill(af, (size_t)na, 31, -1, 1);
+    test_fill(bf, (size_t)nb, 32, -1, 1);
+    test_fill(bias, (size_t)r->n, 33, -1, 1);
+    test_fill(c0, (size_t)(TALL * r->n), 34, -1, 1);
+    void *a = typed(af, (size_t)na, r->at), *b = typed(bf, (size_t)nb, r->bt);
+    void *tall = typed(c0, (size_t)(TALL * r->n), r->ct),
+         *rows = typed(c0, (size_t)(r->m * r->n), r->ct);
+    mp_gemm_args g = mp_gemm_args_default();
+    g.trans_a = r->ta;
+    g.n = r->n;
+    g.k = r->k;
+    g.a = a;
+    g.a_type = r->at;
+    g.lda = lda;
+    g.b = b;
+    g.b_type = r->bt;
+    g.ldb = r->ldb;
+    g.c_type = r->ct;
+    g.ldc = r->n;
+    if (!r->plain) {
+        g.alpha = 0.75f;
+        g.beta = -0.5f;
+        g.bias = bias;
+        g.activation = MP_ACT_GELU_TANH;
+    }
+    mp_set_num_threads(threads);
+    assert_false(takes_rows(r, TALL, a, lda, b));
+    g.m = TALL;
+    g.c = tall;
+    assert_int_equal(mp_gemm_ex(&g), MP_OK);
+    if (mp_isa_active() == MP_ISA_AVX2) assert_true(takes_rows(r, r->m, a, lda, b));
+    g.m = r->m;
+    g.c = rows;
+    assert_int_equal(mp_gemm_ex(&g), MP_OK);
+    if (memcmp(rows, tall, (size_t)(r->m * r->n) * cs)) {
+        for (int64_t i = 0; i < r->m * r->n; i++) {
+            float x, y;
+            mp_convert(&x, MP_F32, (const char *)rows + i * (int64_t)cs, r->ct, 1);
+            mp_convert(&y, MP_F32, (const char *)tall + i * (int64_t)cs, r->ct, 1);
+            if (f32_bits(x) != f32_bits(y))
+                fail_msg("%s %lldx%lldx%lld ldb %lld ta %d A %s B %s C %s plain %d t%d: C[%lld] "
+                         "%.9g, inside the taller product %.9g",
+                         mp_isa_name(mp_isa_active()), (long long)r->m, (long long)r->n,
+                         (long long)r->k, (long long)r->ldb, r->ta, mp_dtype_name(r->at),
+                         mp_dtype_name(r->bt), mp_dtype_name(r->ct), r->plain, threads,
+                         (long long)i, (double)x, (double)y);
+        }
+    }
+    free(af);
+    free(bf);
+    free(bias);
+    free(c0);
+    free(a);
+    free(b);
+    free(tall);
+    free(rows);
+}
+
+static void test_rows_equal_tiles(void **state)
+{
+    (void)state;
+    const rows_case cases[] = {
+        /* m, n, k, ldb, ta, A, B, C, plain */
+        {1, 1024, 256, 1024, false, MP_F32, MP_BF16, MP_F32, true},   /* a decoder's MLP */
+        {1, 768, 256, 800, false, MP_F32, MP_BF16, MP_F32, false},    /* padded B rows */
+        {2, 200, 33, 211, false, MP_F32, MP_F32, MP_F32, false},      /* 3 passes, 8s, ones */
+        {1, 37, 1500, 37, false, MP_BF16, MP_BF16, MP_BF16, false},   /* vectors and ones */
+        {2, 100, 7, 100, true, MP_F32, MP_BF16, MP_F32, true},        /* A strided */
+        {1, 130, 64, 130, false, MP_F16, MP_F32, MP_F32, false},      /* A widened */
+        {2, 2048, 96, 2048, false, MP_BF16, MP_BF16, MP_BF16, false}, /* split in two */
+        {1, 1000, 200, 1003, true, MP_BF16, MP_F32, MP_F32, true},    /* split, uneven */
+        {1, 300, 40, 300, false, MP_F32, MP_F16, MP_F32, false},      /* B float16 */
+        {2, 1024, 128, 1030, false, MP_BF16, MP_F16, MP_F16, true},   /* split, C float16 */
+    };
+    mp_isa isas[MP_ISA_COUNT];
+    const int ni = test_isas(isas);
+    const mp_isa saved = mp_isa_active();
+    for (int ii = 0; ii < ni; ii++) {
+        assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
+        for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++)
+            for (int t = 1; t <= 2; t++) rows_equal_tiles(&cases[s], t);
+    }
+    mp_isa_set(saved);
+    mp_set_num_threads(0);
+}
+
+/* One row against float64 (test_gemm_worst), B bfloat16 and float32. */
+static void test_rows_reference(void **state)
+{
+    (void)state;
+    const int64_t n = 300, k = 1000;
+    float *a = malloc((size_t)k * 4), *b = malloc((size_t)(k * n) * 4), *c = malloc((size_t)n * 4);
+    test_fill(a, (size_t)k, 41, -1, 1);
+    test_fill(b, (size_t)(k * n), 42, -1, 1);
+    uint16_t *bh = typed(b, (size_t)(k * n), MP_BF16);
+    mp_convert(b, MP_F32, bh, MP_BF16, (size_t)(k * n)); /* the values bfloat16 holds */
+    const test_gemm_ref ref = {
+        .a = a, .b = b, .m = 1, .n = n, .k = k, .bs_k = n, .bs_n = 1, .alpha = 1.0};
+    for (int t = 1; t <= 2; t++) {
+        mp_set_num_threads(t);
+        mp_gemm(false, false, 1, n, k, 1.0f, a, MP_F32, k, bh, MP_BF16, n, 0.0f, c, MP_F32, n);
+        assert_true(test_gemm_worst(&ref, c, MP_F32) <= 1.0);
+        mp_gemm(false, false, 1, n, k, 1.0f, a, MP_F32, k, b, MP_F32, n, 0.0f, c, MP_F32, n);
+        assert_true(test_gemm_worst(&ref, c, MP_F32) <= 1.0);
+    }
+    mp_set_num_threads(0);
+    free(a);
+    free(b);
+    free(bh);
+    free(c);
+}
+
+/* c_nonfinite: up for an infinity in one column of B (in a 64-column pass,
+ * in the single columns), through C directly and through the epilogue;
+ * down for finite data. */
+static void test_rows_nonfinite(void **state)
+{
+    (void)state;
+    const int64_t n = 203, k = 50;
+    float a[50], *b = malloc((size_t)(k * n) * 4), *c = malloc((size_t)(2 * n) * 4);
+    test_fill(a, (size_t)k, 51, -1, 1);
+    const int64_t cols[] = {-1, 5, 200};
+    for (size_t ci = 0; ci < sizeof cols / sizeof cols[0]; ci++)
+        for (int plain = 0; plain <= 1; plain++)
+            for (int t = 1; t <= 2; t++) {
+                test_fill(b, (size_t)(k * n), 52, -1, 1);
+                if (cols[ci] >= 0) b[7 * n + cols[ci]] = INFINITY;
+                bool bad = false;
+                mp_gemm_args g = mp_gemm_args_default();
+                g.m = 1;
+                g.n = n;
+                g.k = k;
+                g.a = a;
+                g.lda = k;
+                g.b = b;
+                g.ldb = n;
+                g.c = c;
+                g.ldc = n;
+                g.alpha = plain ? 1.0f : 0.5f;
+                g.c_nonfinite = &bad;
+                mp_set_num_threads(t);
+                assert_int_equal(mp_gemm_ex(&g), MP_OK);
+                assert_int_equal(bad, cols[ci] >= 0);
+            }
+    mp_set_num_threads(0);
+    free(b);
+    free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rows_equal_tiles),
+        cmocka_unit_test(test_rows_reference),
+        cmocka_unit_test(test_rows_nonfinite),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
