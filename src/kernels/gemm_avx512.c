@@ -274,6 +274,11 @@ const gemm_impl mp_gemm_avx512_impl = {
     .narrow = {kernel_f32_n16, kernel_f32_n32},
     .kernel_a = kernel_f32_a,
     .kernel_ab = kernel_f32_ab,
+    /* A C of one or two rows: the AVX2 row kernel (its sums are these
+     * tiles' bits), rather than 8-row tiles of padding; not yet timed on an
+     * AVX-512 CPU, where a 512-bit form may gain more. */
+    .kernel_row = mp_gemm_row_avx2,
+    .row_max = MP_GEMM_ROW_MAX_AVX2,
     .pack = pack_f32,
     .epilogue = mp_gemm_epilogue_avx512,
     .epilogue_checks = true,
