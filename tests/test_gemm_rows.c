@@ -5,14 +5,14 @@
  * order, so the rows must equal, bit for bit, the same rows computed inside
  * a taller product (tiles, B packed): A float32 along rows (read in place),
  * bfloat16 or float16 (widened first) or transposed (gathered along its
- * stride); B float32, bfloat16 or float16, rows padded; n with a 64-column
- * pass, 8-column vectors and single columns; C written directly or through
- * the epilogue (alpha, beta, bias, GELU, a bfloat16 or float16 C); one
- * thread and two, B big enough that two split its columns. On the path that
- * takes them the rows path must be the one run (else the equality proves
- * nothing). The results are within gamma_k sum |a b| of float64 (one float32
- * FMA chain of length k per element), and a non-finite value in C raises
- * c_nonfinite, which stays down otherwise. */
+ * stride); B float32, bfloat16, float16 or float8, rows padded; n with a
+ * 64-column pass, 8-column vectors and single columns; C written directly or
+ * through the epilogue (alpha, beta, bias, GELU, a bfloat16 or float16 C);
+ * one thread and two, B big enough that two split its columns. On the path
+ * that takes them the rows path must be the one run (else the equality
+ * proves nothing). The results are within gamma_k sum |a b| of float64 (one
+ * float32 FMA chain of length k per element), and a non-finite value in C
+ * raises c_nonfinite, which stays down otherwise. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,16 +116,18 @@ static void test_rows_equal_tiles(void **state)
     (void)state;
     const rows_case cases[] = {
         /* m, n, k, ldb, ta, A, B, C, plain */
-        {1, 1024, 256, 1024, false, MP_F32, MP_BF16, MP_F32, true},   /* a decoder's MLP */
-        {1, 768, 256, 800, false, MP_F32, MP_BF16, MP_F32, false},    /* padded B rows */
-        {2, 200, 33, 211, false, MP_F32, MP_F32, MP_F32, false},      /* 3 passes, 8s, ones */
-        {1, 37, 1500, 37, false, MP_BF16, MP_BF16, MP_BF16, false},   /* vectors and ones */
-        {2, 100, 7, 100, true, MP_F32, MP_BF16, MP_F32, true},        /* A strided */
-        {1, 130, 64, 130, false, MP_F16, MP_F32, MP_F32, false},      /* A widened */
-        {2, 2048, 96, 2048, false, MP_BF16, MP_BF16, MP_BF16, false}, /* split in two */
-        {1, 1000, 200, 1003, true, MP_BF16, MP_F32, MP_F32, true},    /* split, uneven */
-        {1, 300, 40, 300, false, MP_F32, MP_F16, MP_F32, false},      /* B float16 */
-        {2, 1024, 128, 1030, false, MP_BF16, MP_F16, MP_F16, true},   /* split, C float16 */
+        {1, 1024, 256, 1024, false, MP_F32, MP_BF16, MP_F32, true},    /* a decoder's MLP */
+        {1, 768, 256, 800, false, MP_F32, MP_BF16, MP_F32, false},     /* padded B rows */
+        {2, 200, 33, 211, false, MP_F32, MP_F32, MP_F32, false},       /* 3 passes, 8s, ones */
+        {1, 37, 1500, 37, false, MP_BF16, MP_BF16, MP_BF16, false},    /* vectors and ones */
+        {2, 100, 7, 100, true, MP_F32, MP_BF16, MP_F32, true},         /* A strided */
+        {1, 130, 64, 130, false, MP_F16, MP_F32, MP_F32, false},       /* A widened */
+        {2, 2048, 96, 2048, false, MP_BF16, MP_BF16, MP_BF16, false},  /* split in two */
+        {1, 1000, 200, 1003, true, MP_BF16, MP_F32, MP_F32, true},     /* split, uneven */
+        {1, 300, 40, 300, false, MP_F32, MP_F16, MP_F32, false},       /* B float16 */
+        {2, 1024, 128, 1030, false, MP_BF16, MP_F16, MP_F16, true},    /* split, C float16 */
+        {1, 300, 40, 300, false, MP_F8E4M3, MP_F8E4M3, MP_F32, false}, /* float8 */
+        {2, 777, 200, 780, true, MP_F32, MP_F8E5M2, MP_BF16, true},    /* split, float8 */
     };
     mp_isa isas[MP_ISA_COUNT];
     const int ni = test_isas(isas);

@@ -161,38 +161,12 @@ MP_TARGET_AVX2 static void v_f32_to_fp8(uint8_t *dst, const float *src, size_t n
 
 /* ------------------------------------------------------------- fp8 -> f32 */
 
-/* The 7 magnitude bits at the top of a float32's exponent/fraction, scaled
- * by 2^(127 - bias): exact for normals and subnormals alike. */
-MP_TARGET_AVX2 static inline __m256 fp8_decode(__m256i b, mp_dtype t)
-{
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
-    __m256i r;
-    if (t == MP_F8E4M3) {
-        r = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)),
-                                              _mm256_set1_ps(0x1p120f)));
-        const __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
-        r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan);
-    } else {
-        r = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 21)),
-                                              _mm256_set1_ps(0x1p112f)));
-        const __m256i special = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7B));
-        const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7C));
-        const __m256i s =
-            _mm256_or_si256(_mm256_set1_epi32(0x7F800000),
-                            _mm256_slli_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(3)), 21));
-        r = _mm256_blendv_epi8(r, s, special);
-        r = _mm256_or_si256(r, _mm256_and_si256(nan, _mm256_set1_epi32(0x400000)));
-    }
-    return _mm256_castsi256_ps(_mm256_or_si256(r, sign));
-}
-
 MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
 fp8_dec_loop(float *dst, const uint8_t *src, size_t n, mp_dtype t)
 {
     for (size_t i = 0; i < n; i += 8) {
         const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
-        _mm256_storeu_ps(dst + i, fp8_decode(b, t));
+        _mm256_storeu_ps(dst + i, mp_fp8_decode8(b, t));
     }
 }
 

@@ -8,7 +8,9 @@
  *     2^32 inputs by tests/exhaustive.c). Each lane holds its bfloat16 in the
  *     low 16 bits.
  *   - float32 <-> float8 (E4M3, E5M2), 16 lanes (AVX-512): convert_avx512.c
- *     and the float8 recipe's one-pass scaled cast (fp8_cast_avx512.c). */
+ *     and the float8 recipe's one-pass scaled cast (fp8_cast_avx512.c);
+ *     float8 -> float32, 8 lanes (AVX2): convert_avx2.c and the AVX2 GEMM
+ *     packers. */
 #ifndef MP_CONVERT_SIMD_H
 #define MP_CONVERT_SIMD_H
 
@@ -26,6 +28,34 @@ MP_TARGET_AVX2 static inline __m256i mp_bf16_round8(__m256i u)
     r = _mm256_srli_epi32(r, 16);
     const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
     return _mm256_blendv_epi8(r, q, nan);
+}
+
+/* float8 -> float32, 8 lanes (AVX2), each lane's code in its low byte:
+ * the 7 magnitude bits at the top of a float32's exponent/fraction, scaled
+ * by 2^(127 - bias): exact for normals and subnormals alike. The
+ * conversion kernel (convert_avx2.c) and the GEMM packers (gemm_simd.h). */
+MP_TARGET_AVX2 static inline __m256 mp_fp8_decode8(__m256i b, mp_dtype t)
+{
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
+    __m256i r;
+    if (t == MP_F8E4M3) {
+        r = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)),
+                                              _mm256_set1_ps(0x1p120f)));
+        const __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
+        r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan);
+    } else {
+        r = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 21)),
+                                              _mm256_set1_ps(0x1p112f)));
+        const __m256i special = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7B));
+        const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7C));
+        const __m256i s =
+            _mm256_or_si256(_mm256_set1_epi32(0x7F800000),
+                            _mm256_slli_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(3)), 21));
+        r = _mm256_blendv_epi8(r, s, special);
+        r = _mm256_or_si256(r, _mm256_and_si256(nan, _mm256_set1_epi32(0x400000)));
+    }
+    return _mm256_castsi256_ps(_mm256_or_si256(r, sign));
 }
 
 /* The low 16 bits of each 32-bit lane, packed into 8 halves. */

@@ -230,7 +230,7 @@ MP_TARGET_AVX2 static inline __m256 load8(const char *p, mp_dtype t, int cnt, in
                                           int64_t after)
 {
     if (cnt == 8) return mp_widen8(p, t);
-    const int64_t es = t == MP_F32 ? 4 : 2;
+    const int64_t es = (int64_t)mp_dtype_size(t);
     const __m256 keep = _mm256_castsi256_ps(lanes(cnt));
     if (after >= 8) return _mm256_and_ps(mp_widen8(p, t), keep);
     if (before >= 8 - cnt) {
@@ -275,7 +275,8 @@ MP_TARGET_AVX2 static void pack_f32(const gemm_operand *op, int64_t w0, int64_t 
                                     int64_t nd, int W, void *dst)
 {
     const mp_dtype t = op->type;
-    if ((t != MP_F32 && t != MP_F16 && t != MP_BF16) || (op->sw != 1 && op->sd != 1)) {
+    if ((t != MP_F32 && t != MP_F16 && t != MP_BF16 && t != MP_F8E4M3 && t != MP_F8E5M2) ||
+        (op->sw != 1 && op->sd != 1)) {
         mp_gemm_pack_generic(op, w0, nw, d0, nd, W, GEMM_FMT_F32, dst);
         return;
     }

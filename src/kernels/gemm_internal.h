@@ -140,8 +140,8 @@ typedef struct {
     gemm_kernel_ab_fn kernel_ab_bf16;
     /* Optional, float32 format only: one row of C for a product with few
      * rows (gemm_rows.c): c[0..n) = the sum over k < kc, in order, of a[k]
-     * times B's row k (b + k * sb elements of type bt: float32, bfloat16
-     * or float16, widened as loaded), one FMA per product from zero: each
+     * times B's row k (b + k * sb elements of type bt: float32, bfloat16,
+     * float16 or float8, widened as loaded), one FMA per product from zero: each
      * element the bits the tile kernels give it, none of the work spent on
      * a tile's padding rows. */
     void (*kernel_row)(int64_t kc, const float *a, const void *b, int64_t sb, mp_dtype bt, float *c,

@@ -14,17 +14,6 @@
  * apart, which the hardware prefetcher may not follow. */
 enum { AHEAD = 16 };
 
-/* Row k's 8 elements at p widened to float32 (exact): float32, bfloat16
- * (a shift) or float16 (F16C). */
-MP_TARGET_AVX2 static inline __attribute__((always_inline)) __m256 row_load(const char *p,
-                                                                            mp_dtype t)
-{
-    if (t == MP_F32) return _mm256_loadu_ps((const float *)p);
-    const __m128i x = _mm_loadu_si128((const __m128i *)p);
-    if (t == MP_F16) return _mm256_cvtph_ps(x);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
-}
-
 /* nv vectors of one row of C (gemm_impl.kernel_row): one broadcast of a[k]
  * per nv loads of B's row k, whose lines are asked for AHEAD rows ahead. */
 MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
@@ -33,7 +22,7 @@ row_block(int64_t kc, const float *a, const char *b, int64_t sbb, mp_dtype t, fl
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
-    const int es = t == MP_F32 ? 4 : 2, bytes = 8 * nv * es;
+    const int es = (int)mp_dtype_size(t), bytes = 8 * nv * es;
     for (int64_t k = 0; k < kc; k++, b += sbb) {
 #pragma GCC unroll 4
         for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + AHEAD * sbb + o, _MM_HINT_T0);
@@ -41,7 +30,7 @@ row_block(int64_t kc, const float *a, const char *b, int64_t sbb, mp_dtype t, fl
         const __m256 av = _mm256_broadcast_ss(a + k);
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++)
-            acc[v] = _mm256_fmadd_ps(av, row_load(b + 8 * v * es, t), acc[v]);
+            acc[v] = _mm256_fmadd_ps(av, mp_widen8(b + 8 * v * es, t), acc[v]);
     }
 #pragma GCC unroll 8
     for (int v = 0; v < nv; v++) _mm256_storeu_ps(c + 8 * v, acc[v]);
@@ -63,7 +52,7 @@ row_block(int64_t kc, const float *a, const char *b, int64_t sbb, mp_dtype t, fl
 MP_TARGET_AVX2 void mp_gemm_row_avx2(int64_t kc, const float *a, const void *b, int64_t sb,
                                      mp_dtype bt, float *c, int64_t n)
 {
-    const int64_t es = bt == MP_F32 ? 4 : 2;
+    const int64_t es = (int64_t)mp_dtype_size(bt);
     const char *bp = b;
     int64_t j = 0;
     if (bt == MP_F32) {
@@ -72,6 +61,12 @@ MP_TARGET_AVX2 void mp_gemm_row_avx2(int64_t kc, const float *a, const void *b, 
     } else if (bt == MP_F16) {
         ROW_PASSES(MP_F16, 8)
         ROW_PASSES(MP_F16, 1)
+    } else if (bt == MP_F8E4M3) {
+        ROW_PASSES(MP_F8E4M3, 8)
+        ROW_PASSES(MP_F8E4M3, 1)
+    } else if (bt == MP_F8E5M2) {
+        ROW_PASSES(MP_F8E5M2, 8)
+        ROW_PASSES(MP_F8E5M2, 1)
     } else {
         ROW_PASSES(MP_BF16, 8)
         ROW_PASSES(MP_BF16, 1)

@@ -1,7 +1,7 @@
 /* gemm_rows.c - the GEMM driver's way for a C of few rows (a decoder's
  * step: one position through each weight layer; a batch of one or two):
  * each row of C is its row of A passed once over B's rows where they lie
- * (gemm_impl.kernel_row), float32, bfloat16 or float16 along n, instead
+ * (gemm_impl.kernel_row), any float type along n (widened as loaded), instead
  * of register tiles MR rows high, all but one or two of them padding. Every
  * element is the sum the tiles give it (in order along k, one FMA per
  * product, from zero), and the same epilogue writes it: the same bits
@@ -31,7 +31,8 @@ bool mp_gemm_rows_take(const gemm_impl *im, int64_t m, int64_t n, int64_t k, con
 {
     return im->kernel_row && im->fmt == GEMM_FMT_F32 && k > 0 && m <= im->row_max &&
            n >= 2 * im->nr && !e->trans && !a->gather && !b->gather && b->sw == 1 &&
-           (b->type == MP_F32 || b->type == MP_BF16 || b->type == MP_F16);
+           (b->type == MP_F32 || b->type == MP_BF16 || b->type == MP_F16 || b->type == MP_F8E4M3 ||
+            b->type == MP_F8E5M2);
 }
 
 /* Row i of A in float32: where it lies, or widened into buf. */

@@ -4,12 +4,14 @@
 #ifndef MP_GEMM_SIMD_H
 #define MP_GEMM_SIMD_H
 
+#include "core/convert_simd.h"
 #include "kernels/gemm_internal.h"
 
 #if MP_X86
 #include <immintrin.h>
 
-/* 8 consecutive elements of a 16/32-bit type widened to f32. */
+/* 8 consecutive elements of float32, float16, bfloat16 or float8 widened
+ * to f32 (exactly). */
 MP_TARGET_AVX2 static inline __m256 mp_widen8(const char *p, mp_dtype t)
 {
     switch (t) {
@@ -17,6 +19,9 @@ MP_TARGET_AVX2 static inline __m256 mp_widen8(const char *p, mp_dtype t)
         return _mm256_loadu_ps((const float *)p);
     case MP_F16:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    case MP_F8E4M3:
+    case MP_F8E5M2:
+        return mp_fp8_decode8(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), t);
     default: /* MP_BF16 */
         return _mm256_castsi256_ps(
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
