@@ -271,6 +271,36 @@ MP_TARGET_AVX2 static inline void store_row(float *o, __m256 v, int width, bool 
         store_n(o, v, width);
 }
 
+/* pack_f32 on an operand along its width (unit width stride) cut into
+ * whole panels of W (a multiple of 8, or under 8): source row by source row,
+ * each read once from start to end (the next rows asked for ahead), its
+ * W-element pieces stored into the panels in turn. Each panel's rows are
+ * written in increasing order, as store_row needs. */
+MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
+pack_rows(const char *base, int64_t sd, mp_dtype t, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
+          int W, float *out)
+{
+    enum { AHEAD = 8 };
+    const int64_t es = (int64_t)mp_dtype_size(t), np = nw / W, bytes = nw * es;
+    for (int64_t d = 0; d < nd; d++) {
+        const char *row = base + (w0 + (d0 + d) * sd) * es;
+        if (d + AHEAD < nd) {
+            for (int64_t x = 0; x < bytes; x += 64)
+                _mm_prefetch(row + AHEAD * sd * es + x, _MM_HINT_T0);
+            _mm_prefetch(row + AHEAD * sd * es + bytes - 1, _MM_HINT_T0);
+        }
+        float *o = out + d * W;
+        const bool last = d == nd - 1;
+        for (int64_t p = 0; p < np; p++, o += nd * W) {
+            const char *src = row + p * W * es;
+            if (W % 8 == 0)
+                for (int g = 0; g < W; g += 8) _mm256_storeu_ps(o + g, mp_widen8(src + g * es, t));
+            else
+                store_row(o, load8(src, t, W, p * W, nw - p * W), W, last);
+        }
+    }
+}
+
 MP_TARGET_AVX2 static void pack_f32(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
                                     int64_t nd, int W, void *dst)
 {
@@ -283,6 +313,26 @@ MP_TARGET_AVX2 static void pack_f32(const gemm_operand *op, int64_t w0, int64_t 
     const int64_t es = (int64_t)mp_dtype_size(t);
     const char *base = op->base;
     float *out = dst;
+    if (op->sw == 1 && nw % W == 0 && (W % 8 == 0 || W < 8) && nw <= 16 * W) {
+        switch (t) { /* the type folded into each copy of the loop */
+        case MP_F32:
+            pack_rows(base, op->sd, MP_F32, w0, nw, d0, nd, W, out);
+            break;
+        case MP_BF16:
+            pack_rows(base, op->sd, MP_BF16, w0, nw, d0, nd, W, out);
+            break;
+        case MP_F16:
+            pack_rows(base, op->sd, MP_F16, w0, nw, d0, nd, W, out);
+            break;
+        case MP_F8E4M3:
+            pack_rows(base, op->sd, MP_F8E4M3, w0, nw, d0, nd, W, out);
+            break;
+        default:
+            pack_rows(base, op->sd, MP_F8E5M2, w0, nw, d0, nd, W, out);
+            break;
+        }
+        return;
+    }
     if (op->sw == 1) {
         /* Panel rows are contiguous in memory: copy them, 8 depths (source
          * rows) at a time so that each panel's piece is written whole. */
