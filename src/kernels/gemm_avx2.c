@@ -230,7 +230,7 @@ MP_TARGET_AVX2 static inline __m256 load8(const char *p, mp_dtype t, int cnt, in
                                           int64_t after)
 {
     if (cnt == 8) return mp_widen8(p, t);
-    const int64_t es = (int64_t)mp_dtype_size(t);
+    const int64_t es = mp_widen_size(t);
     const __m256 keep = _mm256_castsi256_ps(lanes(cnt));
     if (after >= 8) return _mm256_and_ps(mp_widen8(p, t), keep);
     if (before >= 8 - cnt) {
@@ -281,7 +281,7 @@ pack_rows(const char *base, int64_t sd, mp_dtype t, int64_t w0, int64_t nw, int6
           int W, float *out)
 {
     enum { AHEAD = 8 };
-    const int64_t es = (int64_t)mp_dtype_size(t), np = nw / W, bytes = nw * es;
+    const int64_t es = mp_widen_size(t), np = nw / W, bytes = nw * es;
     for (int64_t d = 0; d < nd; d++) {
         const char *row = base + (w0 + (d0 + d) * sd) * es;
         if (d + AHEAD < nd) {

@@ -22,7 +22,7 @@ row_block(int64_t kc, const float *a, const char *b, int64_t sbb, mp_dtype t, fl
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
-    const int es = (int)mp_dtype_size(t), bytes = 8 * nv * es;
+    const int es = (int)mp_widen_size(t), bytes = 8 * nv * es;
     for (int64_t k = 0; k < kc; k++, b += sbb) {
 #pragma GCC unroll 4
         for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + AHEAD * sbb + o, _MM_HINT_T0);
@@ -52,7 +52,7 @@ row_block(int64_t kc, const float *a, const char *b, int64_t sbb, mp_dtype t, fl
 MP_TARGET_AVX2 void mp_gemm_row_avx2(int64_t kc, const float *a, const void *b, int64_t sb,
                                      mp_dtype bt, float *c, int64_t n)
 {
-    const int64_t es = (int64_t)mp_dtype_size(bt);
+    const int64_t es = mp_widen_size(bt);
     const char *bp = b;
     int64_t j = 0;
     if (bt == MP_F32) {
