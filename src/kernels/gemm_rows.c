@@ -9,10 +9,6 @@
  * a fork. */
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "kernels/gemm_internal.h"
 
 enum {
@@ -88,19 +84,12 @@ mp_status mp_gemm_rows(const gemm_impl *im, int64_t m, int64_t n, int64_t k, con
     if ((double)n * (double)k * (double)mp_dtype_size(b->type) < SPLIT_BYTES) nt = 1;
     if ((int64_t)nt > units) nt = (int)units;
     bool ok = true;
-    if (nt <= 1) {
-        ok = rows_range(im, m, k, a, b, e, nonfinite, 0, n);
-    } else {
-#pragma omp parallel num_threads(nt) reduction(&& : ok)
-        {
-#ifdef _OPENMP
-            const int t = omp_get_thread_num(), team = omp_get_num_threads();
-#else
-            const int t = 0, team = 1;
-#endif
-            const int64_t u0 = units * t / team, u1 = units * (t + 1) / team;
-            ok = rows_range(im, m, k, a, b, e, nonfinite, u0 * 64, min64(u1 * 64, n));
-        }
+    /* one range of units per thread (a smaller team, inside a parallel
+     * region, runs them in turn) */
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(&& : ok) if (nt > 1)
+    for (int t = 0; t < nt; t++) {
+        const int64_t u0 = units * t / nt, u1 = units * (t + 1) / nt;
+        ok = rows_range(im, m, k, a, b, e, nonfinite, u0 * 64, min64(u1 * 64, n)) && ok;
     }
     if (!ok) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate a row of A");
     return MP_OK;
