@@ -396,6 +396,19 @@ static void test_unaligned(void **state)
     assert_int_equal(mp_isa_set(saved), MP_OK);
 }
 
+/* The SIMD encoders' premise (convert_avx2.c): the overflow code without
+ * saturation is the code after the largest finite one, so overflow in
+ * either mode is a min against max_enc or max_enc + 1. */
+static void test_fp8_overflow_codes(void **state)
+{
+    (void)state;
+    const mp_dtype fp8[2] = {MP_F8E4M3, MP_F8E5M2};
+    for (int i = 0; i < 2; i++) {
+        const mp_fp8_format *f = mp_fp8_format_of(fp8[i]);
+        assert_int_equal(f->ovf_nonsat, f->max_enc + 1);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -404,7 +417,7 @@ int main(void)
         cmocka_unit_test(test_decode_all_16bit), cmocka_unit_test(test_sample_all_paths),
         cmocka_unit_test(test_convert_any_pair), cmocka_unit_test(test_streaming_paths),
         cmocka_unit_test(test_facts_and_names),  cmocka_unit_test(test_isa_selection),
-        cmocka_unit_test(test_unaligned),
+        cmocka_unit_test(test_unaligned),        cmocka_unit_test(test_fp8_overflow_codes),
     };
     return cmocka_run_group_tests_name("dtype", tests, NULL, NULL);
 }

@@ -81,19 +81,14 @@ fp8_encode(__m256i u, const mp_fp8_format *f, mp_overflow ov)
     const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)min_normal_bits), a);
     r = _mm256_blendv_epi8(r, sub, is_sub);
 
-    /* Past max_enc: ovf_val, max_enc or the code after it (both OCP
-     * formats, both modes), so a min. Infinities and NaNs, whose r is
-     * larger still, then hold ovf_val; only the codes that differ from it
-     * are blended in (the format and mode fold: e4m3 without saturation
-     * needs none, with it one). */
+    /* Past max_enc: ovf_val, which is max_enc or the code after it in both
+     * OCP formats and both modes (ovf_nonsat = max_enc + 1), so a min.
+     * Infinities and NaNs, whose r is larger still, then hold ovf_val; only
+     * the codes that differ from it are blended in (the format and mode
+     * fold: e4m3 without saturation needs none, with it one). */
     const uint32_t ovf_val = ov == MP_OVERFLOW_SATURATE ? f->max_enc : f->ovf_nonsat;
     const uint32_t inf_val = ov == MP_OVERFLOW_SATURATE ? f->inf_enc : f->ovf_nonsat;
-    if (ovf_val == f->max_enc || ovf_val == f->max_enc + 1) {
-        r = _mm256_min_epi32(r, _mm256_set1_epi32((int)ovf_val));
-    } else {
-        const __m256i ovf = _mm256_cmpgt_epi32(r, _mm256_set1_epi32((int)f->max_enc));
-        r = _mm256_blendv_epi8(r, _mm256_set1_epi32((int)ovf_val), ovf);
-    }
+    r = _mm256_min_epi32(r, _mm256_set1_epi32((int)ovf_val));
     if (inf_val == f->nan_enc && inf_val != ovf_val) {
         const __m256i special = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F7FFFFF));
         r = _mm256_blendv_epi8(r, _mm256_set1_epi32((int)inf_val), special);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "core/internal.h"
+#include "kernels/gemm_simd.h"
 
 #define CH 16 /* lanes of the vectorizable blocks */
 
@@ -176,33 +177,19 @@ gemv_t_avx2(float *restrict y, const float *restrict x, int64_t incx, const floa
 /* Columns [0, len) of 8 rows of blk (ldb floats apart; len rounded up to 8
  * read, zeros past len where the caller pads) into rows [0, len) of 8
  * columns of dst (ldd floats apart): 8 x 8 blocks transposed in registers
- * (unpack, shuffle, lane swap). Data movement only: exact. */
+ * by the GEMM packers' mp_gemm_tr8. Data movement only: exact. */
 MP_TARGET_AVX2 __attribute__((noinline)) static void transpose8_avx2(float *restrict dst,
                                                                      int64_t ldd,
                                                                      const float *restrict blk,
                                                                      int64_t ldb, int64_t len)
 {
     for (int64_t k = 0; k < len; k += 8) {
-        __m256 r[8], t[8], u[8];
+        __m256 r[8];
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(blk + j * ldb + k);
-#pragma GCC unroll 4
-        for (int j = 0; j < 8; j += 2) {
-            t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
-            t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
-        }
-#pragma GCC unroll 2
-        for (int j = 0; j < 8; j += 4) {
-            u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
-            u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
-            u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
-            u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
-        }
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            _mm256_storeu_ps(dst + (k + c) * ldd, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
-            _mm256_storeu_ps(dst + (k + c + 4) * ldd, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
-        }
+        mp_gemm_tr8(r);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(dst + (k + c) * ldd, r[c]);
     }
 }
 #endif

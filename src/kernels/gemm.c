@@ -205,7 +205,7 @@ static inline void prefetch_out(const gemm_epilogue *e, int64_t i0, int64_t j0, 
 
 /* With nothing to apply on the way out, full tiles accumulate in C itself
  * and skip the round trip through a buffer. */
-static bool accumulates_in_c(const gemm_epilogue *e)
+bool mp_gemm_accumulates_in_c(const gemm_epilogue *e)
 {
     return e->c_type == MP_F32 && e->alpha == 1.0f && e->beta == 0.0f && !e->bias &&
            e->act == MP_ACT_NONE && !e->trans;
@@ -303,7 +303,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     const int64_t nc = min64(pl->nc, nr_pad);
     const bool multi = kcb < pl->k;
     const gemm_epilogue *e = &pl->e;
-    const bool direct = accumulates_in_c(e);
+    const bool direct = mp_gemm_accumulates_in_c(e);
     const bool in_place = pl->in_place;
     const int64_t mc =
         share ? share->mc : mp_gemm_row_block(im, m1 - m0, nr_pad, kcb, multi, direct, !in_place);
@@ -532,7 +532,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     bool sharing = plain && tm == 1 && ntl >= nt && !pl.in_place;
     if (sharing)
         share.mc = mp_gemm_row_block(pl.im, pl.m, cdiv(ntl, nt) * NR, pl.kcb, pl.kcb < k,
-                                     accumulates_in_c(&pl.e), true);
+                                     mp_gemm_accumulates_in_c(&pl.e), true);
     /* Shared B packing, the mirror image: every thread has all of n and
      * some rows, B packed from strides (read in place, it needs none). Each
      * runs the row blocks of the tallest region. 2 threads, Zen 5, medians
@@ -547,7 +547,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
             rows = max64(rows, part(mt, tm, ti + 1, MR, pl.m) - part(mt, tm, ti, MR, pl.m));
         share.b = sharing = true;
         share.mc = mp_gemm_row_block(pl.im, rows, ntl * NR, pl.kcb, pl.kcb < k,
-                                     accumulates_in_c(&pl.e), !pl.in_place);
+                                     mp_gemm_accumulates_in_c(&pl.e), !pl.in_place);
         share.nblk = cdiv(rows, share.mc);
     }
     if (nt <= 1) {

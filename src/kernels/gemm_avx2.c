@@ -309,12 +309,11 @@ MP_TARGET_AVX2 static void pack_f32(const gemm_operand *op, int64_t w0, int64_t 
                                     int64_t nd, int W, void *dst)
 {
     const mp_dtype t = op->type;
-    if ((t != MP_F32 && t != MP_F16 && t != MP_BF16 && t != MP_F8E4M3 && t != MP_F8E5M2) ||
-        (op->sw != 1 && op->sd != 1)) {
+    if (!mp_gemm_widens(t) || (op->sw != 1 && op->sd != 1)) {
         mp_gemm_pack_generic(op, w0, nw, d0, nd, W, GEMM_FMT_F32, dst);
         return;
     }
-    const int64_t es = (int64_t)mp_dtype_size(t);
+    const int64_t es = mp_widen_size(t);
     const char *base = op->base;
     float *out = dst;
     if (op->sw == 1 && nw % W == 0 && (W % 8 == 0 || W < 8) && nw <= 16 * W) {

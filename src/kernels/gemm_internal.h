@@ -140,10 +140,10 @@ typedef struct {
     gemm_kernel_ab_fn kernel_ab_bf16;
     /* Optional, float32 format only: one row of C for a product with few
      * rows (gemm_rows.c): c[0..n) = the sum over k < kc, in order, of a[k]
-     * times B's row k (b + k * sb elements of type bt: float32, bfloat16,
-     * float16 or float8, widened as loaded), one FMA per product from zero: each
-     * element the bits the tile kernels give it, none of the work spent on
-     * a tile's padding rows. */
+     * times B's row k (b + k * sb elements of a type mp_gemm_widens,
+     * widened as loaded), one FMA per product from zero: each element the
+     * bits the tile kernels give it, none of the work spent on a tile's
+     * padding rows. */
     void (*kernel_row)(int64_t kc, const float *a, const void *b, int64_t sb, mp_dtype bt, float *c,
                        int64_t n);
     int row_max;       /* the most rows of C kernel_row takes: past them the tiles are faster */
@@ -196,6 +196,12 @@ bool mp_gemm_pack_gather(const gemm_operand *op, int64_t w0, int64_t nw, int64_t
                          int W, gemm_fmt fmt, void *dst);
 /* Whether any of the n floats at p is NaN or +-inf (gemm.c). */
 bool mp_gemm_any_nonfinite(const float *p, int64_t n);
+/* Whether a kernel may sum straight into C: float32 C = A B exactly, no
+ * epilogue to apply (gemm.c). */
+bool mp_gemm_accumulates_in_c(const gemm_epilogue *e);
+/* The types the x86 packers and row kernel widen in registers
+ * (gemm_simd.h's mp_widen8): every floating format. */
+static inline bool mp_gemm_widens(mp_dtype t) { return (unsigned)t < MP_DTYPE_COUNT; }
 /* A C of few rows (gemm_rows.c): whether mp_gemm_rows takes the product
  * on im, and the product itself (e->nonfinite as gemm_epilogue says;
  * nonfinite: the caller's flag, for an impl whose epilogue does not check). */

@@ -7,8 +7,6 @@
  * product, from zero), and the same epilogue writes it: the same bits
  * either way. Threads split the columns where B is big enough to pay for
  * a fork. */
-#include <string.h>
-
 #include "kernels/gemm_internal.h"
 
 enum {
@@ -27,42 +25,26 @@ bool mp_gemm_rows_take(const gemm_impl *im, int64_t m, int64_t n, int64_t k, con
 {
     return im->kernel_row && im->fmt == GEMM_FMT_F32 && k > 0 && m <= im->row_max &&
            n >= 2 * im->nr && !e->trans && !a->gather && !b->gather && b->sw == 1 &&
-           (b->type == MP_F32 || b->type == MP_BF16 || b->type == MP_F16 || b->type == MP_F8E4M3 ||
-            b->type == MP_F8E5M2);
+           mp_gemm_widens(b->type);
 }
 
-/* Row i of A in float32: where it lies, or widened into buf. */
-static const float *a_row(const gemm_operand *a, int64_t i, int64_t k, float *buf)
-{
-    const char *p = (const char *)a->base + (size_t)(i * a->sw) * mp_dtype_size(a->type);
-    if (a->type == MP_F32 && a->sd == 1) return (const float *)p;
-    if (a->sd == 1)
-        mp_convert(buf, MP_F32, p, a->type, (size_t)k);
-    else
-        mp_gemm_pack_generic(a, i, 1, 0, k, 1, GEMM_FMT_F32, buf);
-    return buf;
-}
-
-/* Columns [j0, j1) of every row; false if out of memory. */
-static bool rows_range(const gemm_impl *im, int64_t m, int64_t k, const gemm_operand *a,
+/* Columns [j0, j1) of every row of C from A's m rows in float32 (row i at
+ * a + i * lda). */
+static void rows_range(const gemm_impl *im, int64_t m, int64_t k, const float *a, int64_t lda,
                        const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite,
                        int64_t j0, int64_t j1)
 {
-    const bool direct = e->c_type == MP_F32 && e->alpha == 1.0f && e->beta == 0.0f && !e->bias &&
-                        e->act == MP_ACT_NONE;
+    const bool direct = mp_gemm_accumulates_in_c(e);
     const bool check = nonfinite && e->c_type == MP_F32 && (direct || !im->epilogue_checks);
-    const bool in_place = a->type == MP_F32 && a->sd == 1;
-    float *buf = in_place ? NULL : mp_scratch(0, (size_t)k * sizeof(float));
-    if (!in_place && !buf) return false;
     const size_t bsz = mp_dtype_size(b->type);
     /* the epilogue may read a full vector past a short last tile */
     _Alignas(64) float t[CHUNK + 64];
-    for (int64_t i = 0; i < m; i++) {
-        const float *ar = a_row(a, i, k, buf);
+    for (int64_t i = 0; i < m; i++)
         for (int64_t j = j0; j < j1; j += CHUNK) {
             const int64_t nr = min64(CHUNK, j1 - j);
             float *c = direct ? (float *)e->c + i * e->ldc + j : t;
-            im->kernel_row(k, ar, (const char *)b->base + (size_t)j * bsz, b->sd, b->type, c, nr);
+            im->kernel_row(k, a + i * lda, (const char *)b->base + (size_t)j * bsz, b->sd, b->type,
+                           c, nr);
             if (!direct)
                 for (int64_t jj = 0; jj < nr; jj += im->nr)
                     im->epilogue(e, t + jj, CHUNK, i, j + jj, 1, min64(im->nr, nr - jj));
@@ -70,27 +52,39 @@ static bool rows_range(const gemm_impl *im, int64_t m, int64_t k, const gemm_ope
                 mp_gemm_any_nonfinite((const float *)e->c + i * e->ldc + j, nr))
                 atomic_store_explicit(nonfinite, 1, memory_order_relaxed);
         }
-    }
-    return true;
 }
 
 mp_status mp_gemm_rows(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
                        const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite)
 {
+    /* A's rows in float32: where they lie, or widened once here for every
+     * thread */
+    const float *ar = a->base;
+    int64_t lda = a->sw;
+    if (a->type != MP_F32 || a->sd != 1) {
+        float *buf = mp_scratch(0, (size_t)(m * k) * sizeof(float));
+        if (!buf) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate A's rows");
+        const size_t asz = mp_dtype_size(a->type);
+        for (int64_t i = 0; i < m; i++)
+            if (a->sd == 1) /* along k: the vector conversion */
+                mp_convert(buf + i * k, MP_F32, (const char *)a->base + (size_t)(i * a->sw) * asz,
+                           a->type, (size_t)k);
+            else
+                mp_gemm_pack_generic(a, i, 1, 0, k, 1, GEMM_FMT_F32, buf + i * k);
+        ar = buf;
+        lda = k;
+    }
     int nt = mp_num_threads();
     /* a fork costs a few microseconds: worth it where B takes longer to
-     * stream (units of 64 columns, the kernel's pass) */
+     * stream. One range of units (64 columns, the kernel's pass) per
+     * thread; a smaller team (inside a parallel region) runs them in turn. */
     const int64_t units = cdiv(n, 64);
     if ((double)n * (double)k * (double)mp_dtype_size(b->type) < SPLIT_BYTES) nt = 1;
     if ((int64_t)nt > units) nt = (int)units;
-    bool ok = true;
-    /* one range of units per thread (a smaller team, inside a parallel
-     * region, runs them in turn) */
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(&& : ok) if (nt > 1)
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int t = 0; t < nt; t++) {
         const int64_t u0 = units * t / nt, u1 = units * (t + 1) / nt;
-        ok = rows_range(im, m, k, a, b, e, nonfinite, u0 * 64, min64(u1 * 64, n)) && ok;
+        rows_range(im, m, k, ar, lda, b, e, nonfinite, u0 * 64, min64(u1 * 64, n));
     }
-    if (!ok) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate a row of A");
     return MP_OK;
 }
