@@ -2,12 +2,14 @@
  * (gemm_dispatch.c): its round trip, bad files (corrupt, truncated,
  * oversized, stale, hostile) ignored and replaced, an unwritable directory
  * harmless, a choice written only when a second round of timing confirms
- * it, and where the file goes. Rates are injected; no assertion depends on
+ * it, where the file goes, and that a sanitized build keys its files
+ * apart from an optimized one. Rates are injected; no assertion depends on
  * how fast anything runs. */
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/cache_file.h"
 #include "dispatch_test.h"
 
 static void spit(const char *path, const char *data, size_t n)
@@ -375,12 +377,40 @@ static void test_cache_location(void **state)
     fresh("0", NULL);
 }
 
+/* The files' key holds the build flavor: a sanitized build (this test is
+ * compiled with the library's flags, build/san under SANITIZE=1) times its
+ * kernels at other ratios and must not hand its choices to an optimized
+ * build. The key is the hash of a string that includes the flavor, so it
+ * cannot be recomputed here; the flavor itself is checked against how this
+ * file was compiled. */
+static void test_build_flavor(void **state)
+{
+    (void)state;
+#ifndef __has_feature
+#define __has_feature(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || __has_feature(address_sanitizer)
+    assert_string_equal(mp_build_flavor(), "asan");
+#elif defined(__OPTIMIZE__)
+    assert_string_equal(mp_build_flavor(), "optimized");
+#else
+    assert_string_equal(mp_build_flavor(), "unoptimized");
+#endif
+    if (ncands < 2) skip();
+    const double rates[4] = {100, 300, 100, 300};
+    char want[64];
+    snprintf(want, sizeof want, "-%016llx-", (unsigned long long)mp_cpu_model_key());
+    fresh(dir, rates);
+    assert_non_null(strstr(query().cache_file, want));
+    fresh("0", NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cache_round_trip), cmocka_unit_test(test_bad_cache_files),
         cmocka_unit_test(test_unwritable_cache), cmocka_unit_test(test_second_round),
-        cmocka_unit_test(test_cache_location),
+        cmocka_unit_test(test_cache_location),   cmocka_unit_test(test_build_flavor),
     };
     return cmocka_run_group_tests_name("dispatch cache", tests, setup, teardown);
 }

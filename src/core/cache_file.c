@@ -16,11 +16,29 @@ uint64_t mp_fnv1a(const void *p, size_t n)
     return h;
 }
 
+#ifndef __has_feature
+#define __has_feature(x) 0
+#endif
+
+const char *mp_build_flavor(void)
+{
+#if defined(__SANITIZE_ADDRESS__) || __has_feature(address_sanitizer)
+    return "asan";
+#elif defined(__SANITIZE_THREAD__) || __has_feature(thread_sanitizer)
+    return "tsan";
+#elif !defined(__OPTIMIZE__)
+    return "unoptimized";
+#else
+    return "optimized";
+#endif
+}
+
 uint64_t mp_cpu_model_key(void)
 {
     const mp_cpu_features *f = mp_cpu();
-    char s[160];
-    int n = snprintf(s, sizeof s, "%s|%s|%08x|", f->vendor, f->brand, (unsigned)mp_cpu_signature());
+    char s[192];
+    int n = snprintf(s, sizeof s, "%s|%s|%08x|%s|", f->vendor, f->brand,
+                     (unsigned)mp_cpu_signature(), mp_build_flavor());
     for (int i = 0; i < MP_ISA_COUNT && n > 0 && n < (int)sizeof s - 1; i++)
         s[n++] = mp_isa_supported((mp_isa)i) ? '1' : '0';
     return mp_fnv1a(s, n > 0 && n < (int)sizeof s ? (size_t)n : 0);

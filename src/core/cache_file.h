@@ -14,7 +14,13 @@ enum { MP_CACHE_MAX = 4096 };
 
 /* FNV-1a over n bytes: the files' checksums and the CPU key. */
 uint64_t mp_fnv1a(const void *p, size_t n);
-/* The CPU model: brand string, CPUID signature and the paths it supports. */
+/* How this library was compiled, as far as it moves measured rates:
+ * "optimized", "unoptimized" (no -O) or "asan" / "tsan" (a sanitizer). */
+const char *mp_build_flavor(void);
+/* The key of the files: the CPU model (brand string, CPUID signature, the
+ * paths it supports) and the build flavor, so that a sanitized or
+ * unoptimized build, whose kernels run at other ratios, never hands its
+ * choices to an optimized one. */
 uint64_t mp_cpu_model_key(void);
 /* The cache directory into dir (MP_DISPATCH_CACHE, else XDG_CACHE_HOME/mixprec,
  * else HOME/.cache/mixprec); false, with the reason in note, when off. */
