@@ -12,7 +12,9 @@
  * that takes them the rows path must be the one run (else the equality
  * proves nothing). The results are within gamma_k sum |a b| of float64 (one
  * float32 FMA chain of length k per element), and a non-finite value in C
- * raises c_nonfinite, which stays down otherwise. */
+ * raises c_nonfinite, which stays down otherwise. How far ahead the kernels
+ * ask for B's rows (mp_gemm_rows_ahead: a gcd for the L1 sets the rows'
+ * lines fall into) is checked against counting those sets. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,12 +206,39 @@ static void test_rows_nonfinite(void **state)
     free(c);
 }
 
+/* mp_gemm_rows_ahead against the sets of a 64-set L1 that one column of
+ * lines of 64 rows sbb bytes apart falls into, counted: a quarter of the
+ * rows that fit (ways = L1d / 4 KiB, 8 where unknown), at most `most`. */
+static void test_rows_ahead(void **state)
+{
+    (void)state;
+    int64_t ways = (int64_t)(mp_cpu_cache_bytes(1) / 4096);
+    ways = ways < 4 ? 8 : ways > 32 ? 32 : ways;
+    const int64_t strides[] = {64,   128,  512,  1000, 1024,  1536, 2048, 3072,
+                               4096, 4160, 6144, 8192, 12288, 40,   2,    24576 + 64};
+    for (size_t i = 0; i < sizeof strides / sizeof *strides; i++)
+        for (int most = 1; most <= 64; most *= 4) {
+            bool seen[64] = {false};
+            int64_t sets = 0;
+            for (int64_t r = 0; r < 64; r++) {
+                const int64_t set = (r * (strides[i] / 64)) % 64;
+                sets += !seen[set];
+                seen[set] = true;
+            }
+            const int64_t fit = ways * sets, want = fit / 4 < most ? fit / 4 : most;
+            assert_int_equal(mp_gemm_rows_ahead(strides[i], most), want);
+        }
+    /* the case that set the rule: rows 4 KiB apart on an 8-way L1, 2 ahead */
+    if (ways == 8) assert_int_equal(mp_gemm_rows_ahead(4096, 16), 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_equal_tiles),
         cmocka_unit_test(test_rows_reference),
         cmocka_unit_test(test_rows_nonfinite),
+        cmocka_unit_test(test_rows_ahead),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,9 +16,10 @@
 
 #if MP_X86
 
-/* BPD: how many depth rows ahead a B read in place (its rows far apart,
- * a stride the prefetcher may not follow) is asked for, as on the AVX-512
- * kernel. */
+/* BPD: at most how many depth rows ahead a B read in place (its rows far
+ * apart, a stride the prefetcher may not follow) is asked for, as on the
+ * AVX-512 kernel; fewer where its stride crowds L1's sets
+ * (mp_gemm_rows_ahead). */
 enum { HMR = 6, HNR = 16, BPD = 16 };
 
 /* Half h of B's row at p as 8 floats: float32, or bfloat16 widened (a
@@ -41,6 +42,7 @@ kernel_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const void *b, 
 {
     const int64_t es = bf16 ? 2 : 4;
     const char *bp = b;
+    const int64_t bpd = bf16 || sb != HNR ? mp_gemm_rows_ahead(sb * es, BPD) * sb * es : 0;
     __m256 lo[HMR], hi[HMR];
 #pragma GCC unroll 6
     for (int i = 0; i < HMR; i++) {
@@ -50,8 +52,8 @@ kernel_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const void *b, 
 #pragma GCC unroll 2
     for (int64_t k = 0; k < kc; k++) {
         if (bf16 || sb != HNR) {
-            _mm_prefetch(bp + BPD * sb * es, _MM_HINT_T0);
-            _mm_prefetch(bp + (BPD * sb + HNR - 1) * es, _MM_HINT_T0);
+            _mm_prefetch(bp + bpd, _MM_HINT_T0);
+            _mm_prefetch(bp + bpd + (HNR - 1) * es, _MM_HINT_T0);
         }
         const __m256 b0 = b_half(bp, bf16, 0), b1 = b_half(bp, bf16, 1);
 #pragma GCC unroll 6

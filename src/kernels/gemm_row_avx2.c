@@ -10,14 +10,11 @@
 
 #if MP_X86
 
-/* How many rows ahead B's lines are asked for: its rows lie a row stride
- * apart, which the hardware prefetcher may not follow. */
-enum { AHEAD = 16 };
-
 /* nv vectors of one row of C (gemm_impl.kernel_row): one broadcast of a[k]
- * per nv loads of B's row k, whose lines are asked for AHEAD rows ahead. */
+ * per nv loads of B's row k, whose lines are asked for `ahead` rows ahead. */
 MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
-row_block(int64_t kc, const float *a, const char *b, int64_t sbb, mp_dtype t, float *c, int nv)
+row_block(int64_t kc, const float *a, const char *b, int64_t sbb, int64_t ahead, mp_dtype t,
+          float *c, int nv)
 {
     __m256 acc[8];
 #pragma GCC unroll 8
@@ -25,8 +22,8 @@ row_block(int64_t kc, const float *a, const char *b, int64_t sbb, mp_dtype t, fl
     const int es = (int)mp_widen_size(t), bytes = 8 * nv * es;
     for (int64_t k = 0; k < kc; k++, b += sbb) {
 #pragma GCC unroll 4
-        for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + AHEAD * sbb + o, _MM_HINT_T0);
-        _mm_prefetch(b + AHEAD * sbb + bytes - 1, _MM_HINT_T0);
+        for (int o = 0; o < bytes; o += 64) _mm_prefetch(b + ahead + o, _MM_HINT_T0);
+        _mm_prefetch(b + ahead + bytes - 1, _MM_HINT_T0);
         const __m256 av = _mm256_broadcast_ss(a + k);
 #pragma GCC unroll 8
         for (int v = 0; v < nv; v++)
@@ -39,7 +36,8 @@ row_block(int64_t kc, const float *a, const char *b, int64_t sbb, mp_dtype t, fl
 /* row_block's passes for B of type T over columns [j, n) from j, nv
  * vectors at a time. */
 #define ROW_PASSES(T, nv)                                                                          \
-    for (; j + 8 * (nv) <= n; j += 8 * (nv)) row_block(kc, a, bp + j * es, sb * es, T, c + j, nv);
+    for (; j + 8 * (nv) <= n; j += 8 * (nv))                                                       \
+        row_block(kc, a, bp + j * es, sb * es, ahead, T, c + j, nv);
 
 /* One row of C: 64 columns per pass over B's rows (8 sums in flight for
  * two FMA pipes of latency 4), then 8, then one at a time. Against the
@@ -54,6 +52,7 @@ MP_TARGET_AVX2 void mp_gemm_row_avx2(int64_t kc, const float *a, const void *b, 
 {
     const int64_t es = mp_widen_size(bt);
     const char *bp = b;
+    const int64_t ahead = mp_gemm_rows_ahead(sb * es, 16) * sb * es; /* in bytes */
     int64_t j = 0;
     if (bt == MP_F32) {
         ROW_PASSES(MP_F32, 8)
