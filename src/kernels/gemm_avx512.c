@@ -10,7 +10,7 @@
 
 #if MP_X86
 
-/* BPD: how many depth rows ahead a B read in place is asked for. fc3's
+/* BPD: at most how many depth rows ahead a B read in place is asked for. fc3's
  * weight gradient (4096x10x1024 f32, x from memory, 2 threads, Zen 5):
  * 0.95-1.31 ms asking for nothing ahead, 0.88-1.05 at 16 rows, 0.87-0.99
  * at 48, 0.88-1.20 at 96. SPD: the same for a packed B and A where this
@@ -43,6 +43,11 @@ MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
 kernel_f32_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float *bp, int64_t sb,
                 float *c, int64_t ldc, int acc, int pfd, int nv)
 {
+    /* fewer rows ahead where B's stride crowds L1's sets (mp_gemm_rows_ahead:
+     * the same rule as the AVX2 kernels; not timed on an AVX-512 CPU, and
+     * the same 16 rows on fc3's weight gradient, whose rows are 40 bytes
+     * apart) */
+    const int64_t bpd = sb != FNR ? mp_gemm_rows_ahead(sb * 4, BPD) * sb : 0;
     __m512 cv[3][FMR];
 #pragma GCC unroll 8
     for (int i = 0; i < FMR; i++)
@@ -52,11 +57,11 @@ kernel_f32_core(int64_t kc, const float *ap, int64_t si, int64_t sk, const float
     for (int64_t k = 0; k < kc; k++) {
         mp_gemm_prefetch_c(c, ldc, k, kc, FMR, nv);
         /* B read in place: rows far apart, a stride the prefetcher may not
-         * follow; ask for the row BPD ahead */
+         * follow; ask for the row bpd ahead */
         if (sb != FNR)
 #pragma GCC unroll 3
             for (int v = 0; v < nv; v++)
-                _mm_prefetch((const char *)(bp + BPD * sb + 16 * v), _MM_HINT_T0);
+                _mm_prefetch((const char *)(bp + bpd + 16 * v), _MM_HINT_T0);
         else if (pfd)
 #pragma GCC unroll 3
             for (int v = 0; v < nv; v++)
