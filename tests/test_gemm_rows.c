@@ -206,30 +206,32 @@ static void test_rows_nonfinite(void **state)
     free(c);
 }
 
-/* mp_gemm_rows_ahead against the sets of a 64-set L1 that one column of
- * lines of 64 rows sbb bytes apart falls into, counted: a quarter of the
+/* mp_gemm_rows_ahead against the sets of a 64-set L1 (64-byte lines) that
+ * rows sbb bytes apart fall into, counted over 4096 rows: a quarter of the
  * rows that fit (ways = L1d / 4 KiB, 8 where unknown), at most `most`. */
 static void test_rows_ahead(void **state)
 {
     (void)state;
     int64_t ways = (int64_t)(mp_cpu_cache_bytes(1) / 4096);
     ways = ways < 4 ? 8 : ways > 32 ? 32 : ways;
-    const int64_t strides[] = {64,   128,  512,  1000, 1024,  1536, 2048, 3072,
-                               4096, 4160, 6144, 8192, 12288, 40,   2,    24576 + 64};
+    const int64_t strides[] = {2,    40,   64,   128,  512,  1000,  1024,  1536,         2048,
+                               3072, 4096, 4160, 6144, 8192, 12288, 24640, 4096 * 5 + 32};
     for (size_t i = 0; i < sizeof strides / sizeof *strides; i++)
         for (int most = 1; most <= 64; most *= 4) {
             bool seen[64] = {false};
             int64_t sets = 0;
-            for (int64_t r = 0; r < 64; r++) {
-                const int64_t set = (r * (strides[i] / 64)) % 64;
+            for (int64_t r = 0; r < 4096; r++) {
+                const int64_t set = (r * strides[i] / 64) % 64;
                 sets += !seen[set];
                 seen[set] = true;
             }
             const int64_t fit = ways * sets, want = fit / 4 < most ? fit / 4 : most;
             assert_int_equal(mp_gemm_rows_ahead(strides[i], most), want);
         }
-    /* the case that set the rule: rows 4 KiB apart on an 8-way L1, 2 ahead */
+    /* the cases that set the rule, on an 8-way L1: rows 4 KiB apart, 2
+     * ahead; fc3's weight gradient (rows 40 bytes apart), all 16 */
     if (ways == 8) assert_int_equal(mp_gemm_rows_ahead(4096, 16), 2);
+    assert_int_equal(mp_gemm_rows_ahead(40, 16), 16);
 }
 
 int main(void)

@@ -206,27 +206,23 @@ static inline bool mp_gemm_widens(mp_dtype t) { return (unsigned)t < MP_DTYPE_CO
  * (they lie sbb bytes apart, a stride the hardware prefetcher may not
  * follow), at most `most`: as many as stay in L1 until they are read. An
  * x86 L1d is 64 sets of 64-byte lines (a 4 KiB page of them, so its ways
- * are its size / 4 KiB): lines sbb apart fall into only 64 / gcd(sbb / 64,
- * 64) sets, and a stride of 4 KiB puts every row's line of a column into
- * one set, 8 rows on an 8-way L1, past which the lines asked for evict
- * those not yet read. A quarter of the rows that fit. AMD EPYC (Zen 3), 2
- * threads, medians of 101-201 calls alternating in one process, GFLOP/s
- * asking 16 rows ahead / none / this rule: the row kernel (gemm_rows.c),
- * float32 1x1024x256 (4 KiB apart, 8 fit) 25.7 / 35.2 / 34.1, 1x2048x256
- * (8 KiB) 25.8 / 35.9 / 35.9, 1x512x512 (2 KiB, 16 fit) 30.2 / 33.5 /
- * 39.0, 1x768x256 (3 KiB, 32 fit) 35.2 / 35.5 / 42.1, 1x256x1024 (1 KiB,
- * 32 fit) 37.6 / 33.6 / 38.7, bfloat16 1x1024x256 (2 KiB) 45.6 / 54.5 /
- * 59.3, 2x256x1024 (512 B, 64 fit: 16 ahead) 67.8 / 47.9; the AVX2 tiles
- * reading B in place (a C of at most 12 rows), 16 ahead / the rule:
- * float32 6x1024x256 33.5 / 45.7, 12x1024x256 60.0 / 84.4, 12x512x512
- * 67.1 / 79.4, 8x768x256 42.0 / 47.7, 6x256x1024 48.7 / 53.8, bfloat16
- * 6x1024x256 64.4 / 80.3, 12x1024x256 106.8 / 128.2, 6x4096x1024 74.3 /
- * 90.2. */
+ * are its size / 4 KiB): rows sbb apart fall into only 4096 / gcd(sbb,
+ * 4096) of them (all 64 where that gcd is under a line), and a stride of
+ * 4 KiB puts every row's line of a column into one set, 8 rows on an 8-way L1, past which the lines
+ * asked for evict those not yet read. A quarter of the rows that fit. AMD EPYC (Zen 3), 2 threads,
+ * medians of 101-201 calls alternating in one process, GFLOP/s asking 16 rows ahead / none / this
+ * rule: the row kernel (gemm_rows.c), float32 1x1024x256 (4 KiB apart, 8 fit) 25.7 / 35.2 / 34.1,
+ * 1x2048x256 (8 KiB) 25.8 / 35.9 / 35.9, 1x512x512 (2 KiB, 16 fit) 30.2 / 33.5 / 39.0, 1x768x256 (3
+ * KiB, 32 fit) 35.2 / 35.5 / 42.1, 1x256x1024 (1 KiB, 32 fit) 37.6 / 33.6 / 38.7, bfloat16
+ * 1x1024x256 (2 KiB) 45.6 / 54.5 / 59.3, 2x256x1024 (512 B, 64 fit: 16 ahead) 67.8 / 47.9; the AVX2
+ * tiles reading B in place (a C of at most 12 rows), 16 ahead / the rule: float32 6x1024x256 33.5
+ * / 45.7, 12x1024x256 60.0 / 84.4, 12x512x512 67.1 / 79.4, 8x768x256 42.0 / 47.7, 6x256x1024 48.7
+ * / 53.8, bfloat16 6x1024x256 64.4 / 80.3, 12x1024x256 106.8 / 128.2, 6x4096x1024 74.3 / 90.2. */
 static inline int mp_gemm_rows_ahead(int64_t sbb, int most)
 {
     const int64_t ways = (int64_t)(mp_cpu_cache_bytes(1) / 4096);
-    const int64_t l = (sbb / 64) % 64;          /* the lines between rows, mod the sets */
-    const int64_t sets = l ? 64 / (l & -l) : 1; /* 64 / gcd(l, 64) */
+    const int64_t g = sbb % 4096 ? sbb & -sbb : 4096;                  /* gcd(sbb, 4096) */
+    const int64_t sets = 4096 / (g > 64 ? g : 64);                     /* the rows' lines' sets */
     const int64_t fit = (ways < 4 ? 8 : ways > 32 ? 32 : ways) * sets; /* unknown: 8 ways */
     return (int)(fit / 4 < most ? fit / 4 : most);
 }
