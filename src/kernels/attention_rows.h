@@ -192,6 +192,104 @@ MP_TARGET_AVX2 __attribute__((noinline)) static void transpose8_avx2(float *rest
         for (int c = 0; c < 8; c++) _mm256_storeu_ps(dst + (k + c) * ldd, r[c]);
     }
 }
+
+/* A decoding query's products read straight from the caches (float32 or
+ * bfloat16 rows ld bytes apart, widened as loaded, d a multiple of 16),
+ * instead of a tile's keys transposed and its values copied into the
+ * workspace first and read back by gemv_t: the same fused multiply-adds in
+ * the same order, so gemv_t's bits.
+ * Scores: s[c] for the nc keys at k, each the sum over j < d, in order, of
+ * q[j] k[c][j] from zero; 8 keys at a time, 8 of their dims widened and
+ * transposed in registers (mp_gemm_tr8), one FMA per dim into the 8 keys'
+ * lanes; a last group's missing keys are zero rows. s is written up to nc
+ * rounded up to 8. */
+MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
+scores_rows_t(float *restrict s, const float *restrict q, const char *k, int64_t ld, mp_dtype t,
+              int64_t d, int64_t nc)
+{
+    const int64_t es = mp_widen_size(t);
+    for (int64_t c = 0; c < nc; c += 8) {
+        const int64_t nk = nc - c < 8 ? nc - c : 8;
+        const char *rows = k + c * ld;
+        for (int64_t r = 8; r < 16 && c + r < nc; r++) /* the next group's rows */
+            for (int64_t x = 0; x < d * es; x += 64) _mm_prefetch(rows + r * ld + x, _MM_HINT_T0);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t j0 = 0; j0 < d; j0 += 8) {
+            __m256 r[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                r[i] = i < nk ? mp_widen8(rows + i * ld + j0 * es, t) : _mm256_setzero_ps();
+            mp_gemm_tr8(r);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(q + j0 + i), r[i], acc);
+        }
+        _mm256_storeu_ps(s + c, acc);
+    }
+}
+
+/* Values: acc[0..d) += the sum over c < nc, in order, of s[c] v[c][0..d),
+ * 16 nv columns (nv = 1..4) at a time in 2 nv registers, as gemv_t_avx2. */
+MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
+values_rows_nv(float *restrict acc, const float *restrict s, const char *v, int64_t ld, mp_dtype t,
+               int64_t nc, int nv)
+{
+    const int64_t es = mp_widen_size(t);
+    __m256 c[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * nv; i++) c[i] = _mm256_loadu_ps(acc + 8 * i);
+    for (int64_t r = 0; r < nc; r++) {
+        const __m256 xb = _mm256_broadcast_ss(s + r);
+        const char *row = v + r * ld;
+        _mm_prefetch(row + 8 * ld, _MM_HINT_T0);
+        _mm_prefetch(row + 8 * ld + 16 * nv * es - 1, _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (int i = 0; i < 2 * nv; i++)
+            c[i] = _mm256_fmadd_ps(xb, mp_widen8(row + 8 * i * es, t), c[i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * nv; i++) _mm256_storeu_ps(acc + 8 * i, c[i]);
+}
+
+MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
+values_rows_t(float *restrict acc, const float *restrict s, const char *v, int64_t ld, mp_dtype t,
+              int64_t d, int64_t nc)
+{
+    const int64_t es = mp_widen_size(t);
+    for (int64_t i0 = 0; i0 < d; i0 += 64) {
+        const int64_t nv = (d - i0) / 16 < 4 ? (d - i0) / 16 : 4;
+        const char *vi = v + i0 * es;
+        if (nv == 1)
+            values_rows_nv(acc + i0, s, vi, ld, t, nc, 1);
+        else if (nv == 2)
+            values_rows_nv(acc + i0, s, vi, ld, t, nc, 2);
+        else if (nv == 3)
+            values_rows_nv(acc + i0, s, vi, ld, t, nc, 3);
+        else
+            values_rows_nv(acc + i0, s, vi, ld, t, nc, 4);
+    }
+}
+
+/* Both, on a float32 or bfloat16 cache (the type folded into each copy). */
+MP_TARGET_AVX2 __attribute__((noinline)) static void
+scores_rows_avx2(float *restrict s, const float *restrict q, const void *k, int64_t ld, mp_dtype t,
+                 int64_t d, int64_t nc)
+{
+    if (t == MP_BF16)
+        scores_rows_t(s, q, k, ld, MP_BF16, d, nc);
+    else
+        scores_rows_t(s, q, k, ld, MP_F32, d, nc);
+}
+
+MP_TARGET_AVX2 __attribute__((noinline)) static void
+values_rows_avx2(float *restrict acc, const float *restrict s, const void *v, int64_t ld,
+                 mp_dtype t, int64_t d, int64_t nc)
+{
+    if (t == MP_BF16)
+        values_rows_t(acc, s, v, ld, MP_BF16, d, nc);
+    else
+        values_rows_t(acc, s, v, ld, MP_F32, d, nc);
+}
 #endif
 
 /* Which explicit form of gemv_t and gemv_t4 this CPU runs, if any (set by
