@@ -186,7 +186,8 @@ void mp_gemm_epilogue_transposed(const gemm_epilogue *e, const float *t, int64_t
                                  int64_t j0, int64_t mr, int64_t nr, float *tt, int w,
                                  gemm_epilogue_fn plain_epilogue);
 #if MP_X86
-/* The AVX2 path's vector epilogue (gemm_avx2.c), tiles up to 16 wide. */
+/* The AVX2 path's vector epilogue (gemm_epilogue_avx2.c), tiles up to 16
+ * wide. */
 void mp_gemm_epilogue_avx2(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                            int64_t j0, int64_t mr, int64_t nr);
 #endif
@@ -244,6 +245,12 @@ extern const gemm_impl mp_gemm_scalar_impl;
 extern const gemm_impl mp_gemm_avx2_impl;       /* f32 FMA, 256-bit */
 extern const gemm_impl mp_gemm_avx512_impl;     /* f32 FMA */
 extern const gemm_impl mp_gemm_avx512bf16_impl; /* vdpbf16ps */
+/* The AVX2 path's register tile (gemm_avx2.c) and packer (gemm_pack_avx2.c:
+ * gemm_impl.pack for its W of MP_GEMM_AVX2_MR or _NR). */
+#define MP_GEMM_AVX2_MR 6
+#define MP_GEMM_AVX2_NR 16
+void mp_gemm_pack_avx2(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
+                       int W, void *dst);
 /* The AVX2 row kernel (gemm_row_avx2.c), and the most rows of C it takes. */
 void mp_gemm_row_avx2(int64_t kc, const float *a, const void *b, int64_t sb, mp_dtype bt, float *c,
                       int64_t n);
