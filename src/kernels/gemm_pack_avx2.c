@@ -156,6 +156,32 @@ pack_cols(const char *base, int64_t sw, mp_dtype t, int64_t w0, int64_t nw, int6
     }
 }
 
+/* fn(base, stride, T, w0, nw, d0, nd, W, out) with the type t and W (the
+ * tiles' HMR or HNR, else as it comes) folded into each copy, then return. */
+#define FOLD_W(fn, stride, T)                                                                      \
+    do {                                                                                           \
+        if (W == HMR)                                                                              \
+            fn(base, stride, T, w0, nw, d0, nd, HMR, out);                                         \
+        else if (W == HNR)                                                                         \
+            fn(base, stride, T, w0, nw, d0, nd, HNR, out);                                         \
+        else                                                                                       \
+            fn(base, stride, T, w0, nw, d0, nd, W, out);                                           \
+        return;                                                                                    \
+    } while (0)
+#define FOLD(fn, stride)                                                                           \
+    switch (t) {                                                                                   \
+    case MP_F32:                                                                                   \
+        FOLD_W(fn, stride, MP_F32);                                                                \
+    case MP_BF16:                                                                                  \
+        FOLD_W(fn, stride, MP_BF16);                                                               \
+    case MP_F16:                                                                                   \
+        FOLD_W(fn, stride, MP_F16);                                                                \
+    case MP_F8E4M3:                                                                                \
+        FOLD_W(fn, stride, MP_F8E4M3);                                                             \
+    default:                                                                                       \
+        FOLD_W(fn, stride, MP_F8E5M2);                                                             \
+    }
+
 MP_TARGET_AVX2 void mp_gemm_pack_avx2(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
                                       int64_t nd, int W, void *dst)
 {
@@ -166,64 +192,14 @@ MP_TARGET_AVX2 void mp_gemm_pack_avx2(const gemm_operand *op, int64_t w0, int64_
     }
     const char *base = op->base;
     float *out = dst;
-    if (op->sw == 1 && nw % W == 0 && (W % 8 == 0 || W < 8) && nw <= 16 * W) {
-        /* the type folded into each copy of the loop */
-#define PACK_ROWS_AS(T)                                                                            \
-    case T:                                                                                        \
-        pack_rows(base, op->sd, T, w0, nw, d0, nd, W, out);                                        \
-        return;
-        switch (t) {
-            PACK_ROWS_AS(MP_F32)
-            PACK_ROWS_AS(MP_BF16)
-            PACK_ROWS_AS(MP_F16)
-            PACK_ROWS_AS(MP_F8E4M3)
-        default:
-            pack_rows(base, op->sd, MP_F8E5M2, w0, nw, d0, nd, W, out);
-        }
-#undef PACK_ROWS_AS
-        return;
-    }
-    if (op->sw == 1) {
-        /* W and the type folded into each copy of the loop */
-#define PACK_GROUPS_AS(T)                                                                          \
-    case T:                                                                                        \
-        if (W == HMR)                                                                              \
-            pack_groups(base, op->sd, T, w0, nw, d0, nd, HMR, out);                                \
-        else if (W == HNR)                                                                         \
-            pack_groups(base, op->sd, T, w0, nw, d0, nd, HNR, out);                                \
-        else                                                                                       \
-            pack_groups(base, op->sd, T, w0, nw, d0, nd, W, out);                                  \
-        return;
-        switch (t) {
-            PACK_GROUPS_AS(MP_F32)
-            PACK_GROUPS_AS(MP_BF16)
-            PACK_GROUPS_AS(MP_F16)
-            PACK_GROUPS_AS(MP_F8E4M3)
-        default:
-            pack_groups(base, op->sd, MP_F8E5M2, w0, nw, d0, nd, W, out);
-        }
-#undef PACK_GROUPS_AS
-        return;
-    }
-    /* W and the type folded into each copy of the loop */
-#define PACK_COLS_AS(T)                                                                            \
-    case T:                                                                                        \
-        if (W == HMR)                                                                              \
-            pack_cols(base, op->sw, T, w0, nw, d0, nd, HMR, out);                                  \
-        else if (W == HNR)                                                                         \
-            pack_cols(base, op->sw, T, w0, nw, d0, nd, HNR, out);                                  \
-        else                                                                                       \
-            pack_cols(base, op->sw, T, w0, nw, d0, nd, W, out);                                    \
-        return;
-    switch (t) {
-        PACK_COLS_AS(MP_F32)
-        PACK_COLS_AS(MP_BF16)
-        PACK_COLS_AS(MP_F16)
-        PACK_COLS_AS(MP_F8E4M3)
-    default:
-        pack_cols(base, op->sw, MP_F8E5M2, w0, nw, d0, nd, W, out);
-    }
-#undef PACK_COLS_AS
+    if (op->sw == 1 && nw % W == 0 && (W % 8 == 0 || W < 8) && nw <= 16 * W)
+        FOLD(pack_rows, op->sd)
+    else if (op->sw == 1)
+        FOLD(pack_groups, op->sd)
+    else
+        FOLD(pack_cols, op->sw)
 }
+#undef FOLD
+#undef FOLD_W
 
 #endif
