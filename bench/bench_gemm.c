@@ -263,6 +263,8 @@ static const shape shapes[] = {
     {"fc3 dW     4096x10x1024  ", true, false, 4096, 10, 1024, false, 0},
     {"fc3 dX     1024x4096x10  ", false, true, 1024, 4096, 10, false, 0},
     {"square     2048x2048x2048", false, false, 2048, 2048, 2048, true, 0},
+    /* gpt_mini's MLP weight gradient (x^T dz over a batch of 32 x 128 tokens) */
+    {"gpt dW     1024x256x4096 ", true, false, 1024, 256, 4096, false, 0},
     /* a decoder's step: one position through gpt_mini's MLP (W read as it lies) */
     {"dec up     1x1024x256    ", false, false, 1, 1024, 256, false, 400},
     {"dec down   1x256x1024    ", false, false, 1, 256, 1024, false, 400},
