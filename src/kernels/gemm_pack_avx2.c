@@ -24,7 +24,7 @@ MP_TARGET_AVX2 static inline void store_row(float *o, __m256 v, int width, bool 
         store_n(o, v, width);
 }
 
-/* pack_f32 on an operand along its width (unit width stride) cut into at
+/* The packer on an operand along its width (unit width stride) cut into at
  * most 16 whole panels of W (a multiple of 8, or under 8: a B block):
  * source row by source row, each read once from start to end (the rows 8
  * ahead asked for), its W-element pieces stored into the panels in turn;
@@ -58,13 +58,13 @@ pack_rows(const char *base, int64_t sd, mp_dtype t, int64_t w0, int64_t nw, int6
     }
 }
 
-/* pack_f32 on an operand along its width (unit width stride) in general
+/* The packer on an operand along its width (unit width stride) in general
  * (a wide block, a partial last panel): 8 depths (source rows) at a time
  * across the panels, so that each panel's piece is written whole. A panel
  * whose whole 8-lane loads stay within the block's nw columns (all but the
  * last one or two) is copied with plain loads and stores, a narrow panel's
  * rows spilling as store_row says; the rest through load8, lanes past the
- * operand zero. Specialised on W and the type (pack_f32): with both known
+ * operand zero. Specialised on W and the type (mp_gemm_pack_avx2): with both known
  * the copy is a load and a store per row and 8 columns, where load8's
  * masks and branches ran for every piece before. AMD EPYC (Zen 3), 2
  * threads, the old and the new library in alternating processes, medians
@@ -109,9 +109,9 @@ pack_groups(const char *base, int64_t sd, mp_dtype t, int64_t w0, int64_t nw, in
     }
 }
 
-/* pack_f32 on an operand along its depth (unit depth stride: A's rows, a
+/* The packer on an operand along its depth (unit depth stride: A's rows, a
  * transposed B's columns): 8 rows x 8 depths at a time, transposed in
- * registers. Specialised on W and the type (pack_f32): a whole block (8
+ * registers. Specialised on W and the type (mp_gemm_pack_avx2): a whole block (8
  * depths inside the block, the panel's rows all there) is 8 plain loads,
  * the transpose and 8 stores, where load8's masks and branches ran for
  * every row. AMD EPYC (Zen 3), 2 threads, the old and the new library in
