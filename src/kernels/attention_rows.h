@@ -135,44 +135,61 @@ gemv_t4_avx2(float *restrict y, int64_t ldy, const float *restrict x, int64_t in
     }
 }
 
+/* gemv_t's sums with a's rows ld bytes apart and of type t (float32, or
+ * bfloat16 widened as loaded: a decoder's cache rows, read in place),
+ * asked for 8 rows ahead where `ask`. */
 MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
-gemv_t_avx2_nv(float *restrict y, const float *restrict x, int64_t incx, const float *restrict a,
-               int64_t lda, int64_t m, bool add, int nv)
+gemv_rows_nv(float *restrict y, const float *restrict x, int64_t incx, const char *a, int64_t ld,
+             mp_dtype t, int64_t m, bool add, bool ask, int nv)
 {
+    const int64_t es = mp_widen_size(t);
     __m256 c[8];
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * nv; v++) c[v] = add ? _mm256_loadu_ps(y + 8 * v) : _mm256_setzero_ps();
     for (int64_t k = 0; k < m; k++) {
         const __m256 xb = _mm256_broadcast_ss(x + k * incx);
-        const float *ar = a + k * lda;
+        const char *ar = a + k * ld;
+        if (ask) {
+            _mm_prefetch(ar + 8 * ld, _MM_HINT_T0);
+            _mm_prefetch(ar + 8 * ld + 16 * nv * es - 1, _MM_HINT_T0);
+        }
 #pragma GCC unroll 8
         for (int v = 0; v < 2 * nv; v++)
-            c[v] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(ar + 8 * v), c[v]);
+            c[v] = _mm256_fmadd_ps(xb, mp_widen8(ar + 8 * v * es, t), c[v]);
     }
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * nv; v++) _mm256_storeu_ps(y + 8 * v, c[v]);
+}
+
+MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
+gemv_rows(float *restrict y, const float *restrict x, int64_t incx, const char *a, int64_t ld,
+          mp_dtype t, int64_t m, int64_t n, bool add, bool ask)
+{
+    const int64_t es = mp_widen_size(t);
+    for (int64_t i0 = 0; i0 < n; i0 += 64) {
+        const char *ai = a + i0 * es;
+        switch ((n - i0) / 16) {
+        case 1:
+            gemv_rows_nv(y + i0, x, incx, ai, ld, t, m, add, ask, 1);
+            break;
+        case 2:
+            gemv_rows_nv(y + i0, x, incx, ai, ld, t, m, add, ask, 2);
+            break;
+        case 3:
+            gemv_rows_nv(y + i0, x, incx, ai, ld, t, m, add, ask, 3);
+            break;
+        default:
+            gemv_rows_nv(y + i0, x, incx, ai, ld, t, m, add, ask, 4);
+            break;
+        }
+    }
 }
 
 MP_TARGET_AVX2 __attribute__((noinline)) static void
 gemv_t_avx2(float *restrict y, const float *restrict x, int64_t incx, const float *restrict a,
             int64_t lda, int64_t m, int64_t n, bool add)
 {
-    for (int64_t i0 = 0; i0 < n; i0 += 64) {
-        switch ((n - i0) / 16) {
-        case 1:
-            gemv_t_avx2_nv(y + i0, x, incx, a + i0, lda, m, add, 1);
-            break;
-        case 2:
-            gemv_t_avx2_nv(y + i0, x, incx, a + i0, lda, m, add, 2);
-            break;
-        case 3:
-            gemv_t_avx2_nv(y + i0, x, incx, a + i0, lda, m, add, 3);
-            break;
-        default:
-            gemv_t_avx2_nv(y + i0, x, incx, a + i0, lda, m, add, 4);
-            break;
-        }
-    }
+    gemv_rows(y, x, incx, (const char *)a, lda * (int64_t)sizeof(float), MP_F32, m, n, add, false);
 }
 /* Columns [0, len) of 8 rows of blk (ldb floats apart; len rounded up to 8
  * read, zeros past len where the caller pads) into rows [0, len) of 8
@@ -228,48 +245,6 @@ scores_rows_t(float *restrict s, const float *restrict q, const char *k, int64_t
     }
 }
 
-/* Values: acc[0..d) += the sum over c < nc, in order, of s[c] v[c][0..d),
- * 16 nv columns (nv = 1..4) at a time in 2 nv registers, as gemv_t_avx2. */
-MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
-values_rows_nv(float *restrict acc, const float *restrict s, const char *v, int64_t ld, mp_dtype t,
-               int64_t nc, int nv)
-{
-    const int64_t es = mp_widen_size(t);
-    __m256 c[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 2 * nv; i++) c[i] = _mm256_loadu_ps(acc + 8 * i);
-    for (int64_t r = 0; r < nc; r++) {
-        const __m256 xb = _mm256_broadcast_ss(s + r);
-        const char *row = v + r * ld;
-        _mm_prefetch(row + 8 * ld, _MM_HINT_T0);
-        _mm_prefetch(row + 8 * ld + 16 * nv * es - 1, _MM_HINT_T0);
-#pragma GCC unroll 8
-        for (int i = 0; i < 2 * nv; i++)
-            c[i] = _mm256_fmadd_ps(xb, mp_widen8(row + 8 * i * es, t), c[i]);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 2 * nv; i++) _mm256_storeu_ps(acc + 8 * i, c[i]);
-}
-
-MP_TARGET_AVX2 static inline __attribute__((always_inline)) void
-values_rows_t(float *restrict acc, const float *restrict s, const char *v, int64_t ld, mp_dtype t,
-              int64_t d, int64_t nc)
-{
-    const int64_t es = mp_widen_size(t);
-    for (int64_t i0 = 0; i0 < d; i0 += 64) {
-        const int64_t nv = (d - i0) / 16 < 4 ? (d - i0) / 16 : 4;
-        const char *vi = v + i0 * es;
-        if (nv == 1)
-            values_rows_nv(acc + i0, s, vi, ld, t, nc, 1);
-        else if (nv == 2)
-            values_rows_nv(acc + i0, s, vi, ld, t, nc, 2);
-        else if (nv == 3)
-            values_rows_nv(acc + i0, s, vi, ld, t, nc, 3);
-        else
-            values_rows_nv(acc + i0, s, vi, ld, t, nc, 4);
-    }
-}
-
 /* Both, on a float32 or bfloat16 cache (the type folded into each copy). */
 MP_TARGET_AVX2 __attribute__((noinline)) static void
 scores_rows_avx2(float *restrict s, const float *restrict q, const void *k, int64_t ld, mp_dtype t,
@@ -281,14 +256,16 @@ scores_rows_avx2(float *restrict s, const float *restrict q, const void *k, int6
         scores_rows_t(s, q, k, ld, MP_F32, d, nc);
 }
 
+/* Values: acc[0..d) += the sum over c < nc, in order, of s[c] v[c][0..d):
+ * gemv_t's loop on the cache's rows. */
 MP_TARGET_AVX2 __attribute__((noinline)) static void
 values_rows_avx2(float *restrict acc, const float *restrict s, const void *v, int64_t ld,
                  mp_dtype t, int64_t d, int64_t nc)
 {
     if (t == MP_BF16)
-        values_rows_t(acc, s, v, ld, MP_BF16, d, nc);
+        gemv_rows(acc, s, 1, v, ld, MP_BF16, nc, d, true, true);
     else
-        values_rows_t(acc, s, v, ld, MP_F32, d, nc);
+        gemv_rows(acc, s, 1, v, ld, MP_F32, nc, d, true, true);
 }
 #endif
 
