@@ -48,7 +48,7 @@ static void *typed(const float *x, size_t n, mp_dtype t)
     return p;
 }
 
-static void rows_equal_tiles(const rows_case *r, int threads)
+static void rows_equal_tiles(const rows_case *r, int threads, int *taken)
 {
     const int64_t lda = r->ta ? TALL : r->k, na = TALL * r->k, nb = r->k * r->ldb;
     const size_t cs = mp_dtype_size(r->ct);
@@ -84,8 +84,12 @@ static void rows_equal_tiles(const rows_case *r, int threads)
     g.m = TALL;
     g.c = tall;
     assert_int_equal(mp_gemm_ex(&g), MP_OK);
-    if (mp_isa_active() == MP_ISA_AVX2 || mp_isa_active() == MP_ISA_AVX512)
-        assert_true(takes_rows(r, r->m, a, lda, b));
+    /* every x86 path's kernels have a row kernel; B must be two of its
+     * panels wide (48 columns a panel on AVX-512, 16 on AVX2) */
+    const bool rows_path =
+        mp_isa_active() != MP_ISA_SCALAR && r->n >= 2 * mp_gemm_impl_for(r->at, r->bt)->nr;
+    assert_int_equal(takes_rows(r, r->m, a, lda, b), rows_path);
+    *taken += rows_path;
     g.m = r->m;
     g.c = rows;
     assert_int_equal(mp_gemm_ex(&g), MP_OK);
@@ -122,6 +126,10 @@ static void test_rows_equal_tiles(void **state)
         {1, 768, 256, 800, false, MP_F32, MP_BF16, MP_F32, false},     /* padded B rows */
         {2, 200, 33, 211, false, MP_F32, MP_F32, MP_F32, false},       /* 3 passes, 8s, ones */
         {1, 37, 1500, 37, false, MP_BF16, MP_BF16, MP_BF16, false},    /* vectors and ones */
+        {1, 133, 1500, 133, false, MP_BF16, MP_BF16, MP_BF16, false},  /* the same, AVX-512 */
+        {2, 200, 33, 211, false, MP_BF16, MP_BF16, MP_F32, false},     /* odd k: a zero pair */
+        {1, 1000, 201, 1003, true, MP_F8E5M2, MP_BF16, MP_F32, true},  /* A strided, odd k */
+        {2, 777, 64, 780, false, MP_BF16, MP_F8E5M2, MP_BF16, true},   /* bf16 A in place */
         {2, 100, 7, 100, true, MP_F32, MP_BF16, MP_F32, true},         /* A strided */
         {1, 130, 64, 130, false, MP_F16, MP_F32, MP_F32, false},       /* A widened */
         {2, 2048, 96, 2048, false, MP_BF16, MP_BF16, MP_BF16, false},  /* split in two */
@@ -136,8 +144,11 @@ static void test_rows_equal_tiles(void **state)
     const mp_isa saved = mp_isa_active();
     for (int ii = 0; ii < ni; ii++) {
         assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
+        int taken = 0;
         for (size_t s = 0; s < sizeof cases / sizeof cases[0]; s++)
-            for (int t = 1; t <= 2; t++) rows_equal_tiles(&cases[s], t);
+            for (int t = 1; t <= 2; t++) rows_equal_tiles(&cases[s], t, &taken);
+        /* all but n = 37 on AVX-512 (and nothing on the scalar path) */
+        if (isas[ii] != MP_ISA_SCALAR) assert_true(taken >= 30);
     }
     mp_isa_set(saved);
     mp_set_num_threads(0);

@@ -26,17 +26,16 @@
 #include "core/profile.h"
 #include "kernels/gemm_internal.h"
 
-static bool bf16_like(mp_dtype t) { return t == MP_BF16 || t == MP_F8E4M3 || t == MP_F8E5M2; }
-
 static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
 {
     const gemm_impl *timing = mp_gemm_dispatch_override();
     if (timing) return timing;
     mp_isa isa = mp_isa_active();
-    if (bf16_like(at) && bf16_like(bt) && !mp_isa_forced() && mp_gemm_dispatch_testing())
+    if (mp_gemm_bf16_like(at) && mp_gemm_bf16_like(bt) && !mp_isa_forced() &&
+        mp_gemm_dispatch_testing())
         return mp_gemm_dispatch_bf16(at, bt);
 #if MP_X86
-    if (isa >= MP_ISA_AVX512BF16 && bf16_like(at) && bf16_like(bt))
+    if (isa >= MP_ISA_AVX512BF16 && mp_gemm_bf16_like(at) && mp_gemm_bf16_like(bt))
         return mp_isa_forced() ? &mp_gemm_avx512bf16_impl : mp_gemm_dispatch_bf16(at, bt);
     if (isa >= MP_ISA_AVX512) return &mp_gemm_avx512_impl;
     if (isa == MP_ISA_AVX2) return &mp_gemm_avx2_impl;

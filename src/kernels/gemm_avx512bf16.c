@@ -8,8 +8,7 @@
  * only shows below 2^-126. */
 #include <string.h>
 
-#include "core/avx512_lanes.h"
-#include "kernels/gemm_avx512_common.h"
+#include "kernels/gemm_avx512bf16_load.h"
 
 #if MP_X86
 
@@ -79,31 +78,6 @@ MP_TARGET_AVX512BF16 static void kernel_bf16_a(int64_t kc, const void *a, int64_
 {
     (void)sk; /* 1: the driver reads bf16 in place only along rows */
     MP_GEMM_BY_NV(nv, kernel_bf16_core, kc, a, si, 2, b, c, ldc, acc);
-}
-
-/* Up to 16 consecutive bf16/fp8 elements as bf16 bits; lanes past cnt are
- * zero and their memory is not touched. fp8 goes through f16 bit patterns:
- * E5M2 is the top byte of an f16, and E4M3's exponent and mantissa placed
- * in an f16 read 2^8 times too small (subnormals included), so one exact
- * multiply fixes the scale. Every fp8 value then fits bf16 exactly. */
-MP_TARGET_AVX512BF16 static inline __m256i load16(const char *p, mp_dtype t, int cnt)
-{
-    const __mmask16 m = mp_lanes16(cnt); /* whole vectors plainly (avx512_lanes.h) */
-    if (t == MP_BF16) return mp_load16_u16((const uint16_t *)p, m);
-    __m256i b = _mm256_cvtepu8_epi16(mp_load16_u8((const uint8_t *)p, m));
-    __m512 f;
-    if (t == MP_F8E5M2) {
-        f = _mm512_cvtph_ps(_mm256_slli_epi16(b, 8));
-    } else {
-        __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7F));
-        f = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_slli_epi16(mag, 7)), _mm512_set1_ps(256.0f));
-        __mmask16 nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F));
-        f = _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(__builtin_nanf("")));
-        __m512i sign = _mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_and_si256(b, _mm256_set1_epi16(0x80))), 24);
-        f = _mm512_or_ps(f, _mm512_castsi512_ps(sign));
-    }
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16));
 }
 
 MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, int64_t nw,
@@ -186,12 +160,12 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
                     if (cnt > 0) {
                         int c8 = cnt >= 8 ? 8 : (int)cnt;
                         const char *s0 = r0 + (q * W + g) * es;
-                        __m256i lo =
-                            _mm256_cvtepu16_epi32(_mm256_castsi256_si128(load16(s0, t, c8)));
+                        __m256i lo = _mm256_cvtepu16_epi32(
+                            _mm256_castsi256_si128(mp_gemm_bf16_load16(s0, t, c8)));
                         __m256i hi = _mm256_setzero_si256();
                         if (two)
-                            hi = _mm256_cvtepu16_epi32(
-                                _mm256_castsi256_si128(load16(s0 + op->sd * es, t, c8)));
+                            hi = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(
+                                mp_gemm_bf16_load16(s0 + op->sd * es, t, c8)));
                         v = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16));
                     }
                     _mm256_storeu_si256((__m256i *)(o + g * 2), v);
@@ -213,9 +187,9 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
                 for (int q = 0; q < cnt; q++)
                     _mm_prefetch(rows + (q * op->sw + d + 128) * es, _MM_HINT_T0);
                 for (int q = 0; q < 8; q++)
-                    r[q] = q < cnt
-                               ? _mm256_castsi256_ps(load16(rows + (q * op->sw + d) * es, t, dn))
-                               : _mm256_setzero_ps();
+                    r[q] = q < cnt ? _mm256_castsi256_ps(
+                                         mp_gemm_bf16_load16(rows + (q * op->sw + d) * es, t, dn))
+                                   : _mm256_setzero_ps();
                 mp_gemm_tr8(r);
                 for (int q = 0; q < (dn + 1) / 2; q++)
                     _mm256_storeu_ps((float *)(out + ((d / 2 + q) * W + g) * 2), r[q]);
@@ -256,6 +230,16 @@ const gemm_impl mp_gemm_avx512bf16_impl = {
     .kernel = kernel_bf16,
     .narrow = {kernel_bf16_n16, kernel_bf16_n32},
     .kernel_a = kernel_bf16_a,
+    /* A C of one or two rows: the row kernel, B read where it lies, rather
+     * than B packed for 8-row tiles of padding. AMD EPYC (Zen 5, family 26
+     * model 2), 2 threads, bf16 A and B, medians of 61 rounds alternating
+     * in one process, us, tiles -> rows: 1x1024x256 19.8 -> 3.7, 2x1024x256
+     * 19.9 -> 6.5, 1x256x1024 27.1 -> 3.6, 1x4096x1024 (8 MiB of B, from
+     * L3) 192 -> 114, 2x4096x1024 187 -> 180, 3x4096x1024 186 -> 263: each
+     * row passes over B once, so past two rows of a B out of L2 the tiles
+     * win. */
+    .kernel_row = mp_gemm_row_avx512bf16,
+    .row_max = 2,
     .pack = pack_bf16,
     .epilogue = mp_gemm_epilogue_avx512,
     .epilogue_checks = true,

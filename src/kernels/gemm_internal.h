@@ -138,13 +138,15 @@ typedef struct {
      * (a C of at most two panels of rows): a batch of one through a layer
      * whose weights are bfloat16 then reads them once, as they lie. */
     gemm_kernel_ab_fn kernel_ab_bf16;
-    /* Optional, float32 format only: one row of C for a product with few
-     * rows (gemm_rows.c): c[0..n) = the sum over k < kc, in order, of a[k]
-     * times B's row k (b + k * sb elements of a type mp_gemm_widens,
-     * widened as loaded), one FMA per product from zero: each element the
-     * bits the tile kernels give it, none of the work spent on a tile's
-     * padding rows. */
-    void (*kernel_row)(int64_t kc, const float *a, const void *b, int64_t sb, mp_dtype bt, float *c,
+    /* Optional: one row of C for a product with few rows (gemm_rows.c):
+     * c[0..n) = the sum over k < kc, in order, of a[k] times B's row k
+     * (b + k * sb elements, read where they lie), each element the bits the
+     * tile kernels give it, none of the work spent on a tile's padding
+     * rows. A's row is in the impl's format: float32 (B of a type
+     * mp_gemm_widens, one FMA per product from zero), or bfloat16 pairs
+     * with a zero past an odd kc (B of a type mp_gemm_bf16_like, one
+     * vdpbf16ps per pair). */
+    void (*kernel_row)(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt, float *c,
                        int64_t n);
     int row_max;       /* the most rows of C kernel_row takes: past them the tiles are faster */
     gemm_pack_fn pack; /* for both operands */
@@ -203,6 +205,12 @@ bool mp_gemm_accumulates_in_c(const gemm_epilogue *e);
 /* The types the x86 packers and row kernel widen in registers
  * (gemm_simd.h's mp_widen8): every floating format. */
 static inline bool mp_gemm_widens(mp_dtype t) { return (unsigned)t < MP_DTYPE_COUNT; }
+/* The types the bfloat16 format holds exactly, which the vdpbf16ps path
+ * takes (bfloat16 and both float8s). */
+static inline bool mp_gemm_bf16_like(mp_dtype t)
+{
+    return t == MP_BF16 || t == MP_F8E4M3 || t == MP_F8E5M2;
+}
 /* How many of B's rows ahead a kernel reading them in place asks for
  * (they lie sbb bytes apart, a stride the hardware prefetcher may not
  * follow), at most `most`: as many as stay in L1 until they are read. An
@@ -252,9 +260,12 @@ extern const gemm_impl mp_gemm_avx512bf16_impl; /* vdpbf16ps */
 void mp_gemm_pack_avx2(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
                        int W, void *dst);
 /* The AVX2 row kernel (gemm_row_avx2.c), and the most rows of C it takes. */
-void mp_gemm_row_avx2(int64_t kc, const float *a, const void *b, int64_t sb, mp_dtype bt, float *c,
+void mp_gemm_row_avx2(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt, float *c,
                       int64_t n);
 #define MP_GEMM_ROW_MAX_AVX2 2
+/* The vdpbf16ps row kernel (gemm_row_avx512bf16.c). */
+void mp_gemm_row_avx512bf16(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt,
+                            float *c, int64_t n);
 /* Tests: 0 or 1 forces mp_gemm_avx512_impl's streaming, or
  * mp_gemm_avx2_impl's packing of A, off or on; -1: timed again on the next
  * call. */

@@ -47,9 +47,10 @@ row_block(int64_t kc, const float *a, const char *b, int64_t sbb, int64_t ahead,
  * 1x256x256 7.7 -> 26.2, 1x1024x1024 9.9 -> 27.5, 2x1024x256 19.3 -> 29.5,
  * 3x1024x256 29.0 -> 29.5, 4x1024x256 39.4 -> 30.0: rows each pass over B
  * up to MP_GEMM_ROW_MAX_AVX2. */
-MP_TARGET_AVX2 void mp_gemm_row_avx2(int64_t kc, const float *a, const void *b, int64_t sb,
+MP_TARGET_AVX2 void mp_gemm_row_avx2(int64_t kc, const void *av, const void *b, int64_t sb,
                                      mp_dtype bt, float *c, int64_t n)
 {
+    const float *a = av;
     const int64_t es = mp_widen_size(bt);
     const char *bp = b;
     const int64_t ahead = mp_gemm_rows_ahead(sb * es, 16) * sb * es; /* in bytes */

@@ -3,10 +3,10 @@
  * each row of C is its row of A passed once over B's rows where they lie
  * (gemm_impl.kernel_row), any float type along n (widened as loaded), instead
  * of register tiles MR rows high, all but one or two of them padding. Every
- * element is the sum the tiles give it (in order along k, one FMA per
- * product, from zero), and the same epilogue writes it: the same bits
- * either way. Threads split the columns where B is big enough to pay for
- * a fork. */
+ * element is the sum the tiles give it (in order along k, from zero: one
+ * FMA per product in float32, one vdpbf16ps per pair of depths on the
+ * bfloat16 path), and the same epilogue writes it: the same bits either
+ * way. Threads split the columns where B is big enough to pay for a fork. */
 #include "kernels/gemm_internal.h"
 
 enum {
@@ -23,28 +23,30 @@ enum {
 bool mp_gemm_rows_take(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
                        const gemm_operand *b, const gemm_epilogue *e)
 {
-    return im->kernel_row && im->fmt == GEMM_FMT_F32 && k > 0 && m <= im->row_max &&
-           n >= 2 * im->nr && !e->trans && !a->gather && !b->gather && b->sw == 1 &&
-           mp_gemm_widens(b->type);
+    const bool types = im->fmt == GEMM_FMT_F32
+                           ? mp_gemm_widens(b->type)
+                           : mp_gemm_bf16_like(a->type) && mp_gemm_bf16_like(b->type);
+    return im->kernel_row && k > 0 && m <= im->row_max && n >= 2 * im->nr && !e->trans &&
+           !a->gather && !b->gather && b->sw == 1 && types;
 }
 
-/* Columns [j0, j1) of every row of C from A's m rows in float32 (row i at
- * a + i * lda). */
-static void rows_range(const gemm_impl *im, int64_t m, int64_t k, const float *a, int64_t lda,
+/* Columns [j0, j1) of every row of C from A's m rows in the impl's format
+ * (row i at a + i * lda elements). */
+static void rows_range(const gemm_impl *im, int64_t m, int64_t k, const char *a, int64_t lda,
                        const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite,
                        int64_t j0, int64_t j1)
 {
     const bool direct = mp_gemm_accumulates_in_c(e);
     const bool check = nonfinite && e->c_type == MP_F32 && (direct || !im->epilogue_checks);
-    const size_t bsz = mp_dtype_size(b->type);
+    const size_t bsz = mp_dtype_size(b->type), asz = mp_gemm_fmt_bytes(im->fmt);
     /* the epilogue may read a full vector past a short last tile */
     _Alignas(64) float t[CHUNK + 64];
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = j0; j < j1; j += CHUNK) {
             const int64_t nr = min64(CHUNK, j1 - j);
             float *c = direct ? (float *)e->c + i * e->ldc + j : t;
-            im->kernel_row(k, a + i * lda, (const char *)b->base + (size_t)j * bsz, b->sd, b->type,
-                           c, nr);
+            im->kernel_row(k, a + (size_t)(i * lda) * asz, (const char *)b->base + (size_t)j * bsz,
+                           b->sd, b->type, c, nr);
             if (!direct)
                 for (int64_t jj = 0; jj < nr; jj += im->nr)
                     im->epilogue(e, t + jj, CHUNK, i, j + jj, 1, min64(im->nr, nr - jj));
@@ -57,22 +59,25 @@ static void rows_range(const gemm_impl *im, int64_t m, int64_t k, const float *a
 mp_status mp_gemm_rows(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
                        const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite)
 {
-    /* A's rows in float32: where they lie, or widened once here for every
-     * thread */
-    const float *ar = a->base;
+    /* A's rows in the impl's format: where they lie, or converted once here
+     * for every thread (float32; bfloat16 pairs, a zero past an odd k) */
+    const char *ar = a->base;
     int64_t lda = a->sw;
-    if (a->type != MP_F32 || a->sd != 1) {
-        float *buf = mp_scratch(0, (size_t)(m * k) * sizeof(float));
+    const bool bf16 = im->fmt == GEMM_FMT_BF16;
+    if (bf16 ? a->type != MP_BF16 || a->sd != 1 || (k & 1) : a->type != MP_F32 || a->sd != 1) {
+        const int64_t kp = mp_gemm_kpad(im->fmt, k);
+        char *buf = mp_scratch(0, (size_t)(m * kp) * mp_gemm_fmt_bytes(im->fmt));
         if (!buf) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate A's rows");
         const size_t asz = mp_dtype_size(a->type);
         for (int64_t i = 0; i < m; i++)
-            if (a->sd == 1) /* along k: the vector conversion */
-                mp_convert(buf + i * k, MP_F32, (const char *)a->base + (size_t)(i * a->sw) * asz,
-                           a->type, (size_t)k);
+            if (!bf16 && a->sd == 1) /* along k: the vector conversion */
+                mp_convert((float *)buf + i * k, MP_F32,
+                           (const char *)a->base + (size_t)(i * a->sw) * asz, a->type, (size_t)k);
             else
-                mp_gemm_pack_generic(a, i, 1, 0, k, 1, GEMM_FMT_F32, buf + i * k);
+                mp_gemm_pack_generic(a, i, 1, 0, k, 1, im->fmt,
+                                     buf + (size_t)(i * kp) * mp_gemm_fmt_bytes(im->fmt));
         ar = buf;
-        lda = k;
+        lda = kp;
     }
     int nt = mp_num_threads();
     /* a fork costs a few microseconds: worth it where B takes longer to
