@@ -1,8 +1,10 @@
 /* gemm_avx512.c - AVX-512 float32 GEMM path: an 8x48 FMA microkernel (24 zmm
  * accumulators, enough independent chains to cover FMA latency on two
- * pipes), packers that widen f32/f16/bf16 to f32 with SIMD loads and 8x8
- * transposes, and the vector epilogue. Compiled with target attributes and
- * only reached after runtime CPU detection. */
+ * pipes), in variants for thin panels and operands read in place, and the
+ * impl that joins it to the packer it shares with the AVX2 path
+ * (gemm_pack_avx2.c), the 512-bit row kernel (gemm_row_avx512.c) and the
+ * vector epilogue. Compiled with target attributes and only reached after
+ * runtime CPU detection. */
 #include <stdio.h>
 
 #include "kernels/gemm_avx512_common.h"
@@ -138,102 +140,6 @@ MP_TARGET_AVX512 static void kernel_f32_a(int64_t kc, const void *a, int64_t si,
     kernel_f32_ab(kc, a, si, sk, b, FNR, c, ldc, acc, nv);
 }
 
-/* Up to 8 consecutive elements of a 16/32-bit type widened to f32; lanes past
- * cnt are zero and their memory is not touched. */
-MP_TARGET_AVX512 static inline __m256 load8(const char *p, mp_dtype t, int cnt)
-{
-    __mmask8 m = (__mmask8)((1u << cnt) - 1u);
-    switch (t) {
-    case MP_F32:
-        return cnt == 8 ? _mm256_loadu_ps((const float *)p) : _mm256_maskz_loadu_ps(m, p);
-    case MP_F16:
-        return _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, p));
-    default: /* MP_BF16 */
-        return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_maskz_loadu_epi16(m, p)), 16));
-    }
-}
-
-MP_TARGET_AVX512 static void pack_f32(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
-                                      int64_t nd, int W, void *dst)
-{
-    const mp_dtype t = op->type;
-    if ((t != MP_F32 && t != MP_F16 && t != MP_BF16) || (W & 7) || (op->sw != 1 && op->sd != 1)) {
-        mp_gemm_pack_generic(op, w0, nw, d0, nd, W, GEMM_FMT_F32, dst);
-        return;
-    }
-    const int64_t es = (int64_t)mp_dtype_size(t);
-    const char *base = op->base;
-    float *out = dst;
-    if (op->sw == 1) {
-        /* Rows of the panels are contiguous in memory. Take 8 source rows
-         * (depths) at a time, read left to right, and write each panel's
-         * 8 x W piece whole: the reads run as 8 sequential streams, and
-         * each written line is filled at once (dealing a single row out
-         * writes W floats to every panel, nd * W floats apart, and leaves
-         * lines half written). */
-        enum { G = 8 };
-        for (int64_t dg = 0; dg < nd; dg += G) {
-            const int64_t gn = nd - dg < G ? nd - dg : G;
-            for (int64_t p = 0; p * W < nw; p++) {
-                const int64_t nv = nw - p * W < W ? nw - p * W : W;
-                const char *col = base + (w0 + p * W + (d0 + dg) * op->sd) * es;
-                float *o = out + p * nd * W + dg * W;
-                /* The same piece of the next 8 rows, asked for now: each
-                 * row is a run of W values far from the next, too short
-                 * for the hardware prefetcher, and the loads waited for
-                 * memory (76% of this packer's time in fc1's weight
-                 * gradient). 2 threads, Zen 5, medians of 15 calls
-                 * alternating in one process, two runs: fc1 dW
-                 * (784x4096x1024) x0.933-0.936, fc2 fwd x0.948-0.977, fc1
-                 * fwd x0.957-0.960, fc2 dW x0.979-0.985, 2048^3
-                 * x0.971-0.987, fc2 fwd from float16 x0.918-0.938; 16 rows
-                 * ahead: the same as 8. */
-                if (dg + G < nd) {
-                    const int64_t gn2 = nd - dg - G < G ? nd - dg - G : G;
-                    for (int64_t d = 0; d < gn2; d++) {
-                        const char *src = col + (G + d) * op->sd * es;
-                        for (int64_t x = 0; x < nv * es; x += 64)
-                            _mm_prefetch(src + x, _MM_HINT_T0);
-                    }
-                }
-                for (int64_t d = 0; d < gn; d++) {
-                    const char *src = col + d * op->sd * es;
-                    for (int g = 0; g < W; g += 8) {
-                        int64_t cnt = nv - g;
-                        __m256 v = cnt <= 0 ? _mm256_setzero_ps()
-                                            : load8(src + g * es, t, cnt >= 8 ? 8 : (int)cnt);
-                        _mm256_storeu_ps(o + d * W + g, v);
-                    }
-                }
-            }
-        }
-        return;
-    }
-    for (int64_t w = 0; w < nw; w += W, out += nd * W) {
-        const int64_t nv = nw - w < W ? nw - w : W;
-        /* Depth is contiguous: transpose 8 rows x 8 depths at a time. */
-        for (int g = 0; g < W; g += 8) {
-            int64_t cnt = nv - g;
-            if (cnt > 8) cnt = 8;
-            const char *rows = base + ((w0 + w + g) * op->sw + d0) * es;
-            for (int64_t d = 0; d < nd; d += 8) {
-                int dn = nd - d >= 8 ? 8 : (int)(nd - d);
-                __m256 r[8];
-                /* Eight far-apart rows are more streams than the hardware
-                 * prefetcher follows well. */
-                for (int q = 0; q < cnt; q++)
-                    _mm_prefetch(rows + (q * op->sw + d + 64) * es, _MM_HINT_T0);
-                for (int q = 0; q < 8; q++)
-                    r[q] =
-                        q < cnt ? load8(rows + (q * op->sw + d) * es, t, dn) : _mm256_setzero_ps();
-                mp_gemm_tr8(r);
-                for (int q = 0; q < dn; q++) _mm256_storeu_ps(out + (d + q) * W + g, r[q]);
-            }
-        }
-    }
-}
-
 /* ------------------------------------------------------ whether to stream */
 
 /* Timed once per process (gemm_ways.h): streaming is kept unless the way
@@ -279,12 +185,23 @@ const gemm_impl mp_gemm_avx512_impl = {
     .narrow = {kernel_f32_n16, kernel_f32_n32},
     .kernel_a = kernel_f32_a,
     .kernel_ab = kernel_f32_ab,
-    /* A C of one or two rows: the AVX2 row kernel (its sums are these
-     * tiles' bits), rather than 8-row tiles of padding; not yet timed on an
-     * AVX-512 CPU, where a 512-bit form may gain more. */
-    .kernel_row = mp_gemm_row_avx2,
+    /* A C of one or two rows: the row kernel (its sums are these tiles'
+     * bits), rather than 8-row tiles of padding. The 512-bit one against
+     * the AVX2 one, AMD EPYC (Zen 5, family 26 model 2), 2 threads, f32 A,
+     * medians of 101 rounds alternating in one process, GFLOP/s: B float32
+     * 1x1024x256 57 -> 68, 1x256x1024 85 -> 95, 1x4096x1024 46 -> 57,
+     * 2x1024x256 69 -> 93; float16 1x1024x256 107 -> 112, 1x4096x1024 68
+     * -> 105; bfloat16 1x1024x256 80 -> 114. */
+    .kernel_row = mp_gemm_row_avx512,
     .row_max = MP_GEMM_ROW_MAX_AVX2,
-    .pack = pack_f32,
+    /* The AVX2 path's packer: packing is moving and widening, which 256-bit
+     * loads and stores do as fast (an AVX-512 packer of its own, its
+     * forms not specialised on W and the type, against it, Zen 5, 2
+     * threads, medians of 15-21 calls alternating in one process, time:
+     * float32 fc2 forward x0.979, gpt_mini's input gradients x0.97-0.98,
+     * the rest within 2%, fc3's weight gradient x1.05 (0.1 ms); float16
+     * fc3 forward x0.90, fc3 weight gradient x0.71, fc2 forward x0.955). */
+    .pack = mp_gemm_pack_avx2,
     .epilogue = mp_gemm_epilogue_avx512,
     .epilogue_checks = true,
     .nonfinite = mp_gemm_nonfinite_avx512,

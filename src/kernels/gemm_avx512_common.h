@@ -1,5 +1,5 @@
 /* gemm_avx512_common.h - what the AVX-512 GEMM files share: the 8x8
- * transpose of gemm_simd.h (used by the packers of both formats), the
+ * transpose of gemm_simd.h (used by the bfloat16 packer), the
  * vector epilogue (defined in gemm_epilogue_avx512.c) and the dispatch of a
  * run-time column-vector count to an inlined core compiled for each. */
 #ifndef MP_GEMM_AVX512_COMMON_H

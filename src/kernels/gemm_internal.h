@@ -253,8 +253,9 @@ extern const gemm_impl mp_gemm_scalar_impl;
 extern const gemm_impl mp_gemm_avx2_impl;       /* f32 FMA, 256-bit */
 extern const gemm_impl mp_gemm_avx512_impl;     /* f32 FMA */
 extern const gemm_impl mp_gemm_avx512bf16_impl; /* vdpbf16ps */
-/* The AVX2 path's register tile (gemm_avx2.c) and packer (gemm_pack_avx2.c:
- * gemm_impl.pack for its W of MP_GEMM_AVX2_MR or _NR). */
+/* The AVX2 path's register tile (gemm_avx2.c) and the packer of the x86
+ * float32 format (gemm_pack_avx2.c: gemm_impl.pack of the AVX2 and AVX-512
+ * FMA paths, specialised for W of MP_GEMM_AVX2_MR or _NR). */
 #define MP_GEMM_AVX2_MR 6
 #define MP_GEMM_AVX2_NR 16
 void mp_gemm_pack_avx2(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0, int64_t nd,
@@ -263,7 +264,10 @@ void mp_gemm_pack_avx2(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d
 void mp_gemm_row_avx2(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt, float *c,
                       int64_t n);
 #define MP_GEMM_ROW_MAX_AVX2 2
-/* The vdpbf16ps row kernel (gemm_row_avx512bf16.c). */
+/* The AVX-512 float32 row kernel (gemm_row_avx512.c: the same sums on
+ * 512-bit vectors) and the vdpbf16ps one (gemm_row_avx512bf16.c). */
+void mp_gemm_row_avx512(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt, float *c,
+                        int64_t n);
 void mp_gemm_row_avx512bf16(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt,
                             float *c, int64_t n);
 /* Tests: 0 or 1 forces mp_gemm_avx512_impl's streaming, or
