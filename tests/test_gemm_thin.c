@@ -217,6 +217,61 @@ static void test_thin_one_depth_block(void **state)
     free(cw);
 }
 
+/* A single B panel that two threads, splitting C's rows, share: they pack
+ * halves of its depth (gemm.c's pack_share), cut where bfloat16's pairs
+ * stay whole (k = 1030: half is 515, odd). Two threads' C equals one
+ * thread's bit for bit (the same panel, packed whole), within
+ * test_gemm_worst's bound of float64, in float32 and bfloat16 on every
+ * path. */
+static void test_thin_shared_panel(void **state)
+{
+    (void)state;
+    const int64_t m = 512, n = 10, k = 1030;
+    float *a = malloc((size_t)(m * k) * 4), *b = malloc((size_t)(k * n) * 4);
+    float *c1 = malloc((size_t)(m * n) * 4), *c2 = malloc((size_t)(m * n) * 4);
+    uint16_t *ah = malloc((size_t)(m * k) * 2), *bh = malloc((size_t)(k * n) * 2);
+    test_fill(a, (size_t)(m * k), 61, -1, 1);
+    test_fill(b, (size_t)(k * n), 62, -1, 1);
+    mp_convert(ah, MP_BF16, a, MP_F32, (size_t)(m * k));
+    mp_convert(a, MP_F32, ah, MP_BF16, (size_t)(m * k)); /* the values bfloat16 holds */
+    mp_convert(bh, MP_BF16, b, MP_F32, (size_t)(k * n));
+    mp_convert(b, MP_F32, bh, MP_BF16, (size_t)(k * n));
+    mp_isa isas[MP_ISA_COUNT];
+    const int ni = test_isas(isas);
+    const mp_isa saved = mp_isa_active();
+    for (int ii = 0; ii < ni; ii++) {
+        assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
+        for (int bf16 = 0; bf16 <= 1; bf16++) {
+            const void *ap = bf16 ? (const void *)ah : a, *bp = bf16 ? (const void *)bh : b;
+            const mp_dtype t = bf16 ? MP_BF16 : MP_F32;
+            for (int th = 1; th <= 2; th++) {
+                mp_set_num_threads(th);
+                mp_gemm(false, false, m, n, k, 1.0f, ap, t, k, bp, t, n, 0.0f, th == 1 ? c1 : c2,
+                        MP_F32, n);
+            }
+            for (int64_t i = 0; i < m * n; i++)
+                if (f32_bits(c1[i]) != f32_bits(c2[i]))
+                    fail_msg("%s %s: C[%lld] %.9g on two threads, %.9g on one",
+                             mp_isa_name(mp_isa_active()), mp_dtype_name(t), (long long)i,
+                             (double)c2[i], (double)c1[i]);
+            const test_gemm_ref ref = {
+                .a = a, .b = b, .m = m, .n = n, .k = k, .bs_k = n, .bs_n = 1, .alpha = 1};
+            const double worst = test_gemm_worst(&ref, c2, MP_F32);
+            if (!(worst <= 1))
+                fail_msg("%s %s: error %.3g of the bound", mp_isa_name(mp_isa_active()),
+                         mp_dtype_name(t), worst);
+        }
+    }
+    mp_isa_set(saved);
+    mp_set_num_threads(0);
+    free(a);
+    free(b);
+    free(c1);
+    free(c2);
+    free(ah);
+    free(bh);
+}
+
 /* A short depth (fc3's input gradient, dz W^T: 10 deep) runs a B block a
  * quarter of L2 wide: every element within test_gemm_worst's bound of float64,
  * B laid out both ways (W^T read from W, and a plain B), two threads. */
@@ -445,8 +500,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_few_rows_equal_packed), cmocka_unit_test(test_thin_weight_gradient),
         cmocka_unit_test(test_thin_blocks),           cmocka_unit_test(test_thin_one_depth_block),
-        cmocka_unit_test(test_short_depth),           cmocka_unit_test(test_bf16_a_in_place),
-        cmocka_unit_test(test_bf16_b_in_place),
+        cmocka_unit_test(test_thin_shared_panel),     cmocka_unit_test(test_short_depth),
+        cmocka_unit_test(test_bf16_a_in_place),       cmocka_unit_test(test_bf16_b_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
