@@ -519,6 +519,19 @@ TILE_CLONES static void decode_head(const mp_attn_geom *g, float *ws, int64_t h,
     store_row(o, ot, (size_t)(h * d), acc, d);
 }
 
+/* Task j of mp_attention_decode_rows: a head of the one row (n == 1), or
+ * a head of a tile of rows, the last tiles first. */
+static void decode_task(const mp_attn_geom *g, float *ws, int64_t j, int64_t nq, int64_t first,
+                        int64_t n, const void *q, const void *kc, const void *vc, mp_dtype ct,
+                        void *o, mp_dtype ot)
+{
+    const int64_t qi = nq - 1 - j / g->heads, h = j % g->heads;
+    if (n == 1)
+        decode_head(g, ws, h, q, kc, vc, ct, o, ot);
+    else
+        forward_tile(g, ws, 0, h, first + qi * TILE, q, ct, kc, ct, vc, ct, o, ot, NULL, first);
+}
+
 mp_status mp_attention_decode_rows(int64_t heads, int64_t d, const void *q, const void *kc,
                                    const void *vc, mp_dtype ct, int64_t first, int64_t n, void *o,
                                    mp_dtype ot)
@@ -542,22 +555,22 @@ mp_status mp_attention_decode_rows(int64_t heads, int64_t d, const void *q, cons
     const int64_t nq = (n + TILE - 1) / TILE, tasks = n > 1 ? nq * heads : heads;
     const int nt = n * (first + n) * d >= 16384 ? threads_for(tasks) : 1;
     int fail = 0;
-#pragma omp parallel num_threads(nt)
-    {
+    if (nt == 1) { /* a plain loop: no region of one thread (ops.c's PAR_FOR says why) */
         float *ws = mp_scratch(SLOT, bytes);
-        if (!ws) {
+        for (int64_t j = 0; j < tasks && ws; j++)
+            decode_task(&g, ws, j, nq, first, n, q, kc, vc, ct, o, ot);
+        fail = !ws;
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            float *ws = mp_scratch(SLOT, bytes);
+            if (!ws) {
 #pragma omp atomic write
-            fail = 1;
-        }
+                fail = 1;
+            }
 #pragma omp for schedule(dynamic)
-        for (int64_t j = 0; j < tasks; j++) {
-            const int64_t qi = nq - 1 - j / heads, h = j % heads;
-            if (!ws) continue;
-            if (n == 1)
-                decode_head(&g, ws, h, q, kc, vc, ct, o, ot);
-            else
-                forward_tile(&g, ws, 0, h, first + qi * TILE, q, ct, kc, ct, vc, ct, o, ot, NULL,
-                             first);
+            for (int64_t j = 0; j < tasks; j++)
+                if (ws) decode_task(&g, ws, j, nq, first, n, q, kc, vc, ct, o, ot);
         }
     }
     if (fail)
