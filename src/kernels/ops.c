@@ -1,7 +1,8 @@
-/* ops.c - elementwise, row-wise and reduction kernels for the layers. Each
- * works on chunks: decode to float32 (exact), compute in float32, round the
- * result once to the output dtype. Memory-bound next to the GEMMs, so the
- * aim is one pass over the data, not peak arithmetic. */
+/* ops.c - elementwise, row-wise and reduction kernels for the layers (layer
+ * normalisation's are layer_norm_op.c's). Each works on chunks: decode to
+ * float32 (exact), compute in float32, round the result once to the output
+ * dtype (ops_io.h). Memory-bound next to the GEMMs, so the aim is one pass
+ * over the data, not peak arithmetic. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,80 +13,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/ops.h"
-
-#define CHUNK 2048
-
-/* for (long long c = 0; c < n; c++) call; as a parallel loop only where
- * par. A region whose if clause is false still enters the OpenMP runtime,
- * which sets up and frees a team of one: 0.28 us a region (AMD Zen 5), and
- * a decoded token of gpt_mini ran 27 of them (its adds, layer norms,
- * activation, softmax: 8% of its time). Here the serial case is a loop. */
-#define PAR_FOR(par, c, n, call)                                                                   \
-    do {                                                                                           \
-        if (par) {                                                                                 \
-            _Pragma("omp parallel for schedule(static)") for (long long c = 0; c < (n); c++) call; \
-        } else {                                                                                   \
-            for (long long c = 0; c < (n); c++) call;                                              \
-        }                                                                                          \
-    } while (0)
-
-/* The lines of the n elements from element `next` asked for, for reading
- * or for writing, while the chunk before them is worked on. A chunk is a
- * page or two, and the hardware prefetchers stop at page boundaries: each
- * chunk used to begin by waiting for every one of its lines (the relu
- * gradient of 1024 x 4096 bfloat16 values, 2 threads, Zen 5: 1.6 -> 0.83
- * ms; their column sums 0.49 -> 0.34 ms). The addresses are computed as
- * integers: past an array's end they are never dereferenced, and a
- * prefetch does not fault. */
-static inline void ahead(const void *base, mp_dtype t, size_t next, size_t n, bool write)
-{
-    const size_t es = mp_dtype_size(t);
-    const uintptr_t p = (uintptr_t)base + next * es;
-    if (write)
-        for (size_t b = 0; b < n * es; b += 64) __builtin_prefetch((const void *)(p + b), 1);
-    else
-        for (size_t b = 0; b < n * es; b += 64) __builtin_prefetch((const void *)(p + b), 0);
-}
-
-/* n elements from off decoded into dst; those from `next` asked for. */
-static inline void load_at(float *dst, const void *src, mp_dtype t, size_t off, size_t n,
-                           size_t next)
-{
-    mp_convert(dst, MP_F32, (const char *)src + off * mp_dtype_size(t), t, n);
-    ahead(src, t, next, n, false);
-}
-/* The same where the next n elements follow: chunks and rows in order. */
-static inline void load(float *dst, const void *src, mp_dtype t, size_t off, size_t n)
-{
-    load_at(dst, src, t, off, n, off + n);
-}
-static inline void store(void *dst, mp_dtype t, size_t off, const float *src, size_t n)
-{
-    mp_convert((char *)dst + off * mp_dtype_size(t), t, src, MP_F32, n);
-    ahead(dst, t, off + n, n, true);
-}
-/* n elements from off, read in place when they are float32 already,
- * decoded into buf otherwise; those from `next` asked for. */
-static inline const float *view_at(float *buf, const void *src, mp_dtype t, size_t off, size_t n,
-                                   size_t next)
-{
-    if (t != MP_F32) {
-        load_at(buf, src, t, off, n, next);
-        return buf;
-    }
-    ahead(src, t, next, n, false);
-    return (const float *)src + off;
-}
-static inline const float *view(float *buf, const void *src, mp_dtype t, size_t off, size_t n)
-{
-    return view_at(buf, src, t, off, n, off + n);
-}
-/* Where a result of n elements at off is computed: straight into dst when it
- * is float32, else into buf for store() to round. */
-static inline float *out_at(float *buf, void *dst, mp_dtype t, size_t off)
-{
-    return t == MP_F32 ? (float *)dst + off : buf;
-}
+#include "kernels/ops_io.h"
 
 #define INV_SQRT_2PI 0.39894228040143267794f
 
@@ -364,23 +292,6 @@ void mp_op_mask_scale(const void *x, mp_dtype xt, const uint8_t *mask, float sca
     }
 }
 
-/* Column reductions give each thread a contiguous range of columns (in
- * steps of 16) and sum every column over the rows in order: the same bits
- * for any thread count, and each row read in one piece. */
-static void my_columns(int64_t cols, int64_t *c0, int64_t *c1)
-{
-#ifdef _OPENMP
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-    const int64_t t = 0, nt = 1;
-#endif
-    const int64_t units = (cols + 15) / 16;
-    *c0 = units * t / nt * 16;
-    *c1 = units * (t + 1) / nt * 16;
-    if (*c0 > cols) *c0 = cols;
-    if (*c1 > cols) *c1 = cols;
-}
-
 /* One row into float64 column sums, in every vector width (the same
  * arithmetic, column by column, so the same bits). */
 MP_SIMD_CLONES static void add_row(double *restrict acc, const float *restrict v, int64_t w)
@@ -403,26 +314,13 @@ MP_SIMD_CLONES static void add_rows4_bf16(double *restrict acc, const uint16_t *
 #undef BF16_AT
 }
 
-/* One row into layer norm's parameter gradients: dg += dy * x_hat, db += dy. */
-MP_SIMD_CLONES static void add_norm_row(double *restrict dg, double *restrict db,
-                                        const float *restrict x, const float *restrict dy,
-                                        float mean, float rstd, int64_t w)
-{
-#pragma omp simd
-    for (int64_t c = 0; c < w; c++) {
-        float h = (x[c] - mean) * rstd;
-        dg[c] += (double)dy[c] * h;
-        db[c] += dy[c];
-    }
-}
-
 void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, float *out,
                       bool accumulate)
 {
 #pragma omp parallel if (rows * cols > 65536)
     {
         int64_t c0, c1;
-        my_columns(cols, &c0, &c1);
+        mp_op_my_columns(cols, &c0, &c1);
         const int64_t w = c1 - c0;
         double *acc = mp_scratch(3, (size_t)cols * sizeof *acc);
         float *buf = mp_scratch(4, (size_t)cols * sizeof *buf);
@@ -442,169 +340,6 @@ void mp_op_column_sum(const void *x, mp_dtype xt, int64_t rows, int64_t cols, fl
                         w);
             for (int64_t c = 0; c < w; c++)
                 out[c0 + c] = (float)((accumulate ? (double)out[c0 + c] : 0.0) + acc[c]);
-        }
-    }
-}
-
-/* Row statistics in float64, in LANES interleaved partial sums (element c
- * goes to lane c % LANES) added up in lane order at the end: a fixed order,
- * so the same bits on every run and thread count, and loops the compiler
- * vectorizes (one running sum would chain every add on the last). */
-#define LANES 8
-
-/* The body of a row statistic: eight named lanes (so they stay in
- * registers and the adds vectorize), element i to lane i % 8, the tail
- * too, then the lanes added in order. */
-#define LANE_SUM(n, T)                                                                             \
-    double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;                         \
-    int64_t c = 0;                                                                                 \
-    for (; c + LANES <= (n); c += LANES) {                                                         \
-        a0 += T(c);                                                                                \
-        a1 += T(c + 1);                                                                            \
-        a2 += T(c + 2);                                                                            \
-        a3 += T(c + 3);                                                                            \
-        a4 += T(c + 4);                                                                            \
-        a5 += T(c + 5);                                                                            \
-        a6 += T(c + 6);                                                                            \
-        a7 += T(c + 7);                                                                            \
-    }                                                                                              \
-    double *lane[LANES] = {&a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7};                                \
-    for (int j = 0; c + j < (n); j++) *lane[j] += T(c + j);                                        \
-    return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
-
-MP_SIMD_CLONES static double row_sum(const float *x, int64_t n)
-{
-#define T(i) (double)x[i]
-    LANE_SUM(n, T);
-#undef T
-}
-
-MP_SIMD_CLONES static double row_dot(const float *x, const float *y, int64_t n)
-{
-#define T(i) (double)x[i] * y[i]
-    LANE_SUM(n, T);
-#undef T
-}
-
-MP_SIMD_CLONES static double row_sq_dev(const float *x, double mu, int64_t n)
-{
-#define T(i) ((double)x[i] - mu) * ((double)x[i] - mu)
-    LANE_SUM(n, T);
-#undef T
-}
-
-/* The elementwise parts of layer norm, in every vector width (the same
- * arithmetic element by element, so the same bits). o may be x. */
-MP_SIMD_CLONES static void norm_row(const float *x, float m, float rs, const float *gamma,
-                                    const float *beta, float *o, int64_t n)
-{
-#pragma omp simd
-    for (int64_t c = 0; c < n; c++) o[c] = (x[c] - m) * rs * gamma[c] + beta[c];
-}
-
-/* x_hat and the gradient w.r.t. the normalised value, gamma * dy. */
-MP_SIMD_CLONES static void norm_grad_in(const float *restrict x, const float *restrict dy, float m,
-                                        float rs, const float *restrict gamma, float *restrict xh,
-                                        float *restrict g, int64_t n)
-{
-#pragma omp simd
-    for (int64_t c = 0; c < n; c++) {
-        xh[c] = (x[c] - m) * rs;
-        g[c] = dy[c] * gamma[c];
-    }
-}
-
-/* dx = rstd (g - mean(g) - x_hat mean(g x_hat)); o may be g. */
-MP_SIMD_CLONES static void norm_grad_out(const float *g, const float *xh, float rs, float md,
-                                         float mdx, float *o, int64_t n)
-{
-#pragma omp simd
-    for (int64_t c = 0; c < n; c++) o[c] = rs * (g[c] - md - xh[c] * mdx);
-}
-
-/* Row r of mp_op_layer_norm, through xb and yb (cols floats each). */
-static inline void layer_norm_row(const void *x, mp_dtype xt, const float *gamma, const float *beta,
-                                  float eps, void *y, mp_dtype yt, float *mean, float *rstd,
-                                  int64_t cols, float *xb, float *yb, int64_t r)
-{
-    const size_t off = (size_t)(r * cols);
-    const float *xv = view(xb, x, xt, off, (size_t)cols);
-    double mu = row_sum(xv, cols) / (double)cols, s2 = row_sq_dev(xv, mu, cols);
-    float m = (float)mu, rs = (float)(1.0 / sqrt(s2 / (double)cols + (double)eps));
-    mean[r] = m;
-    rstd[r] = rs;
-    float *o = out_at(yb, y, yt, off);
-    norm_row(xv, m, rs, gamma, beta, o, cols);
-    if (yt != MP_F32) store(y, yt, off, o, (size_t)cols);
-}
-
-void mp_op_layer_norm(const void *x, mp_dtype xt, const float *gamma, const float *beta, float eps,
-                      void *y, mp_dtype yt, float *mean, float *rstd, int64_t rows, int64_t cols)
-{
-    if (rows * cols <= 65536) { /* a plain loop: see PAR_FOR */
-        float *xb = mp_scratch(3, (size_t)cols * sizeof *xb),
-              *yb = mp_scratch(4, (size_t)cols * sizeof *yb);
-        for (int64_t r = 0; r < rows; r++)
-            layer_norm_row(x, xt, gamma, beta, eps, y, yt, mean, rstd, cols, xb, yb, r);
-        return;
-    }
-#pragma omp parallel
-    {
-        float *xb = mp_scratch(3, (size_t)cols * sizeof *xb),
-              *yb = mp_scratch(4, (size_t)cols * sizeof *yb);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++)
-            layer_norm_row(x, xt, gamma, beta, eps, y, yt, mean, rstd, cols, xb, yb, r);
-    }
-}
-
-/* Two passes: rows in parallel for dx, then column strips in parallel for
- * dgamma and dbeta (x normalised again on the way, by the same formula). */
-void mp_op_layer_norm_grad(const void *x, mp_dtype xt, const float *gamma, const float *mean,
-                           const float *rstd, const void *dy, mp_dtype dyt, void *dx, mp_dtype dxt,
-                           float *dgamma, float *dbeta, bool accumulate, int64_t rows, int64_t cols)
-{
-    const bool par = rows * cols > 65536;
-#pragma omp parallel if (par)
-    {
-        float *xb = mp_scratch(3, (size_t)cols * sizeof *xb),
-              *gb = mp_scratch(4, (size_t)cols * sizeof *gb),
-              *xh = mp_scratch(5, (size_t)cols * sizeof *xh),
-              *g = mp_scratch(6, (size_t)cols * sizeof *g);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const size_t off = (size_t)(r * cols);
-            const float *xv = view(xb, x, xt, off, (size_t)cols),
-                        *gv = view(gb, dy, dyt, off, (size_t)cols);
-            norm_grad_in(xv, gv, mean[r], rstd[r], gamma, xh, g, cols);
-            const double sum_d = row_sum(g, cols), sum_dx = row_dot(g, xh, cols);
-            float md = (float)(sum_d / (double)cols), mdx = (float)(sum_dx / (double)cols);
-            float *o = out_at(g, dx, dxt, off);
-            norm_grad_out(g, xh, rstd[r], md, mdx, o, cols);
-            if (dxt != MP_F32) store(dx, dxt, off, o, (size_t)cols);
-        }
-    }
-#pragma omp parallel if (par)
-    {
-        int64_t c0, c1;
-        my_columns(cols, &c0, &c1);
-        const int64_t w = c1 - c0;
-        double *dg = mp_scratch(3, (size_t)cols * sizeof *dg),
-               *db = mp_scratch(4, (size_t)cols * sizeof *db);
-        float *xb = mp_scratch(5, (size_t)cols * sizeof *xb),
-              *gb = mp_scratch(6, (size_t)cols * sizeof *gb);
-        if (w > 0) {
-            memset(dg, 0, (size_t)w * sizeof *dg);
-            memset(db, 0, (size_t)w * sizeof *db);
-            for (int64_t r = 0; r < rows; r++) {
-                const size_t off = (size_t)(r * cols + c0), next = off + (size_t)cols;
-                add_norm_row(dg, db, view_at(xb, x, xt, off, (size_t)w, next),
-                             view_at(gb, dy, dyt, off, (size_t)w, next), mean[r], rstd[r], w);
-            }
-            for (int64_t c = 0; c < w; c++) {
-                dgamma[c0 + c] = (float)((accumulate ? (double)dgamma[c0 + c] : 0.0) + dg[c]);
-                dbeta[c0 + c] = (float)((accumulate ? (double)dbeta[c0 + c] : 0.0) + db[c]);
-            }
         }
     }
 }
