@@ -485,8 +485,8 @@ static void test_thread_count_and_isa_independent(void **state)
 }
 
 /* The kernel asks mp_scratch for mp_attention_scratch_bytes(d) per thread
- * in forward and mp_attention_backward_scratch_bytes(T, d) (that plus T
- * rows of d floats) in backward, and nothing else: with every larger
+ * in forward and mp_attention_backward_scratch_bytes(T, d) (that plus the
+ * head's dQ, Q and dO rows, lse and D) in backward, and nothing else: with every larger
  * request failing it still runs at T = 4096 (a [T, T] float32 matrix per
  * head would be 64 MiB); with the limit one page below its request it
  * fails cleanly. */
@@ -497,9 +497,12 @@ static void test_scratch_linear(void **state)
     const size_t bytes = mp_attention_scratch_bytes(d), page = 4096;
     const size_t limit = (bytes + page - 1) / page * page;
     const size_t bwd = mp_attention_backward_scratch_bytes(4096, d);
-    assert_true(bytes < (size_t)64 * 1024); /* 7 tiles of 64 x 16 floats and a few rows */
+    /* 5 tiles of 64 x 16 floats, the P and dS tiles (64 x 64) and a row */
+    assert_true(bytes < (size_t)64 * 1024);
     assert_true(mp_attention_scratch_bytes(64) < (size_t)160 * 1024);
-    assert_true(bwd == bytes + (size_t)4096 * d * 4); /* linear in T */
+    /* linear in T: the head's dQ, Q and dO rows (T x 16 floats each), its
+     * lse and D (T floats each) and a row */
+    assert_true(bwd == bytes + (size_t)(3 * 4096 * d + 2 * 4096 + d) * 4);
     attn_case c = make_case(1, 4096, 1, d, MP_BF16, 5);
     uint16_t *o = malloc((size_t)c.n * 2), *dq = malloc((size_t)c.n * 2),
              *dk = malloc((size_t)c.n * 2), *dv = malloc((size_t)c.n * 2);

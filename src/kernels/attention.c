@@ -34,18 +34,27 @@
 #define TILE_CLONES
 #endif
 
-/* The larger of the two tile tasks: backward's (kT, vT, K, dK, dV, Q, dO,
- * the P and dS tiles, lse and D, one channel row); rows of d channels
- * padded to dp. */
+/* The larger of the two tile tasks: backward's (kT, vT, K, dK, dV, the P
+ * and dS tiles, one channel row); forward's (Q, kT, V, the sums, four
+ * score rows, the running max and sum) is less. Rows of d channels padded
+ * to dp. */
 size_t mp_attention_scratch_bytes(int64_t d)
 {
     size_t td = (size_t)TILE * pad16((size_t)d);
-    return (7 * td + 2 * TILE * TILE + 2 * pad16(TILE) + pad16((size_t)d)) * sizeof(float);
+    return (5 * td + 2 * TILE * TILE + pad16((size_t)d)) * sizeof(float);
 }
 
+/* Rows of a head's query side (Q, dO) kept for backward: whole tiles, so a
+ * last group of four reads zeros past T. */
+static size_t query_rows(int64_t t) { return (size_t)((t + TILE - 1) / TILE * TILE); }
+
+/* The tiles' scratch, then the head's float32 rows: dQ [T][dp], Q and dO
+ * [query_rows(T)][dp], lse and D [T] (padded), one channel row. */
 size_t mp_attention_backward_scratch_bytes(int64_t t, int64_t d)
 {
-    return mp_attention_scratch_bytes(d) + (size_t)t * pad16((size_t)d) * sizeof(float);
+    const size_t dp = pad16((size_t)d);
+    return mp_attention_scratch_bytes(d) +
+           ((size_t)t * dp + 2 * query_rows(t) * dp + 2 * pad16((size_t)t) + dp) * sizeof(float);
 }
 
 static mp_status check_geom(const mp_attn_geom *g, const char *what)
@@ -273,6 +282,14 @@ mp_status mp_attention_forward(const mp_attn_geom *g, const void *q, mp_dtype qt
 
 /* --------------------------------------------------------------- backward */
 
+/* A head's query rows as backward reads them, loaded once for all its key
+ * tiles (per key tile, they were widened again for each: 11% of
+ * backward_kv_tile's time at T = 128, two tiles). */
+typedef struct {
+    float *Q, *dO; /* [query_rows(T)][dp], zeros past T */
+    float *ls, *D; /* [T]: lse, dO . O */
+} query_side;
+
 /* Query rows' float32 inputs of backward: Q, dO, lse and D = dO . O. */
 INLINE void load_query_side(const mp_attn_geom *g, float *Q, float *dO, float *ls, float *D,
                             float *tmp, int64_t b, int64_t h, int64_t q0, int64_t nr, const void *q,
@@ -327,19 +344,16 @@ static int group_visible(int64_t q0, int64_t r, int64_t nr, int64_t k0, int64_t 
 /* dK and dV of one key tile, all later query tiles looped inside, and
  * their part of dQ (float32 rows of the head, dQ [T][dp]): P and dS are
  * computed once per pair of tiles. */
-TILE_CLONES static void backward_kv_tile(const mp_attn_geom *g, float *ws, float *dQ, int64_t b,
-                                         int64_t h, int64_t k0, const void *q, mp_dtype qt,
+TILE_CLONES static void backward_kv_tile(const mp_attn_geom *g, float *ws, float *dQ,
+                                         const query_side *qs, int64_t b, int64_t h, int64_t k0,
                                          const void *k, mp_dtype kt, const void *v, mp_dtype vt,
-                                         const void *o, mp_dtype ot, const float *lse,
-                                         const void *dout, mp_dtype dot, void *dk, void *dv,
-                                         mp_dtype gt)
+                                         void *dk, void *dv, mp_dtype gt)
 {
     const int64_t d = g->d, dp = (int64_t)pad16((size_t)d), td = TILE * dp;
     const int64_t nk = g->t - k0 < TILE ? g->t - k0 : TILE;
     const float scale = 1.0f / sqrtf((float)d);
-    float *KT = ws, *VT = KT + td, *K = VT + td, *dK = K + td, *dV = dK + td, *Q = dV + td;
-    float *dO = Q + td, *P = dO + td, *dS = P + TILE * TILE, *ls = dS + TILE * TILE;
-    float *D = ls + pad16(TILE), *tmp = D + pad16(TILE);
+    float *KT = ws, *VT = KT + td, *K = VT + td, *dK = K + td, *dV = dK + td, *P = dV + td;
+    float *dS = P + TILE * TILE, *tmp = dS + TILE * TILE;
     load_rows(K, g, k, kt, b, h, k0, nk);
     /* K^T from the source again, transposed in registers: the same exact
      * widening (the element-by-element copy from K, strided, was 7% of
@@ -350,7 +364,8 @@ TILE_CLONES static void backward_kv_tile(const mp_attn_geom *g, float *ws, float
     memset(dV, 0, (size_t)(nk * dp) * sizeof(float));
     for (int64_t q0 = k0; q0 < g->t; q0 += TILE) {
         const int64_t nr = g->t - q0 < TILE ? g->t - q0 : TILE;
-        load_query_side(g, Q, dO, ls, D, tmp, b, h, q0, nr, q, qt, o, ot, lse, dout, dot);
+        const float *Q = qs->Q + q0 * dp, *dO = qs->dO + q0 * dp, *ls = qs->ls + q0,
+                    *D = qs->D + q0;
         for (int64_t r = 0; r < nr; r += 4) {
             int64_t nc[4];
             int rows = group_visible(q0, r, nr, k0, nk, nc);
@@ -419,10 +434,18 @@ TILE_CLONES static void backward_head(const mp_attn_geom *g, float *ws, int64_t 
 {
     const int64_t dp = (int64_t)pad16((size_t)g->d);
     float *dQ = ws + mp_attention_scratch_bytes(g->d) / sizeof(float);
+    query_side qs;
+    qs.Q = dQ + g->t * dp;
+    qs.dO = qs.Q + query_rows(g->t) * (size_t)dp;
+    qs.ls = qs.dO + query_rows(g->t) * (size_t)dp;
+    qs.D = qs.ls + pad16((size_t)g->t);
+    float *tmp = qs.D + pad16((size_t)g->t);
     memset(dQ, 0, (size_t)(g->t * dp) * sizeof(float));
+    for (int64_t q0 = 0; q0 < g->t; q0 += TILE)
+        load_query_side(g, qs.Q + q0 * dp, qs.dO + q0 * dp, qs.ls + q0, qs.D + q0, tmp, b, h, q0,
+                        g->t - q0 < TILE ? g->t - q0 : TILE, q, qt, o, ot, lse, dout, dot);
     for (int64_t k0 = 0; k0 < g->t; k0 += TILE)
-        backward_kv_tile(g, ws, dQ, b, h, k0, q, qt, k, kt, v, vt, o, ot, lse, dout, dot, dk, dv,
-                         gt);
+        backward_kv_tile(g, ws, dQ, &qs, b, h, k0, k, kt, v, vt, dk, dv, gt);
     const float scale = 1.0f / sqrtf((float)g->d);
     for (int64_t r = 0; r < g->t; r++) {
         scal(dQ + r * dp, scale, dp);

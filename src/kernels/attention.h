@@ -23,8 +23,10 @@
  * output element is summed by one task in a fixed order, so results are
  * bit-identical for any thread count, with no atomics. Each thread takes
  * from its mp_scratch slot 3 mp_attention_scratch_bytes(d) in forward and
- * mp_attention_backward_scratch_bytes(t, d) (that plus T rows of d floats)
- * in backward, and nothing else: memory is linear in T, never [T, T]. */
+ * mp_attention_backward_scratch_bytes(t, d) (that plus the head's float32
+ * dQ, Q and dO rows, lse and D: the query side loaded once for all its key
+ * tiles) in backward, and nothing else: memory is linear in T, never
+ * [T, T]. */
 #ifndef MP_ATTENTION_H
 #define MP_ATTENTION_H
 
