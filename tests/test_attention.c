@@ -484,9 +484,10 @@ static void test_thread_count_and_isa_independent(void **state)
         }
 }
 
-/* The kernel asks mp_scratch for mp_attention_scratch_bytes(d) per thread
- * in forward and mp_attention_backward_scratch_bytes(T, d) (that plus the
- * head's dQ, Q and dO rows, lse and D) in backward, and nothing else: with every larger
+/* The kernel asks mp_scratch for mp_attention_forward_scratch_bytes(T, d)
+ * per thread in forward (the tiles' and a head's key tiles) and
+ * mp_attention_backward_scratch_bytes(T, d) (the tiles' and the head's dQ,
+ * Q and dO rows, lse and D) in backward, and nothing else: with every larger
  * request failing it still runs at T = 4096 (a [T, T] float32 matrix per
  * head would be 64 MiB); with the limit one page below its request it
  * fails cleanly. */
@@ -495,8 +496,11 @@ static void test_scratch_linear(void **state)
     (void)state;
     const int64_t d = 16;
     const size_t bytes = mp_attention_scratch_bytes(d), page = 4096;
-    const size_t limit = (bytes + page - 1) / page * page;
+    const size_t fwd = mp_attention_forward_scratch_bytes(4096, d);
+    const size_t limit = (fwd + page - 1) / page * page;
     const size_t bwd = mp_attention_backward_scratch_bytes(4096, d);
+    /* linear in T: a head's key tiles, K^T and V (T x 16 floats each) */
+    assert_true(fwd == bytes + (size_t)(2 * 4096 * d) * 4);
     /* 5 tiles of 64 x 16 floats, the P and dS tiles (64 x 64) and a row */
     assert_true(bytes < (size_t)64 * 1024);
     assert_true(mp_attention_scratch_bytes(64) < (size_t)160 * 1024);

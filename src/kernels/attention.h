@@ -22,8 +22,10 @@
  * tile, dQ in a float32 row block of the head (key tiles in order). Every
  * output element is summed by one task in a fixed order, so results are
  * bit-identical for any thread count, with no atomics. Each thread takes
- * from its mp_scratch slot 3 mp_attention_scratch_bytes(d) in forward and
- * mp_attention_backward_scratch_bytes(t, d) (that plus the head's float32
+ * from its mp_scratch slot 3 mp_attention_forward_scratch_bytes(t, d) in
+ * forward (the tiles' mp_attention_scratch_bytes(d) and a head's key tiles,
+ * loaded once for its query tiles) and
+ * mp_attention_backward_scratch_bytes(t, d) (the tiles' and the head's float32
  * dQ, Q and dO rows, lse and D: the query side loaded once for all its key
  * tiles) in backward, and nothing else: memory is linear in T, never
  * [T, T]. */
@@ -41,6 +43,7 @@ typedef struct {
 /* Per-thread scratch (bytes) the forward asks for at head size d, and the
  * backward at sequence length t. */
 size_t mp_attention_scratch_bytes(int64_t d);
+size_t mp_attention_forward_scratch_bytes(int64_t t, int64_t d);
 size_t mp_attention_backward_scratch_bytes(int64_t t, int64_t d);
 
 /* o [batch, T, heads, d] in ot, lse [batch, heads, T] float32 (may be NULL

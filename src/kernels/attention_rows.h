@@ -245,8 +245,9 @@ scores_rows_t(float *restrict s, const float *restrict q, const char *k, int64_t
     }
 }
 
-/* Both, on a float32 or bfloat16 cache (the type folded into each copy). */
-MP_TARGET_AVX2 __attribute__((noinline)) static void
+/* Both, on a float32 or bfloat16 cache (the type folded into each copy).
+ * The decoder's (attention.c); unused by the backward's file. */
+MP_TARGET_AVX2 __attribute__((noinline, unused)) static void
 scores_rows_avx2(float *restrict s, const float *restrict q, const void *k, int64_t ld, mp_dtype t,
                  int64_t d, int64_t nc)
 {
@@ -258,7 +259,7 @@ scores_rows_avx2(float *restrict s, const float *restrict q, const void *k, int6
 
 /* Values: acc[0..d) += the sum over c < nc, in order, of s[c] v[c][0..d):
  * gemv_t's loop on the cache's rows. */
-MP_TARGET_AVX2 __attribute__((noinline)) static void
+MP_TARGET_AVX2 __attribute__((noinline, unused)) static void
 values_rows_avx2(float *restrict acc, const float *restrict s, const void *v, int64_t ld,
                  mp_dtype t, int64_t d, int64_t nc)
 {
