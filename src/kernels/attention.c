@@ -26,7 +26,7 @@ size_t mp_attention_scratch_bytes(int64_t d)
 /* The tiles' scratch, then a head's key tiles, K^T and V (key_tiles). */
 size_t mp_attention_forward_scratch_bytes(int64_t t, int64_t d)
 {
-    return mp_attention_scratch_bytes(d) + 2 * query_rows(t) * pad16((size_t)d) * sizeof(float);
+    return mp_attention_scratch_bytes(d) + 2 * tile_rows(t) * pad16((size_t)d) * sizeof(float);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -118,14 +118,10 @@ mp_status mp_attention_forward(const mp_attn_geom *g, const void *q, mp_dtype qt
     int fail = 0;
 #pragma omp parallel num_threads(threads_for(tasks))
     {
-        float *ws = mp_scratch(SLOT, bytes);
-        if (!ws) {
-#pragma omp atomic write
-            fail = 1;
-        }
+        float *ws = region_scratch(bytes, &fail);
         const size_t dp = pad16((size_t)g->d);
         float *tiles = ws ? ws + mp_attention_scratch_bytes(g->d) / sizeof(float) : NULL;
-        key_tiles kc = {-1, -1, 0, tiles, tiles ? tiles + query_rows(g->t) * dp : NULL};
+        key_tiles kc = {-1, -1, 0, tiles, tiles ? tiles + tile_rows(g->t) * dp : NULL};
 #pragma omp for schedule(dynamic, 1)
         for (long long task = 0; task < tasks; task++) {
             if (!ws) continue;
@@ -134,9 +130,7 @@ mp_status mp_attention_forward(const mp_attn_geom *g, const void *q, mp_dtype qt
                          o, ot, lse, 0);
         }
     }
-    if (fail)
-        return mp_set_error(MP_ERR_NOMEM, "attention forward: %zu bytes of scratch per thread",
-                            bytes);
+    if (fail) return scratch_error("forward", bytes);
     return MP_OK;
 }
 
@@ -244,26 +238,19 @@ mp_status mp_attention_decode_rows(int64_t heads, int64_t d, const void *q, cons
     const int nt = n * (first + n) * d >= 16384 ? threads_for(tasks) : 1;
     int fail = 0;
     if (nt == 1) { /* a plain loop: no region of one thread (ops.c's PAR_FOR says why) */
-        float *ws = mp_scratch(SLOT, bytes);
+        float *ws = region_scratch(bytes, &fail);
         for (int64_t j = 0; j < tasks && ws; j++)
             decode_task(&g, ws, j, nq, first, n, q, kc, vc, ct, o, ot);
-        fail = !ws;
     } else {
 #pragma omp parallel num_threads(nt)
         {
-            float *ws = mp_scratch(SLOT, bytes);
-            if (!ws) {
-#pragma omp atomic write
-                fail = 1;
-            }
+            float *ws = region_scratch(bytes, &fail);
 #pragma omp for schedule(dynamic)
             for (int64_t j = 0; j < tasks; j++)
                 if (ws) decode_task(&g, ws, j, nq, first, n, q, kc, vc, ct, o, ot);
         }
     }
-    if (fail)
-        return mp_set_error(MP_ERR_NOMEM, "attention decode: %zu bytes of scratch per thread",
-                            bytes);
+    if (fail) return scratch_error("decode", bytes);
     return MP_OK;
 }
 

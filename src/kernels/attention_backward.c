@@ -7,12 +7,12 @@
 #include "kernels/attention_io.h"
 
 /* The tiles' scratch, then the head's float32 rows: dQ [T][dp], Q and dO
- * [query_rows(T)][dp], lse and D [T] (padded), one channel row. */
+ * [tile_rows(T)][dp], lse and D [T] (padded), one channel row. */
 size_t mp_attention_backward_scratch_bytes(int64_t t, int64_t d)
 {
     const size_t dp = pad16((size_t)d);
     return mp_attention_scratch_bytes(d) +
-           ((size_t)t * dp + 2 * query_rows(t) * dp + 2 * pad16((size_t)t) + dp) * sizeof(float);
+           ((size_t)t * dp + 2 * tile_rows(t) * dp + 2 * pad16((size_t)t) + dp) * sizeof(float);
 }
 
 /* --------------------------------------------------------------- backward */
@@ -21,7 +21,7 @@ size_t mp_attention_backward_scratch_bytes(int64_t t, int64_t d)
  * tiles (per key tile, they were widened again for each: 11% of
  * backward_kv_tile's time at T = 128, two tiles). */
 typedef struct {
-    float *Q, *dO; /* [query_rows(T)][dp], zeros past T */
+    float *Q, *dO; /* [tile_rows(T)][dp], zeros past T */
     float *ls, *D; /* [T]: lse, dO . O */
 } query_side;
 
@@ -171,8 +171,8 @@ TILE_CLONES static void backward_head(const mp_attn_geom *g, float *ws, int64_t 
     float *dQ = ws + mp_attention_scratch_bytes(g->d) / sizeof(float);
     query_side qs;
     qs.Q = dQ + g->t * dp;
-    qs.dO = qs.Q + query_rows(g->t) * (size_t)dp;
-    qs.ls = qs.dO + query_rows(g->t) * (size_t)dp;
+    qs.dO = qs.Q + tile_rows(g->t) * (size_t)dp;
+    qs.ls = qs.dO + tile_rows(g->t) * (size_t)dp;
     qs.D = qs.ls + pad16((size_t)g->t);
     float *tmp = qs.D + pad16((size_t)g->t);
     memset(dQ, 0, (size_t)(g->t * dp) * sizeof(float));
@@ -204,11 +204,7 @@ mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype q
     int fail = 0;
 #pragma omp parallel num_threads(threads_for(tasks))
     {
-        float *ws = mp_scratch(SLOT, bytes);
-        if (!ws) {
-#pragma omp atomic write
-            fail = 1;
-        }
+        float *ws = region_scratch(bytes, &fail);
 #pragma omp for schedule(dynamic, 1)
         for (long long task = 0; task < tasks; task++) {
             if (!ws) continue;
@@ -216,8 +212,6 @@ mp_status mp_attention_backward(const mp_attn_geom *g, const void *q, mp_dtype q
                           dout, dot, dq, dk, dv, gt);
         }
     }
-    if (fail)
-        return mp_set_error(MP_ERR_NOMEM, "attention backward: %zu bytes of scratch per thread",
-                            bytes);
+    if (fail) return scratch_error("backward", bytes);
     return MP_OK;
 }

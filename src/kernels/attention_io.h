@@ -32,9 +32,28 @@
 #define TILE_CLONES
 #endif
 
-/* Rows of a head's query side (Q, dO) kept for backward: whole tiles, so a
- * last group of four reads zeros past T. */
-static inline size_t query_rows(int64_t t) { return (size_t)((t + TILE - 1) / TILE * TILE); }
+/* T rows rounded up to whole tiles: the rows a head's tiles kept in scratch
+ * take (the forward's key tiles, the backward's query side, whose last
+ * group of four reads zeros past T). */
+static inline size_t tile_rows(int64_t t) { return (size_t)((t + TILE - 1) / TILE * TILE); }
+
+/* A thread's scratch for a parallel region of the kernel, or NULL with
+ * *fail set (the region's threads skip their tasks). */
+static inline float *region_scratch(size_t bytes, int *fail)
+{
+    float *ws = mp_scratch(SLOT, bytes);
+    if (!ws) {
+#pragma omp atomic write
+        *fail = 1;
+    }
+    return ws;
+}
+
+/* The error of a region that could not have its scratch. */
+static inline mp_status scratch_error(const char *what, size_t bytes)
+{
+    return mp_set_error(MP_ERR_NOMEM, "attention %s: %zu bytes of scratch per thread", what, bytes);
+}
 
 static inline mp_status check_geom(const mp_attn_geom *g, const char *what)
 {

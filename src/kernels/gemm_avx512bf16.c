@@ -80,6 +80,91 @@ MP_TARGET_AVX512BF16 static void kernel_bf16_a(int64_t kc, const void *a, int64_
     MP_GEMM_BY_NV(nv, kernel_bf16_core, kc, a, si, 2, b, c, ldc, acc);
 }
 
+/* Pair p (depths d0 + 2p and 2p + 1) of panels [q0, q1) of a block laid
+ * along its width (unit width stride), nw values wide: the two source rows
+ * interleave into pairs, read left to right. */
+MP_TARGET_AVX512BF16 static inline void pack_pair(const gemm_operand *op, int64_t w0, int64_t nw,
+                                                  int64_t d0, int64_t nd, int W, int64_t p,
+                                                  int64_t q0, int64_t q1, uint16_t *out)
+{
+    const mp_dtype t = op->type;
+    const int64_t es = t == MP_BF16 ? 2 : 1, kp = (nd + 1) / 2; /* bf16 or fp8 */
+    const char *base = op->base;
+    /* lane 2j takes x0[j], lane 2j + 1 takes x1[j] (x1 is lanes 32-63) */
+    const __m512i zip = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                         8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const char *r0 = base + (w0 + (d0 + 2 * p) * op->sd) * es;
+    const bool two = 2 * p + 1 < nd;
+    /* The rows are short runs (nw values) far apart, too short for
+     * the hardware prefetcher: ask for the pair PD ahead. */
+    enum { PD = 4 };
+    if (p + PD < kp) {
+        const char *f = r0 + 2 * PD * op->sd * es + q0 * W * es;
+        const int64_t span = (q1 * W < nw ? q1 * W : nw) - q0 * W;
+        for (int64_t x = 0; x < span * es; x += 64) {
+            _mm_prefetch(f + x, _MM_HINT_T0);
+            _mm_prefetch(f + op->sd * es + x, _MM_HINT_T0);
+        }
+    }
+    /* 8-wide panels (A's) of bf16 take two pairs at a time, a
+     * whole line: one pair's 32 bytes is half of one, and the
+     * panels are kp * 32 bytes apart, so its other half came after
+     * a store to every other panel, at a stride that maps them to
+     * a few sets of L1 (the line evicted in between). x^T dz of
+     * gpt_mini's MLP (1024x256x4096, 2 threads, Zen 5, medians of
+     * 31 calls alternating in one process): 4.63 -> 3.99 ms; fc2's
+     * weight gradient 50.2 -> 48.2 ms. */
+    const bool pairs2 = t == MP_BF16 && W == 8;
+    const bool both = pairs2 && !(p & 1) && 2 * p + 3 < nd; /* p and p + 1 whole */
+    const bool done = pairs2 && (p & 1) && 2 * p + 1 < nd;  /* by p - 1 */
+    for (int64_t q = q0; q < q1; q++) {
+        uint16_t *o = out + q * kp * 2 * W + p * W * 2;
+        if ((both || done) && nw - q * W >= W) {
+            if (done) continue;
+            const char *s = r0 + q * W * es;
+            const int64_t sd = op->sd * es;
+            const __m128i x0 = _mm_loadu_si128((const __m128i *)s),
+                          x1 = _mm_loadu_si128((const __m128i *)(s + sd)),
+                          x2 = _mm_loadu_si128((const __m128i *)(s + 2 * sd)),
+                          x3 = _mm_loadu_si128((const __m128i *)(s + 3 * sd));
+            const __m256i a = _mm256_set_m128i(_mm_unpackhi_epi16(x0, x1),
+                                               _mm_unpacklo_epi16(x0, x1)),
+                          b = _mm256_set_m128i(_mm_unpackhi_epi16(x2, x3),
+                                               _mm_unpacklo_epi16(x2, x3));
+            _mm512_storeu_si512(o, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+            continue;
+        }
+        if (t == MP_BF16 && nw - q * W >= W && two && !(W & 15)) {
+            /* a full panel of bf16: 16 pairs per permute */
+            const char *s0 = r0 + q * W * es;
+            for (int g = 0; g < W; g += 16) {
+                __m512i x0 =
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(s0 + g * es)));
+                __m512i x1 = _mm512_castsi256_si512(
+                    _mm256_loadu_si256((const __m256i *)(s0 + (op->sd + g) * es)));
+                _mm512_storeu_si512(o + g * 2, _mm512_permutex2var_epi16(x0, zip, x1));
+            }
+            continue;
+        }
+        for (int g = 0; g < W; g += 8) {
+            int64_t cnt = nw - q * W - g;
+            __m256i v = _mm256_setzero_si256();
+            if (cnt > 0) {
+                int c8 = cnt >= 8 ? 8 : (int)cnt;
+                const char *s0 = r0 + (q * W + g) * es;
+                __m256i lo =
+                    _mm256_cvtepu16_epi32(_mm256_castsi256_si128(mp_gemm_bf16_load16(s0, t, c8)));
+                __m256i hi = _mm256_setzero_si256();
+                if (two)
+                    hi = _mm256_cvtepu16_epi32(
+                        _mm256_castsi256_si128(mp_gemm_bf16_load16(s0 + op->sd * es, t, c8)));
+                v = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16));
+            }
+            _mm256_storeu_si256((__m256i *)(o + g * 2), v);
+        }
+    }
+}
+
 MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, int64_t nw,
                                            int64_t d0, int64_t nd, int W, void *dst)
 {
@@ -94,13 +179,8 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
     const char *base = op->base;
     uint16_t *out = dst;
     if (op->sw == 1) {
-        /* Two depth rows of contiguous values interleave into pairs; each
-         * source row is walked once, left to right, across all panels. */
+        /* Two depth rows of contiguous values interleave into pairs. */
         const int64_t np = (nw + W - 1) / W;
-        /* lane 2j takes x0[j], lane 2j + 1 takes x1[j] (x1 is lanes 32-63) */
-        const __m512i zip =
-            _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
-                             38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
         /* QB panels at a time down the whole depth: a pair's stores go to
          * QB panels, not to all of a wide block's (A^T's 128 panels of 8
          * across 1024 columns, kp * 32 bytes apart: one set of L1 for all).
@@ -111,79 +191,8 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
          * 6.80; the MLP's weight gradients (depth 1024) x0.99-1.01. */
         enum { QB = 16 };
         for (int64_t q0 = 0; q0 < np; q0 += QB)
-            for (int64_t p = 0; p < kp; p++) {
-                const int64_t q1 = q0 + QB < np ? q0 + QB : np;
-                const char *r0 = base + (w0 + (d0 + 2 * p) * op->sd) * es;
-                const bool two = 2 * p + 1 < nd;
-                /* The rows are short runs (nw values) far apart, too short for
-                 * the hardware prefetcher: ask for the pair PD ahead. */
-                enum { PD = 4 };
-                if (p + PD < kp) {
-                    const char *f = r0 + 2 * PD * op->sd * es + q0 * W * es;
-                    const int64_t span = (q1 * W < nw ? q1 * W : nw) - q0 * W;
-                    for (int64_t x = 0; x < span * es; x += 64) {
-                        _mm_prefetch(f + x, _MM_HINT_T0);
-                        _mm_prefetch(f + op->sd * es + x, _MM_HINT_T0);
-                    }
-                }
-                /* 8-wide panels (A's) of bf16 take two pairs at a time, a
-                 * whole line: one pair's 32 bytes is half of one, and the
-                 * panels are kp * 32 bytes apart, so its other half came after
-                 * a store to every other panel, at a stride that maps them to
-                 * a few sets of L1 (the line evicted in between). x^T dz of
-                 * gpt_mini's MLP (1024x256x4096, 2 threads, Zen 5, medians of
-                 * 31 calls alternating in one process): 4.63 -> 3.99 ms; fc2's
-                 * weight gradient 50.2 -> 48.2 ms. */
-                const bool pairs2 = t == MP_BF16 && W == 8;
-                const bool both = pairs2 && !(p & 1) && 2 * p + 3 < nd; /* p and p + 1 whole */
-                const bool done = pairs2 && (p & 1) && 2 * p + 1 < nd;  /* by p - 1 */
-                for (int64_t q = q0; q < q1; q++) {
-                    uint16_t *o = out + q * kp * 2 * W + p * W * 2;
-                    if ((both || done) && nw - q * W >= W) {
-                        if (done) continue;
-                        const char *s = r0 + q * W * es;
-                        const int64_t sd = op->sd * es;
-                        const __m128i x0 = _mm_loadu_si128((const __m128i *)s),
-                                      x1 = _mm_loadu_si128((const __m128i *)(s + sd)),
-                                      x2 = _mm_loadu_si128((const __m128i *)(s + 2 * sd)),
-                                      x3 = _mm_loadu_si128((const __m128i *)(s + 3 * sd));
-                        const __m256i a = _mm256_set_m128i(_mm_unpackhi_epi16(x0, x1),
-                                                           _mm_unpacklo_epi16(x0, x1)),
-                                      b = _mm256_set_m128i(_mm_unpackhi_epi16(x2, x3),
-                                                           _mm_unpacklo_epi16(x2, x3));
-                        _mm512_storeu_si512(o, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
-                        continue;
-                    }
-                    if (t == MP_BF16 && nw - q * W >= W && two && !(W & 15)) {
-                        /* a full panel of bf16: 16 pairs per permute */
-                        const char *s0 = r0 + q * W * es;
-                        for (int g = 0; g < W; g += 16) {
-                            __m512i x0 = _mm512_castsi256_si512(
-                                _mm256_loadu_si256((const __m256i *)(s0 + g * es)));
-                            __m512i x1 = _mm512_castsi256_si512(
-                                _mm256_loadu_si256((const __m256i *)(s0 + (op->sd + g) * es)));
-                            _mm512_storeu_si512(o + g * 2, _mm512_permutex2var_epi16(x0, zip, x1));
-                        }
-                        continue;
-                    }
-                    for (int g = 0; g < W; g += 8) {
-                        int64_t cnt = nw - q * W - g;
-                        __m256i v = _mm256_setzero_si256();
-                        if (cnt > 0) {
-                            int c8 = cnt >= 8 ? 8 : (int)cnt;
-                            const char *s0 = r0 + (q * W + g) * es;
-                            __m256i lo = _mm256_cvtepu16_epi32(
-                                _mm256_castsi256_si128(mp_gemm_bf16_load16(s0, t, c8)));
-                            __m256i hi = _mm256_setzero_si256();
-                            if (two)
-                                hi = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(
-                                    mp_gemm_bf16_load16(s0 + op->sd * es, t, c8)));
-                            v = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16));
-                        }
-                        _mm256_storeu_si256((__m256i *)(o + g * 2), v);
-                    }
-                }
-            }
+            for (int64_t p = 0; p < kp; p++)
+                pack_pair(op, w0, nw, d0, nd, W, p, q0, q0 + QB < np ? q0 + QB : np, out);
         return;
     }
     for (int64_t w = 0; w < nw; w += W, out += kp * 2 * W) {
