@@ -124,22 +124,29 @@ typedef enum {
     MP_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C (256-bit vectors) */
     MP_ISA_AVX512 = 2,     /* AVX-512 F/BW/VL/DQ + F16C + FMA */
     MP_ISA_AVX512BF16 = 3, /* the above + AVX512_BF16 (vdpbf16ps) */
+    /* The above + AMX-BF16 tiles (tdpbf16ps), where the OS lets this
+     * process use them (Linux: arch_prctl, asked once). The tiles serve
+     * GEMM only: every other kernel of this path is avx512bf16's. */
+    MP_ISA_AMX = 4,
 } mp_isa;
-#define MP_ISA_COUNT 4
+#define MP_ISA_COUNT 5
 
 typedef struct {
     char vendor[13];
     char brand[49];
     bool sse2, avx, avx2, fma, f16c;
-    bool avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, avx512_fp16, amx_bf16;
+    bool avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, avx512_fp16, amx_bf16, amx_tile;
     bool os_avx512; /* XCR0 enables opmask and ZMM state */
+    /* XCR0 enables the tile state and the OS granted this process the tile
+     * data (Linux: ARCH_REQ_XCOMP_PERM, asked once at detection) */
+    bool os_amx;
 } mp_cpu_features;
 
 const mp_cpu_features *mp_cpu(void);
 /* Best ISA this CPU and OS support. */
 mp_isa mp_isa_best(void);
 /* ISA in use: mp_isa_best(), or MP_ISA from the environment (scalar, avx2,
- * avx512, avx512bf16) read once, or the last mp_isa_set(). */
+ * avx512, avx512bf16, amx) read once, or the last mp_isa_set(). */
 mp_isa mp_isa_active(void);
 /* Force a path; MP_ERR_UNSUPPORTED if this CPU cannot run it. */
 mp_status mp_isa_set(mp_isa isa);

@@ -143,6 +143,19 @@ static void test_forced_path(void **state)
         assert_int_equal(mp_isa_set(MP_ISA_AVX512BF16), MP_OK);
         assert_runs(&mp_gemm_avx512bf16_impl);
     }
+    if (mp_isa_supported(MP_ISA_AMX)) {
+        setenv("MP_ISA", "amx", 1);
+        mp_isa_reset();
+        mp_gemm_dispatch_info in = query();
+        assert_int_equal(in.source, MP_DISPATCH_FORCED);
+        assert_string_equal(in.kernel[0], "amx");
+        assert_runs(&mp_gemm_amx_impl);
+        check_bound(NULL, MP_BF16, MP_BF16, false, false, 50, 70, 600, 6);
+        unsetenv("MP_ISA");
+        mp_isa_reset();
+        assert_int_equal(mp_isa_set(MP_ISA_AMX), MP_OK);
+        assert_runs(&mp_gemm_amx_impl);
+    }
 #endif
     /* A forced path times nothing and writes no cache. */
     struct stat st;
@@ -366,6 +379,42 @@ static void test_cli_info(void **state)
     }
 }
 
+/* Three candidates (AMX tiles, vdpbf16ps and FMA where the OS grants the
+ * tiles): injected rates pick the fastest, the first keeps a tie within
+ * the margin, and the real timing's choice runs within the error bound. */
+static void test_three_candidates(void **state)
+{
+    (void)state;
+    if (n_all < 3) skip();
+    mp_gemm_dispatch_test_candidates(all, 3);
+    ncands = 3;
+    for (int i = 0; i < 3; i++) cands[i] = all[i];
+    const double middle[6] = {100, 300, 200, 100, 300, 200},
+                 last[6] = {100, 200, 300, 100, 200, 300}, tie[6] = {300, 100, 305, 300, 100, 305};
+    fresh("0", middle);
+    assert_int_equal(query().chosen, 1);
+    assert_runs(all[1]);
+    fresh("0", last);
+    assert_int_equal(query().chosen, 2);
+    assert_runs(all[2]);
+    fresh("0", tie);
+    assert_int_equal(query().chosen, 0);
+    assert_runs(all[0]);
+    fresh("0", NULL); /* timed for real */
+    mp_gemm_dispatch_info in = query();
+    assert_int_equal(in.n_kernels, 3);
+    for (int i = 0; i < 3; i++) assert_true(in.gflops[i] > 0);
+    assert_runs(all[in.chosen]);
+    check_bound(NULL, MP_BF16, MP_BF16, false, true, 40, 60, 500, 5);
+    for (int i = 0; i < 3; i++) {
+        check_bound(all[i], MP_BF16, MP_BF16, false, false, 70, 100, 1100, 1);
+        check_bound(all[i], MP_F8E5M2, MP_F8E4M3, true, false, 17, 130, 77, 4);
+    }
+    mp_gemm_dispatch_test_candidates(all, 2);
+    ncands = 2;
+    fresh("0", NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -378,6 +427,7 @@ int main(void)
         cmocka_unit_test(test_first_use_threads),
         cmocka_unit_test(test_api),
         cmocka_unit_test(test_cli_info),
+        cmocka_unit_test(test_three_candidates),
     };
     return cmocka_run_group_tests_name("dispatch", tests, setup, teardown);
 }

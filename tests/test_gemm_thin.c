@@ -128,12 +128,13 @@ static void test_thin_weight_gradient(void **state)
 static void test_thin_blocks(void **state)
 {
     (void)state;
-    const gemm_impl *ims[4] = {&mp_gemm_scalar_impl};
+    const gemm_impl *ims[5] = {&mp_gemm_scalar_impl};
     int n_im = 1;
 #if MP_X86
     if (mp_isa_supported(MP_ISA_AVX2)) ims[n_im++] = &mp_gemm_avx2_impl;
     if (mp_isa_supported(MP_ISA_AVX512)) ims[n_im++] = &mp_gemm_avx512_impl;
     if (mp_isa_supported(MP_ISA_AVX512BF16)) ims[n_im++] = &mp_gemm_avx512bf16_impl;
+    if (mp_isa_supported(MP_ISA_AMX)) ims[n_im++] = &mp_gemm_amx_impl;
 #endif
     const int64_t l2 = (int64_t)mp_cpu_cache_bytes(2);
     for (int i = 0; i < n_im; i++) {

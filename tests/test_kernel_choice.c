@@ -282,14 +282,39 @@ static void cache_rates_written_and_parsed(void **state)
     }
 }
 
+/* Whether the file at path holds the text s. */
+static bool file_has(const char *path, const char *s)
+{
+    char text[4096];
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    return strstr(text, s) != NULL;
+}
+
 static void cache_round_trip_and_bad_files(void **state)
 {
     (void)state;
     mp_isa isas[MP_ISA_COUNT];
     if (test_isas(isas) < 2) skip(); /* one path: nothing is chosen or cached */
     mp_isa_reset();
-    fresh(dir);
-    char *t = report();
+    /* Where two paths run within the timing margin of each other (Intel
+     * Xeon, family 6 model 143: bf16->f32 on avx512bf16 and avx2 2.4%
+     * apart), the two rounds may choose differently and, by design, nothing
+     * is written: measured again until all three groups are (each try about
+     * a third likely there). */
+    char *t = NULL;
+    for (int tries = 0; tries < 20; tries++) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "rm -f %s/convert-* %s/update-* %s/mx-*", dir, dir, dir);
+        assert_int_equal(system(cmd), 0);
+        free(t);
+        fresh(dir);
+        t = report();
+        if (count(t, "none yet, written") == 3) break;
+    }
     assert_int_equal(count(t, "timed in this process"), 3);
     assert_int_equal(count(t, "none yet, written"), 3);
     free(t);
@@ -339,6 +364,12 @@ static void cache_round_trip_and_bad_files(void **state)
     /* garbage, then one changed digit, then oversized: each ignored and
      * replaced by a fresh measurement */
     for (int bad = 0; bad < 3; bad++) {
+        /* the one-digit change needs the file the last measurement wrote
+         * (or, its rounds disagreeing, did not: measured again) */
+        for (int tries = 0; bad == 1 && tries < 20 && !file_has(conv, "f32->bf16"); tries++) {
+            fresh(dir);
+            free(report());
+        }
         FILE *f = fopen(conv, bad == 1 ? "r+" : "w");
         assert_non_null(f);
         if (bad == 0) fputs("mixprec kernel choice 2\nnot a rate\n", f);

@@ -38,11 +38,12 @@ static int cmd_info(void)
     const mp_cpu_features *f = mp_cpu();
     printf("mixprec %s\n", MP_VERSION_STRING);
     printf("cpu:      %s (%s)\n", f->brand[0] ? f->brand : "unknown", f->vendor);
-    printf("features:%s%s%s%s%s%s%s%s%s%s\n", f->avx2 ? " avx2" : "", f->fma ? " fma" : "",
+    printf("features:%s%s%s%s%s%s%s%s%s%s%s%s\n", f->avx2 ? " avx2" : "", f->fma ? " fma" : "",
            f->f16c ? " f16c" : "", f->avx512f ? " avx512f" : "", f->avx512bw ? " avx512bw" : "",
            f->avx512vl ? " avx512vl" : "", f->avx512dq ? " avx512dq" : "",
            f->avx512_bf16 ? " avx512_bf16" : "", f->avx512_fp16 ? " avx512_fp16" : "",
-           f->amx_bf16 ? " amx_bf16" : "");
+           f->amx_bf16 ? " amx_bf16" : "", f->amx_tile ? " amx_tile" : "",
+           f->amx_tile && !f->os_amx ? " (tile data not granted by the OS)" : "");
     printf("paths:   ");
     for (int i = 0; i < MP_ISA_COUNT; i++)
         printf(" %s%s", mp_isa_name((mp_isa)i), mp_isa_supported((mp_isa)i) ? "" : "(unsupported)");

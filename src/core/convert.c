@@ -12,7 +12,7 @@
 const mp_convert_kernels *mp_convert_kernels_for(mp_isa isa)
 {
 #if MP_X86
-    if (isa == MP_ISA_AVX512BF16) return &mp_convert_avx512bf16_kernels;
+    if (isa >= MP_ISA_AVX512BF16) return &mp_convert_avx512bf16_kernels; /* amx's too */
     if (isa == MP_ISA_AVX512) return &mp_convert_avx512_kernels;
     if (isa == MP_ISA_AVX2) return &mp_convert_avx2_kernels;
 #else

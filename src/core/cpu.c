@@ -11,6 +11,9 @@
 #if MP_X86
 #include <cpuid.h>
 #endif
+#if MP_X86 && defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 static mp_cpu_features features;
 static uint32_t signature;
@@ -26,6 +29,25 @@ static uint64_t xgetbv0(void)
     return ((uint64_t)hi << 32) | lo;
 }
 #endif
+
+/* Whether this process may use the AMX tile data: XCR0 enables the tile
+ * config and data state (bits 17, 18), and on Linux the kernel grants the
+ * permission the tile data's large XSAVE area needs (asked here, once per
+ * process; threads inherit it). */
+static bool amx_permitted(uint64_t xcr0)
+{
+    if ((xcr0 & 0x60000) != 0x60000) return false;
+#if MP_X86 && defined(__linux__) && defined(SYS_arch_prctl)
+    enum { ARCH_GET_XCOMP_PERM = 0x1022, ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    unsigned long mask = 0;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, (unsigned long)XFEATURE_XTILEDATA) != 0)
+        return false;
+    return syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &mask) == 0 &&
+           (mask >> XFEATURE_XTILEDATA & 1);
+#else
+    return false; /* no known way to ask: the tiles stay unused */
+#endif
+}
 
 static void detect(void)
 {
@@ -59,6 +81,8 @@ static void detect(void)
             f.avx512vl = f.avx512f && ((b >> 31) & 1);
             f.avx512_fp16 = f.avx512f && ((d >> 23) & 1);
             f.amx_bf16 = (d >> 22) & 1;
+            f.amx_tile = (d >> 24) & 1;
+            f.os_amx = f.amx_tile && f.amx_bf16 && amx_permitted(xcr0);
             if (a >= 1) {
                 __cpuid_count(7, 1, a, b, c, d);
                 f.avx512_bf16 = f.avx512f && ((a >> 5) & 1);
@@ -102,19 +126,23 @@ bool mp_isa_supported(mp_isa isa)
         return MP_X86 && avx512;
     case MP_ISA_AVX512BF16:
         return MP_X86 && avx512 && f->avx512_bf16;
+    case MP_ISA_AMX:
+        return MP_X86 && avx512 && f->avx512_bf16 && f->os_amx;
     }
     return false;
 }
 
 mp_isa mp_isa_best(void)
 {
+    if (mp_isa_supported(MP_ISA_AMX)) return MP_ISA_AMX;
     if (mp_isa_supported(MP_ISA_AVX512BF16)) return MP_ISA_AVX512BF16;
     if (mp_isa_supported(MP_ISA_AVX512)) return MP_ISA_AVX512;
     if (mp_isa_supported(MP_ISA_AVX2)) return MP_ISA_AVX2;
     return MP_ISA_SCALAR;
 }
 
-static const char *const isa_names[MP_ISA_COUNT] = {"scalar", "avx2", "avx512", "avx512bf16"};
+static const char *const isa_names[MP_ISA_COUNT] = {"scalar", "avx2", "avx512", "avx512bf16",
+                                                    "amx"};
 
 const char *mp_isa_name(mp_isa isa)
 {
@@ -129,7 +157,7 @@ mp_status mp_isa_from_name(const char *name, mp_isa *out)
             return MP_OK;
         }
     return mp_set_error(MP_ERR_INVALID,
-                        "unknown ISA '%s' (expected scalar, avx2, avx512 or avx512bf16)",
+                        "unknown ISA '%s' (expected scalar, avx2, avx512, avx512bf16 or amx)",
                         name ? name : "(null)");
 }
 

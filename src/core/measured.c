@@ -37,7 +37,10 @@ void mp_measured_fill_op(mp_measured_op *op, const char *name, int o,
     op->name = name;
     op->n = 0;
     op->chosen = 0;
-    op->isa[op->n++] = mp_isa_best();
+    /* the feature-flag choice; amx adds tiles for GEMM only, its other
+     * kernels are avx512bf16's and named so */
+    const mp_isa best = mp_isa_best();
+    op->isa[op->n++] = best == MP_ISA_AMX ? MP_ISA_AVX512BF16 : best;
     for (int i = MP_ISA_COUNT - 1; i >= 0 && op->n < MP_MEASURED_MAX; i--) {
         bool dup = !mp_isa_supported((mp_isa)i);
         for (int j = 0; j < op->n && !dup; j++) dup = same(o, (mp_isa)i, op->isa[j]);

@@ -6,7 +6,7 @@
 const mp_mx_kernels *mp_mx_kernels_for(mp_isa isa)
 {
 #if MP_X86
-    if (isa == MP_ISA_AVX512 || isa == MP_ISA_AVX512BF16) return &mp_mx_avx512_kernels;
+    if (isa >= MP_ISA_AVX512) return &mp_mx_avx512_kernels;
     if (isa == MP_ISA_AVX2) return &mp_mx_avx2_kernels;
 #else
     (void)isa;

@@ -7,9 +7,10 @@
  * Kernel choice (documented rule for mixed input types):
  *   - both operands bf16 or fp8 and the CPU has AVX512_BF16: the vdpbf16ps
  *     kernel (fp8 decoded to bf16 while packing, which is exact) or the FMA
- *     kernel (bf16/fp8 widened exactly to f32), whichever was measured faster
- *     on this pair of types on this machine (gemm_dispatch.c);
- *     MP_ISA=avx512bf16 forces vdpbf16ps;
+ *     kernel (bf16/fp8 widened exactly to f32), or AMX tiles (tdpbf16ps)
+ *     where the CPU and OS allow them, whichever was measured fastest on
+ *     this pair of types on this machine (gemm_dispatch.c);
+ *     MP_ISA=avx512bf16 forces vdpbf16ps, MP_ISA=amx the tiles;
  *   - anything else (an f32 or f16 operand, or no AVX512_BF16): the f32 FMA
  *     kernel with every operand widened exactly to f32. An f32 input is never
  *     rounded to bf16, and f16 x f16 gives exact products accumulated in f32.
@@ -35,8 +36,10 @@ static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
         mp_gemm_dispatch_testing())
         return mp_gemm_dispatch_bf16(at, bt);
 #if MP_X86
-    if (isa >= MP_ISA_AVX512BF16 && mp_gemm_bf16_like(at) && mp_gemm_bf16_like(bt))
-        return mp_isa_forced() ? &mp_gemm_avx512bf16_impl : mp_gemm_dispatch_bf16(at, bt);
+    if (isa >= MP_ISA_AVX512BF16 && mp_gemm_bf16_like(at) && mp_gemm_bf16_like(bt)) {
+        if (!mp_isa_forced()) return mp_gemm_dispatch_bf16(at, bt);
+        return isa == MP_ISA_AMX ? &mp_gemm_amx_impl : &mp_gemm_avx512bf16_impl;
+    }
     if (isa >= MP_ISA_AVX512) return &mp_gemm_avx512_impl;
     if (isa == MP_ISA_AVX2) return &mp_gemm_avx2_impl;
 #else
@@ -65,13 +68,27 @@ typedef struct {
     atomic_int *nonfinite; /* NULL, or set to 1 when a value written to C is not finite */
 } gemm_plan;
 
-/* Packs a strided operand with the kernel's packer, a gathered one
- * (implicit GEMM) by its geometry; false if out of memory. */
-static bool pack(const gemm_impl *im, const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
-                 int64_t nd, int W, void *dst)
+/* The packer of A's panels (a_side) or B's on im. */
+static gemm_pack_fn packer(const gemm_impl *im, bool a_side)
 {
-    if (op->gather) return mp_gemm_pack_gather(op, w0, nw, d0, nd, W, im->fmt, dst);
-    im->pack(op, w0, nw, d0, nd, W, dst);
+    return a_side && im->pack_a ? im->pack_a : im->pack;
+}
+
+/* Packs a strided operand with the kernel's packer, a gathered one
+ * (implicit GEMM) by its geometry; false if out of memory. An A whose
+ * panels lie row by row (pack_a: GEMM_FMT_AMX) is gathered as panels of one
+ * row, its last panel's missing rows zero. */
+static bool pack(const gemm_impl *im, bool a_side, const gemm_operand *op, int64_t w0, int64_t nw,
+                 int64_t d0, int64_t nd, int W, void *dst)
+{
+    if (!op->gather) {
+        packer(im, a_side)(op, w0, nw, d0, nd, W, dst);
+        return true;
+    }
+    if (!a_side || !im->pack_a) return mp_gemm_pack_gather(op, w0, nw, d0, nd, W, im->fmt, dst);
+    const size_t row = (size_t)mp_gemm_kpad(im->fmt, nd) * (size_t)mp_gemm_fmt_bytes(im->fmt);
+    if (!mp_gemm_pack_gather(op, w0, nw, d0, nd, 1, im->fmt, dst)) return false;
+    memset((char *)dst + (size_t)nw * row, 0, (size_t)(cdiv(nw, W) * W - nw) * row);
     return true;
 }
 
@@ -129,6 +146,9 @@ static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k, in
     const int64_t narrow = (a->sd == 1 && im->narrow_panels ? im->narrow_panels : 2) * im->nr;
     if (im->streams && n > narrow && im->streams()) return false;
     if (im->fmt == GEMM_FMT_BF16) return a->type == MP_BF16 && a->sd == 1 && !(k & 1);
+    /* AMX: an A tile's rows are 32 elements along k; past k they would
+     * read beyond the row */
+    if (im->fmt == GEMM_FMT_AMX) return a->type == MP_BF16 && a->sd == 1 && !(k & 31);
     if (a->type == MP_BF16) return im->kernel_a_bf16 && a->sd == 1 && n <= 2 * (int64_t)im->nr;
     return a->type == MP_F32 && (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
 }
@@ -260,11 +280,12 @@ typedef struct {
 /* Thread tid's share of the W-wide panels of widths [w0, w0 + nw) and
  * depths [pc, pc + kb) of op, packed into the team's buffer buf, once
  * every thread is done with the block before (a barrier on each side). */
-static void pack_share(const gemm_impl *im, const gemm_operand *op, int W, int64_t w0, int64_t nw,
-                       int64_t pc, int64_t kb, int64_t kpad, char *buf, const gemm_share *sh,
-                       int tid)
+static void pack_share(const gemm_impl *im, bool a_side, const gemm_operand *op, int W, int64_t w0,
+                       int64_t nw, int64_t pc, int64_t kb, int64_t kpad, char *buf,
+                       const gemm_share *sh, int tid)
 {
     const size_t esz = (size_t)mp_gemm_fmt_bytes(im->fmt);
+    const gemm_pack_fn fn = packer(im, a_side);
     const int64_t np = cdiv(nw, W), p0 = np * tid / sh->nt, p1 = np * (tid + 1) / sh->nt;
 #pragma omp barrier
     /* One panel (a thin B: n = 10 of 48 columns): the threads split its
@@ -272,13 +293,15 @@ static void pack_share(const gemm_impl *im, const gemm_operand *op, int W, int64
      * packed where its rows lie in the panel. fc3 forward (1024x10x4096, 2
      * threads, Zen 5, medians of 101 calls alternating in one process):
      * float32 time x0.949 and x0.953, bfloat16 x0.975. */
-    if (np == 1) {
+    if (np == 1 && fn != im->pack) { /* A's rows along k: one packs the panel */
+        if (tid == 0) fn(op, w0, nw, pc, kb, W, buf);
+    } else if (np == 1) {
         const int64_t d0 = kb * tid / sh->nt / 16 * 16,
                       d1 = tid == sh->nt - 1 ? kb : kb * (tid + 1) / sh->nt / 16 * 16;
-        if (d1 > d0) im->pack(op, w0, nw, pc + d0, d1 - d0, W, buf + (size_t)(d0 * W) * esz);
+        if (d1 > d0) fn(op, w0, nw, pc + d0, d1 - d0, W, buf + (size_t)(d0 * W) * esz);
     } else if (p1 > p0)
-        im->pack(op, w0 + p0 * W, min64(nw, p1 * W) - p0 * W, pc, kb, W,
-                 buf + (size_t)p0 * (size_t)(W * kpad) * esz);
+        fn(op, w0 + p0 * W, min64(nw, p1 * W) - p0 * W, pc, kb, W,
+           buf + (size_t)p0 * (size_t)(W * kpad) * esz);
 #pragma omp barrier
 }
 
@@ -350,8 +373,8 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
             const int64_t kpad = mp_gemm_kpad(im->fmt, kb);
             const bool first = pc == 0, last = pc + kb >= pl->k;
             if (ashare) {
-                pack_share(im, &pl->a, MR, ic, mb, pc, kb, kpad, ap, ashare, tid);
-            } else if (mb > 0 && !in_place && !pack(im, &pl->a, ic, mb, pc, kb, MR, ap)) {
+                pack_share(im, true, &pl->a, MR, ic, mb, pc, kb, kpad, ap, ashare, tid);
+            } else if (mb > 0 && !in_place && !pack(im, true, &pl->a, ic, mb, pc, kb, MR, ap)) {
                 return false;
             }
             for (int64_t jc = n0; jc < n1; jc += nc) {
@@ -361,11 +384,12 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                 char *bblk = bp;
                 if (b_once) {
                     bblk = bp + (size_t)((jc - n0) / NR) * (size_t)(NR * kpad) * esz;
-                    if (ic == m0 && !pack(im, &pl->b, jc, nb, pc, kb, NR, bblk)) return false;
+                    if (ic == m0 && !pack(im, false, &pl->b, jc, nb, pc, kb, NR, bblk))
+                        return false;
                 } else if (bshare) {
-                    pack_share(im, &pl->b, NR, jc, nb, pc, kb, kpad, bp, bshare, tid);
+                    pack_share(im, false, &pl->b, NR, jc, nb, pc, kb, kpad, bp, bshare, tid);
                 } else if (nfull < nb &&
-                           !pack(im, &pl->b, jc + nfull, nb - nfull, pc, kb, NR, bp)) {
+                           !pack(im, false, &pl->b, jc + nfull, nb - nfull, pc, kb, NR, bp)) {
                     return false;
                 }
                 for (int64_t ir = 0; ir < mb; ir += MR) {
@@ -377,7 +401,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                         apan.si = pl->a.sw;
                         apan.sk = pl->a.sd;
                     } else if (in_place && jc == n0) { /* a last, partial panel: packed */
-                        if (!pack(im, &pl->a, ic + ir, mr, pc, kb, MR, ap)) return false;
+                        if (!pack(im, true, &pl->a, ic + ir, mr, pc, kb, MR, ap)) return false;
                         apan.p = ap;
                     } else if (in_place) {
                         apan.p = ap;

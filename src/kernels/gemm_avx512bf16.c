@@ -84,8 +84,8 @@ MP_TARGET_AVX512BF16 static void kernel_bf16_a(int64_t kc, const void *a, int64_
  * along its width (unit width stride), nw values wide: the two source rows
  * interleave into pairs, read left to right. */
 MP_TARGET_AVX512BF16 static inline void pack_pair(const gemm_operand *op, int64_t w0, int64_t nw,
-                                                  int64_t d0, int64_t nd, int W, int64_t p,
-                                                  int64_t q0, int64_t q1, uint16_t *out)
+                                                  int64_t d0, int64_t nd, int W, int64_t kpd,
+                                                  int64_t p, int64_t q0, int64_t q1, uint16_t *out)
 {
     const mp_dtype t = op->type;
     const int64_t es = t == MP_BF16 ? 2 : 1, kp = (nd + 1) / 2; /* bf16 or fp8 */
@@ -118,7 +118,7 @@ MP_TARGET_AVX512BF16 static inline void pack_pair(const gemm_operand *op, int64_
     const bool both = pairs2 && !(p & 1) && 2 * p + 3 < nd; /* p and p + 1 whole */
     const bool done = pairs2 && (p & 1) && 2 * p + 1 < nd;  /* by p - 1 */
     for (int64_t q = q0; q < q1; q++) {
-        uint16_t *o = out + q * kp * 2 * W + p * W * 2;
+        uint16_t *o = out + q * kpd * 2 * W + p * W * 2;
         if ((both || done) && nw - q * W >= W) {
             if (done) continue;
             const char *s = r0 + q * W * es;
@@ -165,17 +165,30 @@ MP_TARGET_AVX512BF16 static inline void pack_pair(const gemm_operand *op, int64_
     }
 }
 
-MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, int64_t nw,
-                                           int64_t d0, int64_t nd, int W, void *dst)
+/* The pairs [kp, kpd) of each of the panels of nw columns at out: zero. */
+static void zero_pairs(uint16_t *out, int64_t nw, int W, int64_t kp, int64_t kpd)
+{
+    if (kpd == kp) return;
+    for (int64_t w = 0; w < nw; w += W, out += kpd * 2 * W)
+        memset(out + kp * 2 * W, 0, (size_t)((kpd - kp) * 2 * W) * sizeof *out);
+}
+
+MP_TARGET_AVX512BF16 void mp_gemm_pack_bf16_avx512(const gemm_operand *op, int64_t w0, int64_t nw,
+                                                   int64_t d0, int64_t nd, int W, int64_t kpd,
+                                                   void *dst)
 {
     const mp_dtype t = op->type;
-    if ((t != MP_BF16 && t != MP_F8E4M3 && t != MP_F8E5M2) || (W & 7) ||
-        (op->sw != 1 && op->sd != 1)) {
-        mp_gemm_pack_generic(op, w0, nw, d0, nd, W, GEMM_FMT_BF16, dst);
-        return;
-    }
     const int64_t es = (int64_t)mp_dtype_size(t);
     const int64_t kp = (nd + 1) / 2;
+    if ((t != MP_BF16 && t != MP_F8E4M3 && t != MP_F8E5M2) || (W & 7) ||
+        (op->sw != 1 && op->sd != 1)) {
+        /* panel by panel where the panels are deeper than the pairs */
+        for (int64_t w = 0; w < nw; w += kpd == kp ? nw : W)
+            mp_gemm_pack_generic(op, w0 + w, kpd == kp ? nw : min64(W, nw - w), d0, nd, W,
+                                 GEMM_FMT_BF16, (uint16_t *)dst + w / W * kpd * 2 * W);
+        zero_pairs(dst, nw, W, kp, kpd);
+        return;
+    }
     const char *base = op->base;
     uint16_t *out = dst;
     if (op->sw == 1) {
@@ -192,10 +205,11 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
         enum { QB = 16 };
         for (int64_t q0 = 0; q0 < np; q0 += QB)
             for (int64_t p = 0; p < kp; p++)
-                pack_pair(op, w0, nw, d0, nd, W, p, q0, q0 + QB < np ? q0 + QB : np, out);
+                pack_pair(op, w0, nw, d0, nd, W, kpd, p, q0, q0 + QB < np ? q0 + QB : np, out);
+        zero_pairs(dst, nw, W, kp, kpd);
         return;
     }
-    for (int64_t w = 0; w < nw; w += W, out += kp * 2 * W) {
+    for (int64_t w = 0; w < nw; w += W, out += kpd * 2 * W) {
         const int64_t nv = nw - w < W ? nw - w : W;
         /* Depth pairs are adjacent in memory: a 32-bit 8x8 transpose. */
         for (int g = 0; g < W; g += 8) {
@@ -217,6 +231,13 @@ MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, i
             }
         }
     }
+    zero_pairs(dst, nw, W, kp, kpd);
+}
+
+MP_TARGET_AVX512BF16 static void pack_bf16(const gemm_operand *op, int64_t w0, int64_t nw,
+                                           int64_t d0, int64_t nd, int W, void *dst)
+{
+    mp_gemm_pack_bf16_avx512(op, w0, nw, d0, nd, W, (nd + 1) / 2, dst);
 }
 
 /* Blocks: a depth of 4096 (2048 pairs) takes the seed MLP's products in one

@@ -1,9 +1,10 @@
 /* gemm_dispatch.c - GEMM kernel choice by measurement. Feature flags say
  * which kernels a CPU can run, not which is fast: vdpbf16ps runs at twice the
  * float32 FMA rate on some CPUs (AMD Zen 5) and at half of it on others
- * (Intel Xeons without AMX). Where an input-type class has more than one
- * kernel this CPU supports (today each pair of bf16 / fp8 input types:
- * vdpbf16ps, or exact widening to float32 and FMA), the candidates are timed
+ * (Intel Xeons), where AMX tiles, when the OS grants them, run at ten times
+ * the FMA rate. Where an input-type class has more than one kernel this CPU
+ * supports (today each pair of bf16 / fp8 input types: vdpbf16ps, AMX
+ * tiles, or exact widening to float32 and FMA), the candidates are timed
  * on that pair once per process on its first use (gemm_dispatch_timing.c)
  * and the faster is kept. A choice clear of the noise, and confirmed by a
  * second round, is cached with the rates per CPU model, library version,
@@ -38,9 +39,10 @@
  * on older kernels (2: the FMA kernel got narrow panels and in-place A; 3:
  * its depth block went from 256 to 1024; 4: both AVX-512 kernels ask for
  * their C tile ahead of its stores; 5: a choice is written only when a
- * second round confirms it, with each kernel's faster rate) are measured
+ * second round confirms it, with each kernel's faster rate; 6: AMX tiles
+ * joined the candidates) are measured
  * again rather than trusted. */
-#define CACHE_MAGIC "mixprec gemm dispatch 5"
+#define CACHE_MAGIC "mixprec gemm dispatch 6"
 
 typedef struct {
     const gemm_impl *impl;
@@ -54,6 +56,7 @@ static const kernel_desc kernels[] = {
     {&mp_gemm_avx2_impl, "avx2", "widen to float32, FMA"},
     {&mp_gemm_avx512_impl, "avx512", "widen to float32, FMA"},
     {&mp_gemm_avx512bf16_impl, "avx512bf16", "vdpbf16ps"},
+    {&mp_gemm_amx_impl, "amx", "AMX tiles, tdpbf16ps"},
 #endif
 };
 #define NKERNELS ((int)(sizeof kernels / sizeof kernels[0]))
@@ -74,6 +77,7 @@ static const struct {
 } bf16_candidates[] = {
     {&mp_gemm_avx512_impl, MP_ISA_AVX512},
     {&mp_gemm_avx512bf16_impl, MP_ISA_AVX512BF16},
+    {&mp_gemm_amx_impl, MP_ISA_AMX},
 };
 #define NBF16 ((int)(sizeof bf16_candidates / sizeof bf16_candidates[0]))
 #endif

@@ -48,13 +48,14 @@ static bool run_one_thread(const timing_data *td, int i)
     const gemm_operand b = {.base = td->b, .type = td->bt, .sw = 1, .sd = TIMING_N};
     const size_t esz = (size_t)mp_gemm_fmt_bytes(im->fmt);
     const int64_t n = TIMING_N1, kc = im->kc < n ? im->kc : n;
-    char *ap = mp_scratch(0, (size_t)(n * (kc + 1)) * esz);
-    char *bp = mp_scratch(1, (size_t)(n * (kc + 1)) * esz);
+    const size_t panels = (size_t)(n * mp_gemm_kpad(im->fmt, kc)) * esz;
+    char *ap = mp_scratch(0, panels);
+    char *bp = mp_scratch(1, panels);
     if (!ap || !bp || n % im->mr || n % im->nr) return false;
     for (int64_t pc = 0; pc < n; pc += kc) {
         const int64_t kb = n - pc < kc ? n - pc : kc;
         const int64_t kpad = mp_gemm_kpad(im->fmt, kb);
-        im->pack(&a, 0, n, pc, kb, im->mr, ap);
+        (im->pack_a ? im->pack_a : im->pack)(&a, 0, n, pc, kb, im->mr, ap);
         im->pack(&b, 0, n, pc, kb, im->nr, bp);
         for (int64_t ir = 0; ir < n; ir += im->mr)
             for (int64_t jr = 0; jr < n; jr += im->nr)

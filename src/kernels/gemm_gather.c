@@ -99,7 +99,8 @@ static int64_t run_start(const gemm_gather *ga, coord w, coord k)
 }
 
 /* Element (d, i) of a panel with W rows: f32 panel[d][i], or bf16 pairs
- * along the depth panel[d / 2][i][d % 2]. */
+ * along the depth panel[d / 2][i][d % 2] (an AMX A panel is W panels of
+ * one row: the caller packs it so). */
 static inline void put(void *panel, gemm_fmt fmt, int W, int64_t d, int64_t i,
                        const gemm_operand *op, int64_t o)
 {
@@ -278,8 +279,8 @@ static void pack_depth_runs(const gemm_operand *op, int64_t w0, int64_t nw, int6
                           true);
             d += run;
         }
-        if (fmt == GEMM_FMT_BF16 && (nd & 1))
-            for (int64_t i = 0; i < W; i++) put(panel, fmt, W, nd, i, op, -1);
+        for (int64_t d = nd; d < dpad; d++) /* bf16 pairs' and AMX tiles' padding */
+            for (int64_t i = 0; i < W; i++) put(panel, fmt, W, d, i, op, -1);
     }
 }
 
@@ -327,7 +328,7 @@ bool mp_gemm_pack_gather(const gemm_operand *op, int64_t w0, int64_t nw, int64_t
                          int W, gemm_fmt fmt, void *dst)
 {
     const gemm_gather *ga = op->gather;
-    const int64_t dpad = fmt == GEMM_FMT_F32 ? nd : nd + (nd & 1);
+    const int64_t dpad = mp_gemm_kpad(fmt, nd);
     if (ga->view == GATHER_PATCHES || ga->view == GATHER_DY_PATCHES) {
         pack_depth_runs(op, w0, nw, d0, nd, W, fmt, dst, dpad);
         return true;

@@ -14,15 +14,19 @@
  * A, NR for B) along K, zero-padded to full width:
  *   GEMM_FMT_F32:  panel[k][w] as float;
  *   GEMM_FMT_BF16: panel[k/2][w][k%2] as bf16, K padded to even, so that one
- *                  32-bit lane holds the pair vdpbf16ps multiplies. */
-typedef enum { GEMM_FMT_F32 = 0, GEMM_FMT_BF16 = 1 } gemm_fmt;
+ *                  32-bit lane holds the pair vdpbf16ps multiplies;
+ *   GEMM_FMT_AMX:  B's panels as GEMM_FMT_BF16 (an AMX B tile's rows are
+ *                  such pairs), A's row by row, panel[w][k] (an A tile's
+ *                  rows run along k), K padded to a multiple of 32 (a
+ *                  tile's depth) with zeros. */
+typedef enum { GEMM_FMT_F32 = 0, GEMM_FMT_BF16 = 1, GEMM_FMT_AMX = 2 } gemm_fmt;
 
 /* Bytes of one packed element in format f, and the packed depth of kb
- * (even for bf16, whose lanes hold pairs along k). */
-static inline int64_t mp_gemm_fmt_bytes(gemm_fmt f) { return f == GEMM_FMT_BF16 ? 2 : 4; }
+ * (even for bf16, whose lanes hold pairs along k; whole tiles for AMX). */
+static inline int64_t mp_gemm_fmt_bytes(gemm_fmt f) { return f == GEMM_FMT_F32 ? 4 : 2; }
 static inline int64_t mp_gemm_kpad(gemm_fmt f, int64_t kb)
 {
-    return f == GEMM_FMT_BF16 ? kb + (kb & 1) : kb;
+    return f == GEMM_FMT_BF16 ? kb + (kb & 1) : f == GEMM_FMT_AMX ? (kb + 31) / 32 * 32 : kb;
 }
 
 /* The driver's and the kernels' integer helpers. */
@@ -150,6 +154,9 @@ typedef struct {
                        int64_t n);
     int row_max;       /* the most rows of C kernel_row takes: past them the tiles are faster */
     gemm_pack_fn pack; /* for both operands */
+    /* Optional: A's packer where A's panels are laid out unlike B's
+     * (GEMM_FMT_AMX); NULL: pack serves both. */
+    gemm_pack_fn pack_a;
     gemm_epilogue_fn epilogue;
     /* whether the epilogue reports non-finite values through e->nonfinite
      * as it writes them; else the driver reads each tile back */
@@ -253,6 +260,12 @@ extern const gemm_impl mp_gemm_scalar_impl;
 extern const gemm_impl mp_gemm_avx2_impl;       /* f32 FMA, 256-bit */
 extern const gemm_impl mp_gemm_avx512_impl;     /* f32 FMA */
 extern const gemm_impl mp_gemm_avx512bf16_impl; /* vdpbf16ps */
+extern const gemm_impl mp_gemm_amx_impl;        /* AMX tiles, tdpbf16ps */
+/* The vdpbf16ps path's packer (gemm_avx512bf16.c) into panels kpd pairs
+ * deep (kpd >= ceil(nd / 2); the pairs past nd zero): GEMM_FMT_BF16 at
+ * kpd = ceil(nd / 2), and B's panels of GEMM_FMT_AMX. */
+void mp_gemm_pack_bf16_avx512(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
+                              int64_t nd, int W, int64_t kpd, void *dst);
 /* The AVX2 path's register tile (gemm_avx2.c) and the packer of the x86
  * float32 format (gemm_pack_avx2.c: gemm_impl.pack of the AVX2 and AVX-512
  * FMA paths, specialised for W of MP_GEMM_AVX2_MR or _NR). */
@@ -283,7 +296,8 @@ void mp_gemm_avx2_pack_force(int on);
  * types) through the driver with `threads` threads into team (when threads
  * > 1), and of N1^3 on this thread alone into one, in GFLOP/s rounded as
  * the cache keeps them; false if the runs could not get memory. */
-enum { MP_DISPATCH_TIMING_N = 384, MP_DISPATCH_TIMING_N1 = 240, MP_DISPATCH_TIMING_REPS = 5 };
+/* (N1 a multiple of every kernel's MR and NR: 6, 8, 16, 32, 48) */
+enum { MP_DISPATCH_TIMING_N = 384, MP_DISPATCH_TIMING_N1 = 288, MP_DISPATCH_TIMING_REPS = 5 };
 bool mp_gemm_dispatch_time(const gemm_impl *const *cand, int n, mp_dtype at, mp_dtype bt,
                            int threads, double *team, double *one);
 /* The kernel for bf16-like operands of types at x bt on an unforced

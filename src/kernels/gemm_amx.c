@@ -1,0 +1,251 @@
+/* gemm_amx.c - the AMX GEMM path for bf16 and fp8 inputs: a 32x32 tile of C
+ * held in four tile registers while tdpbf16ps multiplies two 16x32 tiles of
+ * A by two 32x16 tiles of B (bf16 pairs, as the vdpbf16ps path packs them),
+ * 32 deep at a time; the packers (A row by row along k, B by the vdpbf16ps
+ * path's packer, both padded to whole tiles of depth with zeros) decode fp8
+ * to bf16 exactly. The tiles run at about ten times the float32 FMA rate
+ * where the OS grants them (cpu.c asks). Like vdpbf16ps they read subnormal
+ * bf16 inputs as zero and flush subnormal sums; their sums of products are
+ * not the vdpbf16ps path's bits (the hardware's order of the additions
+ * inside a tile is its own), but each element's sum runs over the same
+ * tiles of depth in the same order whatever the threads or blocks, so the
+ * bits do not depend on them, and they stay within the GEMM error bound. */
+#include <string.h>
+
+#include "kernels/gemm_avx512bf16_load.h"
+
+#if MP_X86
+
+#include <immintrin.h>
+
+#define MP_TARGET_AMX                                                                              \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma,amx-tile,"       \
+                          "amx-bf16")))
+
+enum { AMR = 32, ANR = 32, DEPTH = 32 /* a tile's depth in bf16 elements */ };
+
+/* The tile configuration every kernel here runs with: palette 1, tiles
+ * 0-7 of 16 rows of 64 bytes (C's four 16x16 float tiles, A's two 16x32
+ * and B's two 16-pair x 16-column tiles). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static const tile_config config = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+/* Loads the configuration unless this thread has it: a store of the
+ * current one is about 13 cycles, a load about 180 (Intel Xeon, family 6
+ * model 143). Checked on every call, not remembered, since other code in
+ * the process (a library's AMX kernels) may release or change it. The
+ * first load in a process follows the CPU's detection, which asks the OS
+ * for the tile data (a kernel called directly, before any use of the
+ * library that detects, would fault without it). */
+MP_TARGET_AMX static inline void tiles_ready(void)
+{
+    _Alignas(64) tile_config now;
+    _tile_storeconfig(&now);
+    if (memcmp(&now, &config, sizeof now) != 0) {
+        (void)mp_cpu(); /* the OS's grant, asked at detection (cpu.c) */
+        _tile_loadconfig(&config);
+    }
+}
+
+/* C (32 x 16 nv, row stride ldc floats) = (acc ? C : 0) + A B over kc
+ * (a multiple of DEPTH). A's rows at a, sa bytes apart, each kc elements
+ * along k; B's packed panel at b, pair row p of its 32 columns at b + 64 p
+ * elements. nv = 1 computes only the first 16 columns (a panel mostly
+ * padding); the sums are the same either way. */
+MP_TARGET_AMX static inline __attribute__((always_inline)) void
+kernel_core(int64_t kc, const uint16_t *a, int64_t sa, const uint16_t *b, float *c, int64_t ldc,
+            int acc, int nv)
+{
+    tiles_ready();
+    const int64_t sc = ldc * (int64_t)sizeof(float);
+    const char *a1 = (const char *)a + 16 * sa;
+    if (acc) {
+        _tile_loadd(0, c, sc);
+        _tile_loadd(2, c + 16 * ldc, sc);
+        if (nv == 2) {
+            _tile_loadd(1, c + 16, sc);
+            _tile_loadd(3, c + 16 * ldc + 16, sc);
+        }
+    } else {
+        _tile_zero(0);
+        _tile_zero(2);
+        if (nv == 2) {
+            _tile_zero(1);
+            _tile_zero(3);
+        }
+    }
+    for (int64_t k = 0; k < kc; k += DEPTH) {
+        const uint16_t *bk = b + k * ANR; /* pair row k / 2, 2 ANR elements each */
+        _tile_loadd(4, a + k, sa);
+        _tile_loadd(6, bk, 2 * ANR * (int64_t)sizeof(uint16_t));
+        _tile_loadd(5, a1 + 2 * k, sa);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+        if (nv == 2) {
+            _tile_loadd(7, bk + 32, 2 * ANR * (int64_t)sizeof(uint16_t));
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, sc);
+    _tile_stored(2, c + 16 * ldc, sc);
+    if (nv == 2) {
+        _tile_stored(1, c + 16, sc);
+        _tile_stored(3, c + 16 * ldc + 16, sc);
+    }
+}
+
+/* A packed: AMR rows of kc elements. */
+MP_TARGET_AMX static void kernel_amx(int64_t kc, const void *a, const void *b, float *c,
+                                     int64_t ldc, int acc)
+{
+    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 2);
+}
+
+MP_TARGET_AMX static void kernel_amx_n16(int64_t kc, const void *a, const void *b, float *c,
+                                         int64_t ldc, int acc)
+{
+    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 1);
+}
+
+/* A bf16 in place along its rows (sk = 1), si elements apart. */
+MP_TARGET_AMX static void kernel_amx_a(int64_t kc, const void *a, int64_t si, int64_t sk,
+                                       const void *b, float *c, int64_t ldc, int acc, int nv)
+{
+    (void)sk; /* 1: a_in_place (gemm.c) reads A in place only along rows */
+    const int64_t sa = si * (int64_t)sizeof(uint16_t);
+    if (nv == 1)
+        kernel_core(kc, a, sa, b, c, ldc, acc, 1);
+    else
+        kernel_core(kc, a, sa, b, c, ldc, acc, 2);
+}
+
+/* ------------------------------------------------------------- packing */
+
+/* B: the vdpbf16ps path's pairs, panels padded to whole tiles of depth. */
+MP_TARGET_AVX512BF16 static void pack_b(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
+                                        int64_t nd, int W, void *dst)
+{
+    mp_gemm_pack_bf16_avx512(op, w0, nw, d0, nd, W, mp_gemm_kpad(GEMM_FMT_AMX, nd) / 2, dst);
+}
+
+/* The 16 x 16 32-bit words r[0..16) transposed in place: r[i] lane j <-
+ * r[j] lane i. */
+MP_TARGET_AVX512BF16 static inline void transpose16(__m512i r[16])
+{
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* 128-bit lane l of r[4 g + s] now holds rows 4 g .. 4 g + 3 of
+     * column 4 l + s: the lanes regroup so that column j's four lanes (row
+     * groups 0-3) meet in r[j] */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+    }
+}
+
+/* A, laid along its width (sw = 1: A^T stored, a weight gradient's x^T):
+ * 32 widths x 32 depths at a time, packed into pairs along the depth (the
+ * vdpbf16ps packer, 2 KiB in L1), then each half's 16 x 16 words (pair x
+ * width) transposed into the rows' 16 pairs. */
+MP_TARGET_AVX512BF16 static void pack_a_t(const gemm_operand *op, int64_t w0, int64_t nw,
+                                          int64_t d0, int64_t nd, int64_t kpad, uint16_t *out)
+{
+    _Alignas(64) uint32_t tmp[DEPTH / 2 * AMR];
+    for (int64_t w = 0; w < nw; w += AMR) {
+        const int64_t nv = min64(AMR, nw - w);
+        for (int64_t d = 0; d < kpad; d += DEPTH) {
+            if (d < nd)
+                mp_gemm_pack_bf16_avx512(op, w0 + w, nv, d0 + d, min64(DEPTH, nd - d), AMR,
+                                         DEPTH / 2, tmp);
+            else
+                memset(tmp, 0, sizeof tmp);
+            for (int h = 0; h < 2; h++) { /* widths 16 h .. 16 h + 15 */
+                __m512i r[16];
+                for (int p = 0; p < 16; p++) r[p] = _mm512_load_si512(tmp + p * AMR + 16 * h);
+                transpose16(r);
+                for (int i = 0; i < 16; i++)
+                    _mm512_storeu_si512(out + (w + 16 * h + i) * kpad + d, r[i]);
+            }
+        }
+    }
+}
+
+/* A: AMR rows of kpad elements per panel, each row along k, zeros past nd
+ * and in the missing rows of a last panel. */
+MP_TARGET_AVX512BF16 static void pack_a(const gemm_operand *op, int64_t w0, int64_t nw, int64_t d0,
+                                        int64_t nd, int W, void *dst)
+{
+    const mp_dtype t = op->type;
+    const int64_t kpad = mp_gemm_kpad(GEMM_FMT_AMX, nd), rows = cdiv(nw, W) * W;
+    uint16_t *out = dst;
+    const bool simd = t == MP_BF16 || t == MP_F8E4M3 || t == MP_F8E5M2;
+    if (simd && op->sw == 1 && op->sd != 1 && W == AMR) {
+        pack_a_t(op, w0, nw, d0, nd, kpad, out);
+    } else if (simd && op->sd == 1) {
+        const int64_t es = (int64_t)mp_dtype_size(t);
+        for (int64_t r = 0; r < nw; r++) {
+            const char *src = (const char *)op->base + ((w0 + r) * op->sw + d0) * es;
+            uint16_t *o = out + r * kpad;
+            for (int64_t d = 0; d < kpad; d += 16) {
+                const int cnt = d >= nd ? 0 : nd - d >= 16 ? 16 : (int)(nd - d);
+                _mm256_storeu_si256((__m256i *)(o + d), mp_gemm_bf16_load16(src + d * es, t, cnt));
+            }
+        }
+    } else {
+        for (int64_t r = 0; r < nw; r++)
+            for (int64_t d = 0; d < kpad; d++)
+                out[r * kpad + d] =
+                    d < nd ? mp_gemm_load_bf16(op->base, t, (w0 + r) * op->sw + (d0 + d) * op->sd)
+                           : 0;
+    }
+    memset(out + nw * kpad, 0, (size_t)((rows - nw) * kpad) * sizeof *out);
+}
+
+/* Blocks: a first setting, the vdpbf16ps path's (gemm_avx512bf16.c says
+ * why a deep block pays); the A micro-panel is 32 rows, 2 KiB per tile of
+ * depth. */
+const gemm_impl mp_gemm_amx_impl = {
+    .fmt = GEMM_FMT_AMX,
+    .mr = AMR,
+    .nr = ANR,
+    .kc = 4096,
+    .mc = 1024,
+    .nc = 256,
+    .kernel = kernel_amx,
+    .narrow = {kernel_amx_n16, NULL},
+    .kernel_a = kernel_amx_a,
+    .pack = pack_b,
+    .pack_a = pack_a,
+    .epilogue = mp_gemm_epilogue_avx512,
+    .epilogue_checks = true,
+    .nonfinite = mp_gemm_nonfinite_avx512,
+};
+
+#endif
