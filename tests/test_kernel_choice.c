@@ -301,7 +301,7 @@ static void cache_round_trip_and_bad_files(void **state)
     if (test_isas(isas) < 2) skip(); /* one path: nothing is chosen or cached */
     mp_isa_reset();
     /* Where two paths run within the timing margin of each other (Intel
-     * Xeon, family 6 model 143: bf16->f32 on avx512bf16 and avx2 2.4%
+     * Xeon, family 6 model 167: bf16->f32 on avx512bf16 and avx2 2.4%
      * apart), the two rounds may choose differently and, by design, nothing
      * is written: measured again until all three groups are (each try about
      * a third likely there). */

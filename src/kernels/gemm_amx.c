@@ -41,7 +41,7 @@ static const tile_config config = {
 
 /* Loads the configuration unless this thread has it: a store of the
  * current one is about 13 cycles, a load about 180 (Intel Xeon, family 6
- * model 143). Checked on every call, not remembered, since other code in
+ * model 167). Checked on every call, not remembered, since other code in
  * the process (a library's AMX kernels) may release or change it. The
  * first load in a process follows the CPU's detection, which asks the OS
  * for the tile data (a kernel called directly, before any use of the
