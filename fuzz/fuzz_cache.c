@@ -291,6 +291,10 @@ static void fuzz_init(void)
         mp_gemm_dispatch_test_candidates(two, 2);
     }
 #endif
+    /* a CPU with three (AMX tiles too): the first two, whose rates the
+     * inputs set below */
+    if (mp_gemm_dispatch_candidates(cands, MP_DISPATCH_MAX_KERNELS) > 2)
+        mp_gemm_dispatch_test_candidates(cands, 2);
     if (mp_gemm_dispatch_candidates(cands, MP_DISPATCH_MAX_KERNELS) < 2) return;
     static const double rates[2 * MP_DISPATCH_MAX_KERNELS] = {100, 300, 100, 300};
     mp_gemm_dispatch_test_rates(rates, 1);

@@ -7,7 +7,7 @@
  * several depth blocks (each padded, the last short) within gamma_{k+3}
  * sum |a b| of float64 (the tiles' sums are float32 sums of exact products
  * in an order of their own), the same bits on one thread and two, and with
- * A read in place or packed from its transpose. */
+ * A packed from its rows or its transpose. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +17,7 @@
 
 #if MP_X86
 
-enum { W = 32, DEPTH = 32 };
+enum { DEPTH = 32, SUB = 32 }; /* a tile's depth, a B sub-panel's width */
 
 static int64_t pad32(int64_t d) { return (d + DEPTH - 1) / DEPTH * DEPTH; }
 
@@ -32,9 +32,11 @@ static void *operand(mp_dtype t, int64_t elems, uint64_t seed)
     return x;
 }
 
-/* A's panels: element (w, d) of panel p at p * W * kpad + (w % W) * kpad + d. */
+/* A's panels (W = MR rows): element (w, d) of panel p at p * W * kpad + (w
+ * % W) * kpad + d. */
 static void check_pack_a(mp_dtype t, int64_t nw, int64_t nd, int64_t sw, int64_t sd, int64_t d0)
 {
+    const int64_t W = mp_gemm_amx_impl.mr;
     const int64_t span = (nw - 1) * sw + (d0 + nd - 1) * sd + 1, kpad = pad32(nd);
     const int64_t np = (nw + W - 1) / W, words = np * W * kpad;
     void *x = operand(t, span, (uint64_t)(nw * 7 + nd));
@@ -45,7 +47,7 @@ static void check_pack_a(mp_dtype t, int64_t nw, int64_t nd, int64_t sw, int64_t
         for (int64_t d = 0; d < kpad; d++)
             want[r * kpad + d] =
                 r < nw && d < nd ? mp_gemm_load_bf16(x, t, r * sw + (d0 + d) * sd) : 0;
-    mp_gemm_amx_impl.pack_a(&op, 0, nw, d0, nd, W, got);
+    mp_gemm_amx_impl.pack_a(&op, 0, nw, d0, nd, (int)W, got);
     for (int64_t i = 0; i < words; i++)
         if (got[i] != want[i])
             fail_msg("A %s %lldx%lld sw %lld sd %lld: word %lld (row %lld, depth %lld) %04x, "
@@ -57,23 +59,23 @@ static void check_pack_a(mp_dtype t, int64_t nw, int64_t nd, int64_t sw, int64_t
     free(want);
 }
 
-/* B's panels: pair p of column w of panel q at (q * kpad / 2 + p) * 2 W + 2 (w % W). */
+/* B's panels (W = NR columns), each of sub-panels of SUB columns one after
+ * the other: pair p of column w at (w / SUB * kpad / 2 + p) * 2 SUB + 2 (w %
+ * SUB). */
 static void check_pack_b(mp_dtype t, int64_t nw, int64_t nd, int64_t sw, int64_t sd)
 {
+    const int64_t W = mp_gemm_amx_impl.nr;
     const int64_t span = (nw - 1) * sw + (nd - 1) * sd + 1, kpad = pad32(nd);
     const int64_t np = (nw + W - 1) / W, words = np * W * kpad;
     void *x = operand(t, span, (uint64_t)(nw * 5 + nd));
     const gemm_operand op = {x, t, sw, sd, NULL};
     uint16_t *got = malloc((size_t)words * 2), *want = malloc((size_t)words * 2);
     memset(got, 0xA5, (size_t)words * 2);
-    for (int64_t q = 0; q < np; q++)
+    for (int64_t w = 0; w < np * W; w++)
         for (int64_t d = 0; d < kpad; d++)
-            for (int64_t i = 0; i < W; i++) {
-                const int64_t w = q * W + i;
-                want[(q * kpad / 2 + d / 2) * 2 * W + 2 * i + (d & 1)] =
-                    w < nw && d < nd ? mp_gemm_load_bf16(x, t, w * sw + d * sd) : 0;
-            }
-    mp_gemm_amx_impl.pack(&op, 0, nw, 0, nd, W, got);
+            want[(w / SUB * kpad / 2 + d / 2) * 2 * SUB + 2 * (w % SUB) + (d & 1)] =
+                w < nw && d < nd ? mp_gemm_load_bf16(x, t, w * sw + d * sd) : 0;
+    mp_gemm_amx_impl.pack(&op, 0, nw, 0, nd, (int)W, got);
     for (int64_t i = 0; i < words; i++)
         if (got[i] != want[i])
             fail_msg("B %s %lldx%lld sw %lld sd %lld: word %lld %04x, want %04x", mp_dtype_name(t),
@@ -100,10 +102,10 @@ static void test_amx_packers(void **state)
         check_pack_a(t, 7, 100, 1, 9, 0);
         /* neither stride 1 */
         check_pack_a(t, 33, 40, 3, 120, 0);
-        /* B along n (a weight), transposed (B^T), strided */
+        /* B along n (a weight), transposed (B^T), strided; partial panels */
         check_pack_b(t, 45, 70, 1, 50);
-        check_pack_b(t, 64, 33, 1, 64);
-        check_pack_b(t, 40, 70, 75, 1);
+        check_pack_b(t, 300, 33, 1, 300);
+        check_pack_b(t, 140, 70, 75, 1);
         check_pack_b(t, 17, 9, 3, 60);
     }
 }
@@ -147,7 +149,7 @@ static void deep_case(int64_t m, int64_t n, int64_t k)
     test_gemm_ref ref = {fa, fb, NULL, m, n, k, n, 1, false, 0, 1.0};
     assert_true(test_gemm_worst(&ref, c1, MP_F32) <= 1.0);
     assert_memory_equal(c1, c2, (size_t)(m * n) * 4);
-    /* A transposed: packed row by row from its columns, the same tiles */
+    /* A transposed: packed row by row from its columns, the same panels */
     uint16_t *at = malloc((size_t)(m * k) * 2);
     for (int64_t i = 0; i < m; i++)
         for (int64_t p = 0; p < k; p++) at[p * m + i] = a[i * k + p];
@@ -167,9 +169,9 @@ static void test_amx_deep_products(void **state)
 {
     (void)state;
     if (!mp_isa_supported(MP_ISA_AMX)) skip();
-    deep_case(70, 90, 4500); /* two depth blocks, the last padded; A packed */
-    deep_case(96, 64, 4160); /* k a multiple of 32: A read in place, two blocks */
-    deep_case(33, 33, 45);   /* one short block, partial panels both ways */
+    deep_case(70, 300, 8500); /* three depth blocks, the last padded */
+    deep_case(96, 130, 300);  /* one block, depth chunks, a 2-column last panel */
+    deep_case(33, 17, 45);    /* one short block, partial panels both ways */
 }
 
 #else

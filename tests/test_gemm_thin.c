@@ -141,22 +141,24 @@ static void test_thin_blocks(void **state)
         const gemm_impl *im = ims[i];
         const int64_t esz = mp_gemm_fmt_bytes(im->fmt);
         int64_t kcb, nc, kcb_wide, nc_wide;
-        mp_gemm_blocks(im, 4096, 4096, true, false, &kcb_wide, &nc_wide);
-        assert_true(kcb_wide < 4096); /* a deep product runs several blocks */
+        /* deeper than the impl's depth block (AMX's is 4096) */
+        const int64_t deep = 2 * im->kc;
+        mp_gemm_blocks(im, deep, 4096, true, false, &kcb_wide, &nc_wide);
+        assert_true(kcb_wide < deep); /* a deep product runs several blocks */
         /* one B panel, A in place: the whole depth where its panel fits half of L2 */
-        mp_gemm_blocks(im, 4096, im->nr, true, false, &kcb, &nc);
-        const bool fits = 4096 * im->nr * esz <= l2 / 2;
-        assert_int_equal(kcb, fits ? 4096 : kcb_wide);
+        mp_gemm_blocks(im, deep, im->nr, true, false, &kcb, &nc);
+        const bool fits = deep * im->nr * esz <= l2 / 2;
+        assert_int_equal(kcb, fits ? deep : kcb_wide);
         /* A packed, or two panels: the blocks of a wide product */
-        mp_gemm_blocks(im, 4096, im->nr, false, false, &kcb, &nc);
+        mp_gemm_blocks(im, deep, im->nr, false, false, &kcb, &nc);
         assert_int_equal(kcb, kcb_wide);
-        mp_gemm_blocks(im, 4096, im->nr + 1, true, false, &kcb, &nc);
+        mp_gemm_blocks(im, deep, im->nr + 1, true, false, &kcb, &nc);
         assert_int_equal(kcb, kcb_wide);
         /* B read in place: the depth in blocks of at most kc_b where the
          * impl has one, else as with B packed */
-        mp_gemm_blocks(im, 4096, 4096, false, true, &kcb, &nc);
+        mp_gemm_blocks(im, deep, 4096, false, true, &kcb, &nc);
         if (im->kc_b > 0)
-            assert_int_equal(kcb, 4096 / cdiv(4096, min64(im->kc_b, kcb_wide)));
+            assert_int_equal(kcb, deep / cdiv(deep, min64(im->kc_b, kcb_wide)));
         else
             assert_int_equal(kcb, kcb_wide);
         /* a short depth: the B block a quarter of L2, whole panels */

@@ -77,7 +77,7 @@ static gemm_pack_fn packer(const gemm_impl *im, bool a_side)
 /* Packs a strided operand with the kernel's packer, a gathered one
  * (implicit GEMM) by its geometry; false if out of memory. An A whose
  * panels lie row by row (pack_a: GEMM_FMT_AMX) is gathered as panels of one
- * row, its last panel's missing rows zero. */
+ * row, a B of sub-panels (sub_nr) as panels of those. */
 static bool pack(const gemm_impl *im, bool a_side, const gemm_operand *op, int64_t w0, int64_t nw,
                  int64_t d0, int64_t nd, int W, void *dst)
 {
@@ -85,10 +85,14 @@ static bool pack(const gemm_impl *im, bool a_side, const gemm_operand *op, int64
         packer(im, a_side)(op, w0, nw, d0, nd, W, dst);
         return true;
     }
-    if (!a_side || !im->pack_a) return mp_gemm_pack_gather(op, w0, nw, d0, nd, W, im->fmt, dst);
-    const size_t row = (size_t)mp_gemm_kpad(im->fmt, nd) * (size_t)mp_gemm_fmt_bytes(im->fmt);
-    if (!mp_gemm_pack_gather(op, w0, nw, d0, nd, 1, im->fmt, dst)) return false;
-    memset((char *)dst + (size_t)nw * row, 0, (size_t)(cdiv(nw, W) * W - nw) * row);
+    /* panels of one row (pack_a), or of sub_nr columns: packed in those,
+     * the last panel's missing rows or columns zero */
+    const int w = a_side ? (im->pack_a ? 1 : W) : im->sub_nr ? im->sub_nr : W;
+    if (w == W) return mp_gemm_pack_gather(op, w0, nw, d0, nd, W, im->fmt, dst);
+    const size_t line = (size_t)mp_gemm_kpad(im->fmt, nd) * (size_t)mp_gemm_fmt_bytes(im->fmt);
+    const int64_t done = cdiv(nw, w) * w;
+    if (!mp_gemm_pack_gather(op, w0, nw, d0, nd, w, im->fmt, dst)) return false;
+    memset((char *)dst + (size_t)done * line, 0, (size_t)(cdiv(nw, W) * W - done) * line);
     return true;
 }
 
@@ -146,9 +150,6 @@ static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k, in
     const int64_t narrow = (a->sd == 1 && im->narrow_panels ? im->narrow_panels : 2) * im->nr;
     if (im->streams && n > narrow && im->streams()) return false;
     if (im->fmt == GEMM_FMT_BF16) return a->type == MP_BF16 && a->sd == 1 && !(k & 1);
-    /* AMX: an A tile's rows are 32 elements along k; past k they would
-     * read beyond the row */
-    if (im->fmt == GEMM_FMT_AMX) return a->type == MP_BF16 && a->sd == 1 && !(k & 31);
     if (a->type == MP_BF16) return im->kernel_a_bf16 && a->sd == 1 && n <= 2 * (int64_t)im->nr;
     return a->type == MP_F32 && (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
 }
@@ -293,7 +294,7 @@ static void pack_share(const gemm_impl *im, bool a_side, const gemm_operand *op,
      * packed where its rows lie in the panel. fc3 forward (1024x10x4096, 2
      * threads, Zen 5, medians of 101 calls alternating in one process):
      * float32 time x0.949 and x0.953, bfloat16 x0.975. */
-    if (np == 1 && fn != im->pack) { /* A's rows along k: one packs the panel */
+    if (np == 1 && im->fmt == GEMM_FMT_AMX) { /* not laid out by depth: one packs it */
         if (tid == 0) fn(op, w0, nw, pc, kb, W, buf);
     } else if (np == 1) {
         const int64_t d0 = kb * tid / sh->nt / 16 * 16,
@@ -314,7 +315,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     const gemm_impl *im = pl->im;
     const int MR = im->mr, NR = im->nr;
     const size_t esz = (size_t)mp_gemm_fmt_bytes(im->fmt);
-    _Alignas(64) float tile[16 * 64];
+    _Alignas(64) float tile[32 * 128]; /* the largest tile: AMX's */
     if (m0 >= m1 || n0 >= n1) return true;
 
     if (pl->k == 0) {

@@ -146,8 +146,9 @@ typedef struct {
      * c[0..n) = the sum over k < kc, in order, of a[k] times B's row k
      * (b + k * sb elements, read where they lie), each element the bits the
      * tile kernels give it, none of the work spent on a tile's padding
-     * rows. A's row is in the impl's format: float32 (B of a type
-     * mp_gemm_widens, one FMA per product from zero), or bfloat16 pairs
+     * rows (AMX: vdpbf16ps's sums, not the tiles' bits: gemm_amx.c).
+     * A's row: float32 on a float32-format impl (B of a type
+     * mp_gemm_widens, one FMA per product from zero), else bfloat16 pairs
      * with a zero past an odd kc (B of a type mp_gemm_bf16_like, one
      * vdpbf16ps per pair). */
     void (*kernel_row)(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt, float *c,
@@ -157,6 +158,10 @@ typedef struct {
     /* Optional: A's packer where A's panels are laid out unlike B's
      * (GEMM_FMT_AMX); NULL: pack serves both. */
     gemm_pack_fn pack_a;
+    /* Optional (0: nr): B's panels are nr / sub_nr panels of sub_nr
+     * columns one after the other (AMX: a kernel's 32-column blocks, each
+     * contiguous), a last panel's missing ones zero. */
+    int sub_nr;
     gemm_epilogue_fn epilogue;
     /* whether the epilogue reports non-finite values through e->nonfinite
      * as it writes them; else the driver reads each tile back */
@@ -296,8 +301,8 @@ void mp_gemm_avx2_pack_force(int on);
  * types) through the driver with `threads` threads into team (when threads
  * > 1), and of N1^3 on this thread alone into one, in GFLOP/s rounded as
  * the cache keeps them; false if the runs could not get memory. */
-/* (N1 a multiple of every kernel's MR and NR: 6, 8, 16, 32, 48) */
-enum { MP_DISPATCH_TIMING_N = 384, MP_DISPATCH_TIMING_N1 = 288, MP_DISPATCH_TIMING_REPS = 5 };
+/* (N1 a multiple of every kernel's MR and NR: 6, 8, 16, 32, 48, 128) */
+enum { MP_DISPATCH_TIMING_N = 384, MP_DISPATCH_TIMING_N1 = 384, MP_DISPATCH_TIMING_REPS = 5 };
 bool mp_gemm_dispatch_time(const gemm_impl *const *cand, int n, mp_dtype at, mp_dtype bt,
                            int threads, double *team, double *one);
 /* The kernel for bf16-like operands of types at x bt on an unforced

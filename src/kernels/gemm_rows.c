@@ -6,7 +6,8 @@
  * element is the sum the tiles give it (in order along k, from zero: one
  * FMA per product in float32, one vdpbf16ps per pair of depths on the
  * bfloat16 path), and the same epilogue writes it: the same bits either
- * way. Threads split the columns where B is big enough to pay for a fork. */
+ * way. (Not on the AMX path, whose rows are vdpbf16ps's: gemm_amx.c.) Threads split the columns
+ * where B is big enough to pay for a fork. */
 #include "kernels/gemm_internal.h"
 
 enum {
@@ -38,7 +39,7 @@ static void rows_range(const gemm_impl *im, int64_t m, int64_t k, const char *a,
 {
     const bool direct = mp_gemm_accumulates_in_c(e);
     const bool check = nonfinite && e->c_type == MP_F32 && (direct || !im->epilogue_checks);
-    const size_t bsz = mp_dtype_size(b->type), asz = mp_gemm_fmt_bytes(im->fmt);
+    const size_t bsz = mp_dtype_size(b->type), asz = im->fmt == GEMM_FMT_F32 ? 4 : 2;
     /* the epilogue may read a full vector past a short last tile */
     _Alignas(64) float t[CHUNK + 64];
     for (int64_t i = 0; i < m; i++)
@@ -63,10 +64,11 @@ mp_status mp_gemm_rows(const gemm_impl *im, int64_t m, int64_t n, int64_t k, con
      * for every thread (float32; bfloat16 pairs, a zero past an odd k) */
     const char *ar = a->base;
     int64_t lda = a->sw;
-    const bool bf16 = im->fmt == GEMM_FMT_BF16;
+    const bool bf16 = im->fmt != GEMM_FMT_F32; /* the row kernels' pairs, AMX's too */
+    const gemm_fmt fmt = bf16 ? GEMM_FMT_BF16 : GEMM_FMT_F32;
     if (bf16 ? a->type != MP_BF16 || a->sd != 1 || (k & 1) : a->type != MP_F32 || a->sd != 1) {
-        const int64_t kp = mp_gemm_kpad(im->fmt, k);
-        char *buf = mp_scratch(0, (size_t)(m * kp) * mp_gemm_fmt_bytes(im->fmt));
+        const int64_t kp = mp_gemm_kpad(fmt, k);
+        char *buf = mp_scratch(0, (size_t)(m * kp) * mp_gemm_fmt_bytes(fmt));
         if (!buf) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate A's rows");
         const size_t asz = mp_dtype_size(a->type);
         for (int64_t i = 0; i < m; i++)
@@ -74,8 +76,8 @@ mp_status mp_gemm_rows(const gemm_impl *im, int64_t m, int64_t n, int64_t k, con
                 mp_convert((float *)buf + i * k, MP_F32,
                            (const char *)a->base + (size_t)(i * a->sw) * asz, a->type, (size_t)k);
             else
-                mp_gemm_pack_generic(a, i, 1, 0, k, 1, im->fmt,
-                                     buf + (size_t)(i * kp) * mp_gemm_fmt_bytes(im->fmt));
+                mp_gemm_pack_generic(a, i, 1, 0, k, 1, fmt,
+                                     buf + (size_t)(i * kp) * mp_gemm_fmt_bytes(fmt));
         ar = buf;
         lda = kp;
     }
