@@ -84,24 +84,69 @@ MP_TARGET_AVX512BF16 static double peak_bf16_thread(long iters)
     peak_sink = _mm512_reduce_add_ps(s);
     return (double)iters * 24 * 64;
 }
+
+/* AMX: four chains of tdpbf16ps on tiles held in registers (a 32x32 C,
+ * A and B loaded once), as the GEMM's kernel holds its C tile; iters / 16
+ * rounds (a round is 16 times the FMA loop's work). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+__attribute__((target("amx-tile,amx-bf16"))) static double peak_amx_thread(long iters)
+{
+    static const tile_config cfg = {.palette = 1,
+                                    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+                                    .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+    _Alignas(64) static const uint16_t ab[16 * 32] = {0x3F80};
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ab, 64);
+    _tile_loadd(5, ab, 64);
+    _tile_loadd(6, ab, 64);
+    _tile_loadd(7, ab, 64);
+    const long rounds = iters / 16;
+    for (long it = 0; it < rounds; it++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _Alignas(64) float c[16 * 16];
+    _tile_stored(0, c, 64);
+    peak_sink = c[0];
+    return (double)rounds * 4 * 16 * 16 * 32 * 2;
+}
 #endif
 
-/* Floating-point operations of one run of the peak loop on `threads`
- * threads (its time is the caller's): the FMA loop of the path the GEMM
- * runs on, or vdpbf16ps; 0 where the CPU has neither. */
-static double peak_run(int bf16, int threads, long iters)
+/* The peak loops: the FMA loop of the path the GEMM runs on, vdpbf16ps's,
+ * AMX's. */
+typedef enum { PEAK_FMA = 0, PEAK_VDP = 1, PEAK_AMX = 2 } peak_kind;
+static const char *const peak_names[3] = {"f32 FMA", "vdpbf16ps", "AMX tdpbf16ps"};
+
+/* Floating-point operations of one run of peak loop `kind` on `threads`
+ * threads (its time is the caller's); 0 where the CPU cannot run it. */
+static double peak_run(peak_kind kind, int threads, long iters)
 {
 #if MP_X86
-    if (bf16 ? !mp_isa_supported(MP_ISA_AVX512BF16) : !mp_isa_supported(MP_ISA_AVX2)) return 0;
+    const mp_isa needs = kind == PEAK_AMX   ? MP_ISA_AMX
+                         : kind == PEAK_VDP ? MP_ISA_AVX512BF16
+                                            : MP_ISA_AVX2;
+    if (!mp_isa_supported(needs)) return 0;
     const bool wide = mp_isa_active() >= MP_ISA_AVX512;
     double flops = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : flops)
-    flops += bf16   ? peak_bf16_thread(iters)
-             : wide ? peak_fma_thread(iters)
-                    : peak_fma256_thread(2 * iters);
+    flops += kind == PEAK_AMX   ? peak_amx_thread(iters)
+             : kind == PEAK_VDP ? peak_bf16_thread(iters)
+             : wide             ? peak_fma_thread(iters)
+                                : peak_fma256_thread(2 * iters);
     return flops;
 #else
-    (void)bf16;
+    (void)kind;
     (void)threads;
     (void)iters;
     return 0;
@@ -109,11 +154,11 @@ static double peak_run(int bf16, int threads, long iters)
 }
 
 /* GFLOP/s of all threads together, best of a few tries. */
-static double measure_peak(int bf16, int threads)
+static double measure_peak(peak_kind kind, int threads)
 {
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
-        double t0 = now(), flops = peak_run(bf16, threads, 4000000);
+        double t0 = now(), flops = peak_run(kind, threads, 4000000);
         double g = flops / (now() - t0) * 1e-9;
         if (g > best) best = g;
     }
@@ -292,6 +337,9 @@ typedef struct {
  * with. */
 #define PEAK_JOB_ITERS 2500000
 
+/* The peak loop of the kernel mixprec's bf16 GEMM runs on (main sets it). */
+static peak_kind bf16_peak = PEAK_VDP;
+
 /* One call of job j's product (not the peak loop). */
 static void run_call(const job *j)
 {
@@ -313,7 +361,8 @@ static void run_call(const job *j)
 static double run_job(const job *j)
 {
     const shape *s = j->s;
-    if (j->kind == 3) return peak_run(j->t == MP_BF16, mp_num_threads(), PEAK_JOB_ITERS);
+    if (j->kind == 3)
+        return peak_run(j->t == MP_BF16 ? bf16_peak : PEAK_FMA, mp_num_threads(), PEAK_JOB_ITERS);
     const int calls = s->calls > 0 ? s->calls : 1;
     for (int r = 0; r < calls; r++) run_call(j);
     return 2.0 * (double)s->m * (double)s->n * (double)s->k * calls;
@@ -396,7 +445,15 @@ int main(int argc, char **argv)
 #endif
     coretype_try tries[4];
     int best_core = -1, ntries = choose_openblas_coretype(tries, 4, &best_core);
-    double pk_f32 = measure_peak(0, threads), pk_bf16 = measure_peak(1, threads);
+    /* The bf16 column is measured against the peak of the kernel that ran it. */
+    mp_gemm_dispatch_info di;
+    const bool have_di = mp_gemm_dispatch_query(MP_BF16, MP_BF16, &di) == MP_OK;
+    const char *bf16_kernel = have_di ? di.kernel[di.chosen] : "avx512";
+    bf16_peak = !strcmp(bf16_kernel, "amx")          ? PEAK_AMX
+                : !strcmp(bf16_kernel, "avx512bf16") ? PEAK_VDP
+                                                     : PEAK_FMA;
+    const bool bf16_on_fma = bf16_peak == PEAK_FMA;
+    double pk_f32 = measure_peak(PEAK_FMA, threads), pk_bf16 = measure_peak(PEAK_VDP, threads);
     load_openblas(threads);
 #if HAVE_DNNL_H
     load_dnnl();
@@ -404,10 +461,7 @@ int main(int argc, char **argv)
 #else
     const bool have_dnnl = false;
 #endif
-    /* The bf16 column is measured against the peak of the kernel that ran it. */
-    mp_gemm_dispatch_info di;
-    const bool bf16_on_fma = mp_gemm_dispatch_query(MP_BF16, MP_BF16, &di) == MP_OK &&
-                             strcmp(di.kernel[di.chosen], "avx512bf16") != 0;
+    double pk_amx = bf16_peak == PEAK_AMX ? measure_peak(PEAK_AMX, threads) : 0;
     /* 7, 8: mp f32's and mp bf16's fractions of their peak loops, round by
      * round; 9, 10: those peak loops' GFLOP/s */
     double res[NSHAPES][11];
@@ -510,18 +564,20 @@ int main(int argc, char **argv)
      * other load on the machine during one measurement would understate it.
      * The fractions below are against the peak loop timed in the same
      * rounds as each shape: the host's speed drifts by 10-15% over a run. */
-    double p2 = measure_peak(0, threads), p3 = measure_peak(1, threads);
+    double p2 = measure_peak(PEAK_FMA, threads), p3 = measure_peak(PEAK_VDP, threads);
+    double p4 = bf16_peak == PEAK_AMX ? measure_peak(PEAK_AMX, threads) : 0;
     if (p2 > pk_f32) pk_f32 = p2;
     if (p3 > pk_bf16) pk_bf16 = p3;
+    if (p4 > pk_amx) pk_amx = p4;
     printf("mixprec gemm benchmark: %d threads, isa %s\n", threads, mp_isa_name(mp_isa_active()));
     mp_gemm_dispatch_report(stdout);
-    printf(
-        "measured peak: f32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s (best of 5 runs before "
-        "and after the shapes)\n",
-        pk_f32, pk_bf16);
-    const double pk_bf16_kernel = bf16_on_fma ? pk_f32 : pk_bf16;
-    if (bf16_on_fma)
-        printf("(mp bf16 runs on %s: its fraction is of the FMA peak)\n", di.kernel[di.chosen]);
+    printf("measured peak: f32 FMA %.0f GFLOP/s, bf16 vdpbf16ps %.0f GFLOP/s", pk_f32, pk_bf16);
+    if (pk_amx > 0) printf(", bf16 AMX tdpbf16ps %.0f GFLOP/s (tiles in registers)", pk_amx);
+    printf(" (best of 5 runs before and after the shapes)\n");
+    const double pk_bf16_kernel = bf16_peak == PEAK_AMX ? pk_amx : bf16_on_fma ? pk_f32 : pk_bf16;
+    if (bf16_peak != PEAK_VDP)
+        printf("(mp bf16 runs on %s: its fraction is of the %s peak)\n", bf16_kernel,
+               peak_names[bf16_peak]);
     printf("peers: openblas %s, onednn %s\n",
            p_sgemm ? "yes" : "not found (apt-get install -y libopenblas0-pthread)",
            have_dnnl     ? "yes"

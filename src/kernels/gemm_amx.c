@@ -266,19 +266,29 @@ MP_TARGET_AVX512BF16 static void pack_a(const gemm_operand *op, int64_t w0, int6
     memset(out + nw * kpad, 0, (size_t)((rows - nw) * kpad) * sizeof *out);
 }
 
-/* Blocks: the whole depth of the seed model's products (4096) in one block,
- * C's partial sums between depth chunks in L1 or L2 (kernel_core), and A
- * always packed: read in place, its rows 8 KiB apart (x of a 4096-wide
- * layer) fall into the same few sets of L1 and evict each other (fc2
- * forward, 1024x4096x4096, 2 threads, Intel Xeon family 6 model 167, a
- * 32-column kernel: 1447 GFLOP/s with A in place, 1791 packed). */
+/* Blocks: depth 1024, the B block within half of L2 (b_block_l2: each
+ * panel, 128 columns x 1024 deep, 256 KiB, is read again for every A panel;
+ * from L3 it could not feed the tiles), C's partial sums between depth
+ * chunks in L1 (kernel_core) and between depth blocks in the driver's
+ * buffer, A always packed (read in place, its rows 8 KiB apart, x of a
+ * 4096-wide layer, fall into the same few sets of L1 and evict each other:
+ * fc2 forward 1447 GFLOP/s in place against 1791 packed, a 32-column kernel).
+ * Intel Xeon (family 6 model 167), 2 threads, bf16, GFLOP/s, the best of 7
+ * runs at depth blocks 1024 / 2048 / 4096 with the B block within half of
+ * L2: fc2 forward (1024x4096x4096) 1684-1819 / 1830-1844 / 1703-1784, fc1
+ * dX (1024x784x4096) 1684-1771 / 1708-1777 / 1460-1522, gpt_mini's MLP
+ * weight gradient (1024x256x4096, A transposed) 1222-1301 / 1062-1086 /
+ * 801-976, fc2 dW (4096x4096x1024) 1618-1677 / 1658-1756 / 1650-1678;
+ * before the cap (B blocks of 512 columns, 4096 deep: 4 MiB) fc2 forward
+ * ran at 1054. */
 const gemm_impl mp_gemm_amx_impl = {
     .fmt = GEMM_FMT_AMX,
     .mr = AMR,
     .nr = ANR,
-    .kc = 4096,
+    .kc = 1024,
     .mc = 1024,
     .nc = 512,
+    .b_block_l2 = true,
     .kernel = kernel_amx,
     .narrow = {kernel_amx_n16, kernel_amx_n32},
     /* A C of one or two rows (a decoder's step): vdpbf16ps's row kernel,

@@ -95,7 +95,7 @@ void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t n, bool a_in_place, 
     *nc = im->nc;
     if (*kcb <= 0) return;
     const int64_t kpad = mp_gemm_kpad(im->fmt, *kcb);
-    if (l1_fit) {
+    if (l1_fit || (im->b_block_l2 && l2 > 0)) {
         const int64_t fit = l2 / 2 / (kpad * esz) / im->nr * im->nr;
         *nc = min64(*nc, fit > im->nr ? fit : im->nr);
     }

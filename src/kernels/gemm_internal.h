@@ -120,6 +120,10 @@ typedef struct {
      * is then capped at twice L2 (mp_gemm_row_block): it is read again for
      * every B block. */
     int64_t kc_l1;
+    /* Optional: the packed B block is kept within half of L2 (nc lowered
+     * to fit) whatever the depth block: its panels are read again for
+     * every A panel, and from L3 they cannot feed the kernel (AMX). */
+    bool b_block_l2;
     /* Optional (0: none): the depth block where B is read in place
      * (kernel_ab: a C of at most two panels of rows), so that the B
      * panel's rows the first A panel brought into L1 are still there for
