@@ -26,6 +26,7 @@
 
 #include "core/profile.h"
 #include "kernels/gemm_internal.h"
+#include "kernels/gemm_pack.h"
 
 static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
 {
@@ -67,34 +68,6 @@ typedef struct {
     gemm_epilogue e;
     atomic_int *nonfinite; /* NULL, or set to 1 when a value written to C is not finite */
 } gemm_plan;
-
-/* The packer of A's panels (a_side) or B's on im. */
-static gemm_pack_fn packer(const gemm_impl *im, bool a_side)
-{
-    return a_side && im->pack_a ? im->pack_a : im->pack;
-}
-
-/* Packs a strided operand with the kernel's packer, a gathered one
- * (implicit GEMM) by its geometry; false if out of memory. An A whose
- * panels lie row by row (pack_a: GEMM_FMT_AMX) is gathered as panels of one
- * row, a B of sub-panels (sub_nr) as panels of those. */
-static bool pack(const gemm_impl *im, bool a_side, const gemm_operand *op, int64_t w0, int64_t nw,
-                 int64_t d0, int64_t nd, int W, void *dst)
-{
-    if (!op->gather) {
-        packer(im, a_side)(op, w0, nw, d0, nd, W, dst);
-        return true;
-    }
-    /* panels of one row (pack_a), or of sub_nr columns: packed in those,
-     * the last panel's missing rows or columns zero */
-    const int w = a_side ? (im->pack_a ? 1 : W) : im->sub_nr ? im->sub_nr : W;
-    if (w == W) return mp_gemm_pack_gather(op, w0, nw, d0, nd, W, im->fmt, dst);
-    const size_t line = (size_t)mp_gemm_kpad(im->fmt, nd) * (size_t)mp_gemm_fmt_bytes(im->fmt);
-    const int64_t done = cdiv(nw, w) * w;
-    if (!mp_gemm_pack_gather(op, w0, nw, d0, nd, w, im->fmt, dst)) return false;
-    memset((char *)dst + (size_t)done * line, 0, (size_t)(cdiv(nw, W) * W - done) * line);
-    return true;
-}
 
 /* The kernel for a panel with nr valid columns, and how many it writes
  * (*kw): a narrow one where the impl has it and the panel is mostly
@@ -260,52 +233,6 @@ static void check_tile(const gemm_plan *pl, int64_t i0, int64_t j0, int64_t mr, 
     if (bad) atomic_store_explicit(pl->nonfinite, 1, memory_order_relaxed);
 }
 
-/* Threads that split only n all need the same packed A blocks: each packs
- * its share of the panels into one buffer (the first thread's) and all use
- * it, instead of every thread packing all of A. All threads then run the
- * same blocks of rows and depth and meet at a barrier before and after each
- * block is packed. */
-typedef struct {
-    char *_Atomic p;   /* the shared buffer (A, or B when b), set by thread 0 */
-    atomic_int failed; /* a thread could not allocate: all return false */
-    int64_t mc;        /* the row block of every thread */
-    int nt;
-    /* Threads that split only m all need the same packed B blocks: the
-     * mirror image, each packing its share of each block's panels. Their
-     * rows differ, so each runs nblk row blocks of mc (its last ones
-     * possibly short or empty) and meets the others at every B block. */
-    bool b;
-    int64_t nblk;
-} gemm_share;
-
-/* Thread tid's share of the W-wide panels of widths [w0, w0 + nw) and
- * depths [pc, pc + kb) of op, packed into the team's buffer buf, once
- * every thread is done with the block before (a barrier on each side). */
-static void pack_share(const gemm_impl *im, bool a_side, const gemm_operand *op, int W, int64_t w0,
-                       int64_t nw, int64_t pc, int64_t kb, int64_t kpad, char *buf,
-                       const gemm_share *sh, int tid)
-{
-    const size_t esz = (size_t)mp_gemm_fmt_bytes(im->fmt);
-    const gemm_pack_fn fn = packer(im, a_side);
-    const int64_t np = cdiv(nw, W), p0 = np * tid / sh->nt, p1 = np * (tid + 1) / sh->nt;
-#pragma omp barrier
-    /* One panel (a thin B: n = 10 of 48 columns): the threads split its
-     * depth instead, in runs of 16 rows (bfloat16's pairs stay whole), each
-     * packed where its rows lie in the panel. fc3 forward (1024x10x4096, 2
-     * threads, Zen 5, medians of 101 calls alternating in one process):
-     * float32 time x0.949 and x0.953, bfloat16 x0.975. */
-    if (np == 1 && im->fmt == GEMM_FMT_AMX) { /* not laid out by depth: one packs it */
-        if (tid == 0) fn(op, w0, nw, pc, kb, W, buf);
-    } else if (np == 1) {
-        const int64_t d0 = kb * tid / sh->nt / 16 * 16,
-                      d1 = tid == sh->nt - 1 ? kb : kb * (tid + 1) / sh->nt / 16 * 16;
-        if (d1 > d0) fn(op, w0, nw, pc + d0, d1 - d0, W, buf + (size_t)(d0 * W) * esz);
-    } else if (p1 > p0)
-        fn(op, w0 + p0 * W, min64(nw, p1 * W) - p0 * W, pc, kb, W,
-           buf + (size_t)p0 * (size_t)(W * kpad) * esz);
-#pragma omp barrier
-}
-
 /* Computes rows [m0, m1) x cols [n0, n1) of C; false if out of memory.
  * share: NULL, or the team's shared A or B packing (thread t of
  * share->nt). */
@@ -374,8 +301,9 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
             const int64_t kpad = mp_gemm_kpad(im->fmt, kb);
             const bool first = pc == 0, last = pc + kb >= pl->k;
             if (ashare) {
-                pack_share(im, true, &pl->a, MR, ic, mb, pc, kb, kpad, ap, ashare, tid);
-            } else if (mb > 0 && !in_place && !pack(im, true, &pl->a, ic, mb, pc, kb, MR, ap)) {
+                mp_gemm_pack_share(im, true, &pl->a, MR, ic, mb, pc, kb, kpad, ap, ashare, tid);
+            } else if (mb > 0 && !in_place &&
+                       !mp_gemm_pack_op(im, true, &pl->a, ic, mb, pc, kb, MR, ap)) {
                 return false;
             }
             for (int64_t jc = n0; jc < n1; jc += nc) {
@@ -385,12 +313,13 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                 char *bblk = bp;
                 if (b_once) {
                     bblk = bp + (size_t)((jc - n0) / NR) * (size_t)(NR * kpad) * esz;
-                    if (ic == m0 && !pack(im, false, &pl->b, jc, nb, pc, kb, NR, bblk))
+                    if (ic == m0 && !mp_gemm_pack_op(im, false, &pl->b, jc, nb, pc, kb, NR, bblk))
                         return false;
                 } else if (bshare) {
-                    pack_share(im, false, &pl->b, NR, jc, nb, pc, kb, kpad, bp, bshare, tid);
-                } else if (nfull < nb &&
-                           !pack(im, false, &pl->b, jc + nfull, nb - nfull, pc, kb, NR, bp)) {
+                    mp_gemm_pack_share(im, false, &pl->b, NR, jc, nb, pc, kb, kpad, bp, bshare,
+                                       tid);
+                } else if (nfull < nb && !mp_gemm_pack_op(im, false, &pl->b, jc + nfull, nb - nfull,
+                                                          pc, kb, NR, bp)) {
                     return false;
                 }
                 for (int64_t ir = 0; ir < mb; ir += MR) {
@@ -402,7 +331,8 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                         apan.si = pl->a.sw;
                         apan.sk = pl->a.sd;
                     } else if (in_place && jc == n0) { /* a last, partial panel: packed */
-                        if (!pack(im, true, &pl->a, ic + ir, mr, pc, kb, MR, ap)) return false;
+                        if (!mp_gemm_pack_op(im, true, &pl->a, ic + ir, mr, pc, kb, MR, ap))
+                            return false;
                         apan.p = ap;
                     } else if (in_place) {
                         apan.p = ap;
