@@ -178,7 +178,7 @@ MP_TARGET_AVX512BF16 static void pack_b(const gemm_operand *op, int64_t w0, int6
 
 /* The 16 x 16 32-bit words r[0..16) transposed in place: r[i] lane j <-
  * r[j] lane i. */
-MP_TARGET_AVX512BF16 static inline void transpose16(__m512i r[16])
+MP_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void transpose16(__m512i r[16])
 {
     __m512i t[16];
     for (int i = 0; i < 16; i += 2) {
@@ -209,27 +209,50 @@ MP_TARGET_AVX512BF16 static inline void transpose16(__m512i r[16])
 }
 
 /* A, laid along its width (sw = 1: A^T stored, a weight gradient's x^T):
- * 32 widths x 32 depths at a time, packed into pairs along the depth (the
- * vdpbf16ps packer, 2 KiB in L1), then each half's 16 x 16 words (pair x
- * width) transposed into the rows' 16 pairs. */
+ * 32 widths x 32 depths at a time, each pair of depth rows interleaved
+ * into pairs by unpacklo/hi (which take the widths in the order 0-3, 8-11,
+ * 16-19, 24-27 and 4-7, 12-15, ...), then each half's 16 x 16 words (pair x
+ * width) transposed into 16 rows' 16 pairs, stored as the rows they are.
+ * bf16 and fp8 (decoded to bf16 as loaded); past nw and nd, zeros.
+ * gpt_mini's MLP weight gradient (1024x256x4096), Intel Xeon family 6
+ * model 167, 2 threads, best of 100 calls: 1.59-1.77 ms, against 2.35
+ * through the pairs packer and a buffer. */
 MP_TARGET_AVX512BF16 static void pack_a_t(const gemm_operand *op, int64_t w0, int64_t nw,
                                           int64_t d0, int64_t nd, int64_t kpad, uint16_t *out)
 {
-    _Alignas(64) uint32_t tmp[DEPTH / 2 * AMR];
+    const mp_dtype t = op->type;
+    const int64_t es = (int64_t)mp_dtype_size(t), sd = op->sd * es;
     for (int64_t w = 0; w < nw; w += AMR) {
         const int64_t nv = min64(AMR, nw - w);
+        const int c0 = nv >= 16 ? 16 : (int)nv, c1 = nv > 16 ? (int)(nv - 16) : 0;
+        const char *col = (const char *)op->base + (w0 + w + d0 * op->sd) * es;
         for (int64_t d = 0; d < kpad; d += DEPTH) {
-            if (d < nd)
-                mp_gemm_pack_bf16_avx512(op, w0 + w, nv, d0 + d, min64(DEPTH, nd - d), AMR,
-                                         DEPTH / 2, tmp);
-            else
-                memset(tmp, 0, sizeof tmp);
-            for (int h = 0; h < 2; h++) { /* widths 16 h .. 16 h + 15 */
-                __m512i r[16];
-                for (int p = 0; p < 16; p++) r[p] = _mm512_load_si512(tmp + p * AMR + 16 * h);
-                transpose16(r);
-                for (int i = 0; i < 16; i++)
-                    _mm512_storeu_si512(out + (w + 16 * h + i) * kpad + d, r[i]);
+            __m512i lo[16], hi[16];
+            for (int p = 0; p < DEPTH / 2; p++) {
+                __m512i r[2];
+                for (int h = 0; h < 2; h++) {
+                    const int64_t dd = d + 2 * p + h;
+                    const char *src = col + dd * sd;
+                    if (dd + 4 < nd) _mm_prefetch(src + 4 * sd, _MM_HINT_T0);
+                    if (dd >= nd)
+                        r[h] = _mm512_setzero_si512();
+                    else if (t == MP_BF16 && nv == AMR) /* a whole row of 32 */
+                        r[h] = _mm512_loadu_si512(src);
+                    else
+                        r[h] = _mm512_inserti64x4(
+                            _mm512_castsi256_si512(mp_gemm_bf16_load16(src, t, c0)),
+                            mp_gemm_bf16_load16(src + 16 * es, t, c1), 1);
+                }
+                lo[p] = _mm512_unpacklo_epi16(r[0], r[1]);
+                hi[p] = _mm512_unpackhi_epi16(r[0], r[1]);
+            }
+            transpose16(lo);
+            transpose16(hi);
+            /* word lane j of lo is width 8 (j / 4) + j % 4, of hi 4 more */
+            for (int j = 0; j < 16; j++) {
+                const int64_t wl = 8 * (j / 4) + j % 4;
+                _mm512_storeu_si512(out + (w + wl) * kpad + d, lo[j]);
+                _mm512_storeu_si512(out + (w + wl + 4) * kpad + d, hi[j]);
             }
         }
     }
