@@ -10,8 +10,7 @@
  * through the epilogue (alpha, beta, bias, GELU, a bfloat16 or float16 C);
  * one thread and two, B big enough that two split its columns. On the path
  * that takes them the rows path must be the one run (else the equality
- * proves nothing; on the AMX path, whose rows are vdpbf16ps's sums, the
- * taller product runs on vdpbf16ps's tiles). The results are within gamma_k sum |a b| of float64
+ * proves nothing). The results are within gamma_k sum |a b| of float64
  * (one float32 FMA chain of length k per element), and a non-finite value in C raises c_nonfinite,
  * which stays down otherwise. How far ahead the kernels ask for B's rows (mp_gemm_rows_ahead: a gcd
  * for the L1 sets the rows' lines fall into) is checked against counting those sets. */
@@ -87,13 +86,7 @@ static void rows_equal_tiles(const rows_case *r, int threads, int *taken)
     const bool rows_path = im->kernel_row && r->n >= 2 * im->nr;
     g.m = TALL;
     g.c = tall;
-#if MP_X86
-    /* AMX's rows are vdpbf16ps's sums: the tall product on its tiles */
-    if (rows_path && im == &mp_gemm_amx_impl)
-        assert_int_equal(mp_gemm_ex_on(&mp_gemm_avx512bf16_impl, &g), MP_OK);
-    else
-#endif
-        assert_int_equal(mp_gemm_ex(&g), MP_OK);
+    assert_int_equal(mp_gemm_ex(&g), MP_OK);
     assert_int_equal(takes_rows(r, r->m, a, lda, b), rows_path);
     *taken += rows_path;
     g.m = r->m;

@@ -160,6 +160,119 @@ static void epilogue_amx(const gemm_epilogue *e, const float *t, int64_t ldt, in
         mp_gemm_epilogue_avx512(e, t + j, ldt, i0, j0 + j, mr, nr - j < 64 ? nr - j : 64);
 }
 
+/* One row of C over B's rows where they lie (gemm_rows.c: a decoder's
+ * step): c[0..n) = a B, B's row d at b + d sb elements of type bt, A's row
+ * of kc bf16 padded with zeros to whole tiles of depth. Up to 128 columns
+ * at a time, ROW_STEPS tiles of depth at a time: each row of B read 256
+ * bytes at once and its pairs with the next row interleaved by
+ * unpacklo/hi into the B tiles of four 32-column blocks in L1 (the columns
+ * in the order 0-3, 8-11, 16-19, 24-27 and 4-7, ...: put back when C is
+ * stored); then each block's two C tiles (every row of them row 0: A's
+ * tile is its one row 16 times, stride 0) meet its tiles. The same
+ * tdpbf16ps, over the same tiles of depth in the same order, as the
+ * register tiles give every element: the same bits, so a decoder's steps
+ * give the full forward's rows. The cost of that: B's tiles go through L1
+ * (stored, then loaded as tiles) where vdpbf16ps's row kernel multiplies
+ * B's rows as loaded. Intel Xeon (family 6 model 167), bf16, best of 200
+ * calls, us, vdpbf16ps's rows / these: 1x1024x256 5.1 / 11.1 (2 threads),
+ * 8.4 / 16.2 (one), 1x4096x1024 195 / 310; gpt_mini's generation at prompt
+ * 16: 4272 / 3433 tokens/s, the cached steps agreeing with the windowed
+ * forward on 23 / 32 of 32 greedy tokens at prompt 512. The tiles alone,
+ * B's 32 columns at a time, took 20-22 us. */
+MP_TARGET_AMX static void row_amx(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt,
+                                  float *c, int64_t n)
+{
+    tiles_ready();
+    enum { ROW_STEPS = 2, GROUP = ANR / SUB };
+    const int64_t kpad = mp_gemm_kpad(GEMM_FMT_AMX, kc), es = (int64_t)mp_dtype_size(bt);
+    const int64_t sbb = sb * es, ahead = mp_gemm_rows_ahead(sbb, 16) * sbb;
+    _Alignas(64) uint16_t tiles[GROUP][ROW_STEPS][DEPTH * SUB]; /* 16 KiB */
+    _Alignas(64) float part[GROUP][2][16];                      /* C: row 0 of each tile */
+    const __m512i lo_idx = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i hi_idx =
+        _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    for (int64_t j = 0; j < n; j += ANR) {
+        const int64_t nj = n - j < ANR ? n - j : ANR;
+        const int nsub = (int)cdiv(nj, SUB);
+        for (int64_t kk = 0; kk < kpad; kk += ROW_STEPS * DEPTH) {
+            const int steps = (int)min64(ROW_STEPS, (kpad - kk) / DEPTH);
+            for (int st = 0; st < steps; st++)
+                for (int p = 0; p < DEPTH / 2; p++) {
+                    const int64_t d = kk + st * DEPTH + 2 * p;
+                    const char *r0 = (const char *)b + (d * sb + j) * es;
+                    if (bt == MP_BF16 && nj == ANR && d + 1 < kc) { /* all in registers */
+                        __m512i x0[GROUP], x1[GROUP];
+                        for (int x = 0; x < GROUP; x++) {
+                            _mm_prefetch(r0 + ahead + 64 * x, _MM_HINT_T0);
+                            _mm_prefetch(r0 + sbb + ahead + 64 * x, _MM_HINT_T0);
+                            x0[x] = _mm512_loadu_si512(r0 + 64 * x);
+                            x1[x] = _mm512_loadu_si512(r0 + sbb + 64 * x);
+                        }
+                        for (int x = 0; x < GROUP; x++) {
+                            uint16_t *o = tiles[x][st] + p * 2 * SUB;
+                            _mm512_store_si512(o, _mm512_unpacklo_epi16(x0[x], x1[x]));
+                            _mm512_store_si512(o + SUB, _mm512_unpackhi_epi16(x0[x], x1[x]));
+                        }
+                        continue;
+                    }
+                    for (int x = 0; x < nsub; x++) {
+                        const int64_t left = nj - x * SUB;
+                        const int c0 = left >= 16 ? 16 : (int)left;
+                        const int c1 = left >= 32 ? 16 : left > 16 ? (int)(left - 16) : 0;
+                        __m512i r[2];
+                        for (int h = 0; h < 2; h++) {
+                            const char *src = r0 + h * sbb + x * SUB * es;
+                            if (d + h >= kc) {
+                                r[h] = _mm512_setzero_si512();
+                                continue;
+                            }
+                            _mm_prefetch(src + ahead, _MM_HINT_T0);
+                            r[h] =
+                                bt == MP_BF16 && c1 == 16
+                                    ? _mm512_loadu_si512(src)
+                                    : _mm512_inserti64x4(
+                                          _mm512_castsi256_si512(mp_gemm_bf16_load16(src, bt, c0)),
+                                          mp_gemm_bf16_load16(src + 16 * es, bt, c1), 1);
+                        }
+                        uint16_t *o = tiles[x][st] + p * 2 * SUB;
+                        _mm512_store_si512(o, _mm512_unpacklo_epi16(r[0], r[1]));
+                        _mm512_store_si512(o + SUB, _mm512_unpackhi_epi16(r[0], r[1]));
+                    }
+                }
+            for (int x = 0; x < nsub; x++) {
+                if (kk) {
+                    _tile_loadd(0, part[x][0], 0);
+                    _tile_loadd(1, part[x][1], 0);
+                } else {
+                    _tile_zero(0);
+                    _tile_zero(1);
+                }
+                for (int st = 0; st < steps; st++) {
+                    _tile_loadd(4, (const uint16_t *)a + kk + st * DEPTH, 0);
+                    _tile_loadd(6, tiles[x][st], 2 * SUB * (int64_t)sizeof(uint16_t));
+                    _tile_loadd(7, tiles[x][st] + SUB, 2 * SUB * (int64_t)sizeof(uint16_t));
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                }
+                _tile_stored(0, part[x][0], 0); /* every row is row 0 */
+                _tile_stored(1, part[x][1], 0);
+            }
+        }
+        for (int x = 0; x < nsub; x++) {
+            const int64_t left = nj - x * SUB;
+            const int c0 = left >= 16 ? 16 : (int)left;
+            const int c1 = left >= 32 ? 16 : left > 16 ? (int)(left - 16) : 0;
+            const __m512 t0 = _mm512_load_ps(part[x][0]), t1 = _mm512_load_ps(part[x][1]);
+            float *cx = c + j + x * SUB;
+            _mm512_mask_storeu_ps(cx, (__mmask16)((1u << c0) - 1),
+                                  _mm512_permutex2var_ps(t0, lo_idx, t1));
+            if (c1)
+                _mm512_mask_storeu_ps(cx + 16, (__mmask16)((1u << c1) - 1),
+                                      _mm512_permutex2var_ps(t0, hi_idx, t1));
+        }
+    }
+}
+
 /* ------------------------------------------------------------- packing */
 
 /* B: the vdpbf16ps path's pairs in sub-panels of SUB columns (a block's
@@ -314,15 +427,7 @@ const gemm_impl mp_gemm_amx_impl = {
     .b_block_l2 = true,
     .kernel = kernel_amx,
     .narrow = {kernel_amx_n16, kernel_amx_n32},
-    /* A C of one or two rows (a decoder's step): vdpbf16ps's row kernel,
-     * B read where it lies. Its sums are vdpbf16ps's, not the tiles' (the
-     * tiles' order of additions inside one tdpbf16ps is the hardware's
-     * own), so such rows may differ in their last bits from the same rows
-     * inside a taller product; both are within the GEMM bound. The tiles
-     * on one row, fed B's rows interleaved into pairs on the way, took 5
-     * times as long (Intel Xeon family 6 model 167, bf16, 2 threads,
-     * 1x1024x256: 4.4 us against 20-22; 1x4096x1024: 192 against 430). */
-    .kernel_row = mp_gemm_row_avx512bf16,
+    .kernel_row = row_amx,
     .row_max = 2,
     .pack = pack_b,
     .pack_a = pack_a,

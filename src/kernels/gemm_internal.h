@@ -150,11 +150,11 @@ typedef struct {
      * c[0..n) = the sum over k < kc, in order, of a[k] times B's row k
      * (b + k * sb elements, read where they lie), each element the bits the
      * tile kernels give it, none of the work spent on a tile's padding
-     * rows (AMX: vdpbf16ps's sums, not the tiles' bits: gemm_amx.c).
-     * A's row: float32 on a float32-format impl (B of a type
-     * mp_gemm_widens, one FMA per product from zero), else bfloat16 pairs
-     * with a zero past an odd kc (B of a type mp_gemm_bf16_like, one
-     * vdpbf16ps per pair). */
+     * rows. A's row is in the impl's format: float32 (B of a type
+     * mp_gemm_widens, one FMA per product from zero), bfloat16 pairs with
+     * a zero past an odd kc (B of a type mp_gemm_bf16_like, one vdpbf16ps
+     * per pair), or for AMX bfloat16 with zeros to whole tiles of depth
+     * (one tdpbf16ps per tile). */
     void (*kernel_row)(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt, float *c,
                        int64_t n);
     int row_max;       /* the most rows of C kernel_row takes: past them the tiles are faster */

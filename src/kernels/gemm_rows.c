@@ -6,7 +6,7 @@
  * element is the sum the tiles give it (in order along k, from zero: one
  * FMA per product in float32, one vdpbf16ps per pair of depths on the
  * bfloat16 path), and the same epilogue writes it: the same bits either
- * way. (Not on the AMX path, whose rows are vdpbf16ps's: gemm_amx.c.) Threads split the columns
+ * way (on the AMX path, one tdpbf16ps per tile of depth: gemm_amx.c). Threads split the columns
  * where B is big enough to pay for a fork. */
 #include "kernels/gemm_internal.h"
 
@@ -61,23 +61,27 @@ mp_status mp_gemm_rows(const gemm_impl *im, int64_t m, int64_t n, int64_t k, con
                        const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite)
 {
     /* A's rows in the impl's format: where they lie, or converted once here
-     * for every thread (float32; bfloat16 pairs, a zero past an odd k) */
+     * for every thread (float32; bfloat16 pairs, a zero past an odd k, or
+     * zeros to whole tiles of depth for AMX) */
     const char *ar = a->base;
     int64_t lda = a->sw;
-    const bool bf16 = im->fmt != GEMM_FMT_F32; /* the row kernels' pairs, AMX's too */
-    const gemm_fmt fmt = bf16 ? GEMM_FMT_BF16 : GEMM_FMT_F32;
-    if (bf16 ? a->type != MP_BF16 || a->sd != 1 || (k & 1) : a->type != MP_F32 || a->sd != 1) {
-        const int64_t kp = mp_gemm_kpad(fmt, k);
-        char *buf = mp_scratch(0, (size_t)(m * kp) * mp_gemm_fmt_bytes(fmt));
+    const bool bf16 = im->fmt != GEMM_FMT_F32;
+    const int64_t kp = mp_gemm_kpad(im->fmt, k); /* AMX: whole tiles of depth */
+    if (bf16 ? a->type != MP_BF16 || a->sd != 1 || kp != k : a->type != MP_F32 || a->sd != 1) {
+        char *buf = mp_scratch(0, (size_t)(m * kp) * mp_gemm_fmt_bytes(im->fmt));
         if (!buf) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate A's rows");
         const size_t asz = mp_dtype_size(a->type);
         for (int64_t i = 0; i < m; i++)
             if (!bf16 && a->sd == 1) /* along k: the vector conversion */
                 mp_convert((float *)buf + i * k, MP_F32,
                            (const char *)a->base + (size_t)(i * a->sw) * asz, a->type, (size_t)k);
-            else
-                mp_gemm_pack_generic(a, i, 1, 0, k, 1, fmt,
-                                     buf + (size_t)(i * kp) * mp_gemm_fmt_bytes(fmt));
+            else if (!bf16)
+                mp_gemm_pack_generic(a, i, 1, 0, k, 1, im->fmt, (float *)buf + i * kp);
+            else { /* pairs along the row, zeros to kp */
+                uint16_t *row = (uint16_t *)buf + i * kp;
+                mp_gemm_pack_generic(a, i, 1, 0, k, 1, GEMM_FMT_BF16, row);
+                for (int64_t d = k + (k & 1); d < kp; d++) row[d] = 0;
+            }
         ar = buf;
         lda = kp;
     }
