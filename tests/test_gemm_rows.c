@@ -136,6 +136,11 @@ static void test_rows_equal_tiles(void **state)
         {1, 300, 40, 300, false, MP_F32, MP_F16, MP_F32, false},       /* B float16 */
         {2, 1024, 128, 1030, false, MP_BF16, MP_F16, MP_F16, true},    /* split, C float16 */
         {1, 300, 40, 300, false, MP_F8E4M3, MP_F8E4M3, MP_F32, false}, /* float8 */
+        /* bf16 pairs over AMX's 128-column groups: whole, partial, k not
+         * whole tiles of depth, padded rows */
+        {1, 1024, 256, 1024, false, MP_BF16, MP_BF16, MP_F32, true},
+        {2, 300, 70, 310, false, MP_BF16, MP_BF16, MP_BF16, false},
+        {1, 257, 33, 260, true, MP_F8E5M2, MP_BF16, MP_F32, true},
         {2, 777, 200, 780, true, MP_F32, MP_F8E5M2, MP_BF16, true},    /* split, float8 */
     };
     mp_isa isas[MP_ISA_COUNT];
