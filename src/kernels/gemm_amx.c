@@ -163,7 +163,7 @@ static void epilogue_amx(const gemm_epilogue *e, const float *t, int64_t ldt, in
 /* One row of C over B's rows where they lie (gemm_rows.c: a decoder's
  * step): c[0..n) = a B, B's row d at b + d sb elements of type bt, A's row
  * of kc bf16 padded with zeros to whole tiles of depth. Up to 128 columns
- * at a time, ROW_STEPS tiles of depth at a time: each row of B read 256
+ * at a time, ROW_STEPS tiles of depth (one) at a time: each row of B read 256
  * bytes at once and its pairs with the next row interleaved by
  * unpacklo/hi into the B tiles of four 32-column blocks in L1 (the columns
  * in the order 0-3, 8-11, 16-19, 24-27 and 4-7, ...: put back when C is
@@ -174,8 +174,10 @@ static void epilogue_amx(const gemm_epilogue *e, const float *t, int64_t ldt, in
  * give the full forward's rows. The cost of that: B's tiles go through L1
  * (stored, then loaded as tiles) where vdpbf16ps's row kernel multiplies
  * B's rows as loaded. Intel Xeon (family 6 model 167), bf16, best of 200
- * calls, us, vdpbf16ps's rows / these: 1x1024x256 5.1 / 11.1 (2 threads),
- * 8.4 / 16.2 (one), 1x4096x1024 195 / 310; gpt_mini's generation at prompt
+ * calls, us, vdpbf16ps's rows / these: 1x1024x256 5.0 / 10.9-11.1 (2
+ * threads), 8.2 / 16.7-17.5 (one), 1x4096x1024 191 / 263-276 (ROW_STEPS
+ * 2: 11.1, 16.2, 310; 4: 12.8, 21.6, 290; two turns of the tiles' buffer
+ * gained nothing); gpt_mini's generation at prompt
  * 16: 4272 / 3433 tokens/s, the cached steps agreeing with the windowed
  * forward on 23 / 32 of 32 greedy tokens at prompt 512. The tiles alone,
  * B's 32 columns at a time, took 20-22 us. */
@@ -183,10 +185,10 @@ MP_TARGET_AMX static void row_amx(int64_t kc, const void *a, const void *b, int6
                                   float *c, int64_t n)
 {
     tiles_ready();
-    enum { ROW_STEPS = 2, GROUP = ANR / SUB };
+    enum { ROW_STEPS = 1, GROUP = ANR / SUB };
     const int64_t kpad = mp_gemm_kpad(GEMM_FMT_AMX, kc), es = (int64_t)mp_dtype_size(bt);
     const int64_t sbb = sb * es, ahead = mp_gemm_rows_ahead(sbb, 16) * sbb;
-    _Alignas(64) uint16_t tiles[GROUP][ROW_STEPS][DEPTH * SUB]; /* 16 KiB */
+    _Alignas(64) uint16_t tiles[GROUP][ROW_STEPS][DEPTH * SUB]; /* 8 KiB */
     _Alignas(64) float part[GROUP][2][16];                      /* C: row 0 of each tile */
     const __m512i lo_idx = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
     const __m512i hi_idx =
