@@ -242,7 +242,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
     const gemm_impl *im = pl->im;
     const int MR = im->mr, NR = im->nr;
     const size_t esz = (size_t)mp_gemm_fmt_bytes(im->fmt);
-    _Alignas(64) float tile[32 * 128]; /* the largest tile: AMX's */
+    _Alignas(64) float tile[64 * 128]; /* the largest tile: AMX's */
     if (m0 >= m1 || n0 >= n1) return true;
 
     if (pl->k == 0) {

@@ -1,15 +1,17 @@
-/* gemm_amx.c - the AMX GEMM path for bf16 and fp8 inputs: a 32x32 tile of C
- * held in four tile registers while tdpbf16ps multiplies two 16x32 tiles of
- * A by two 32x16 tiles of B (bf16 pairs, as the vdpbf16ps path packs them),
- * 32 deep at a time; the packers (A row by row along k, B by the vdpbf16ps
- * path's packer, both padded to whole tiles of depth with zeros) decode fp8
- * to bf16 exactly. The tiles run at about ten times the float32 FMA rate
- * where the OS grants them (cpu.c asks). Like vdpbf16ps they read subnormal
- * bf16 inputs as zero and flush subnormal sums; their sums of products are
- * not the vdpbf16ps path's bits (the hardware's order of the additions
- * inside a tile is its own), but each element's sum runs over the same
- * tiles of depth in the same order whatever the threads or blocks, so the
- * bits do not depend on them, and they stay within the GEMM error bound. */
+/* gemm_amx.c - the AMX GEMM path for bf16 and fp8 inputs: 32x32 blocks of
+ * C held in four tile registers while tdpbf16ps multiplies two 16x32 tiles
+ * of A by two 32x16 tiles of B (bf16 pairs, as the vdpbf16ps path packs
+ * them), 32 deep at a time, over a 64x128 tile of C; the packers (A row by
+ * row along k, B by the vdpbf16ps path's packer, both padded to whole tiles
+ * of depth with zeros) decode fp8 to bf16 exactly; a row kernel on the
+ * tiles for a C of one or two rows. The tiles run at about fifteen times
+ * the float32 FMA rate where the OS grants them (cpu.c asks). Like
+ * vdpbf16ps they read subnormal bf16 inputs as zero and flush subnormal
+ * sums; their sums of products are not the vdpbf16ps path's bits (the
+ * hardware's order of the additions inside a tile is its own), but each
+ * element's sum runs over the same tiles of depth in the same order
+ * whatever the threads, blocks or rows, so the bits do not depend on them,
+ * and they stay within the GEMM error bound. */
 #include <string.h>
 
 #include "kernels/gemm_avx512bf16_load.h"
@@ -22,10 +24,10 @@
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma,prfchw,"         \
                           "amx-tile,amx-bf16")))
 
-/* A panel of 32 rows, a B panel of 128 columns (four sub-panels of 32, one
+/* A panel of 64 rows, a B panel of 128 columns (four sub-panels of 32, one
  * after the other), a tile's depth of 32, and the depth chunk whose A
  * stays in L1 (kernel_core). */
-enum { AMR = 32, ANR = 128, SUB = 32, DEPTH = 32, CHUNK = 256 };
+enum { AMR = 64, ANR = 128, SUB = 32, DEPTH = 32, CHUNK = 256 };
 
 /* The tile configuration every kernel here runs with: palette 1, tiles
  * 0-7 of 16 rows of 64 bytes (C's four 16x16 float tiles, A's two 16x32
@@ -59,18 +61,25 @@ MP_TARGET_AMX static inline void tiles_ready(void)
     }
 }
 
-/* C (32 x 16 nv, row stride ldc floats) = (acc ? C : 0) + A B over kc (a
+/* C (64 x 16 nv, row stride ldc floats) = (acc ? C : 0) + A B over kc (a
  * multiple of DEPTH). A's rows at a, sa bytes apart, each kc elements
  * along k; B's packed panel at b, its sub-panel s (columns SUB s ..) at b
- * + SUB s kc, pair row p of that at + 2 SUB p. The four tile registers of C hold a 32 x 32 block at
- * a time, while A and B pass through the other four, each tile loaded for two tdpbf16ps: from L2
- * that is its whole bandwidth. So the depth runs in chunks of CHUNK, and each chunk's A (32 x
- * CHUNK, 16 KiB) stays in L1 while the blocks of the panel pass, their partial sums going to C and
- * back (L1 or L2) between chunks. Intel Xeon (family 6 model 167), one
- * core, A and B 32 x 256 in L1, the C tile loaded and stored per call:
- * 2.0 TFLOP/s (of 2.98 for tdpbf16ps alone); 32 x 1024 and deeper (from
- * L2): 1.24-1.48. nv odd: the last block is 16 wide (two tiles of C); the
- * sums are the same whatever nv. */
+ * + SUB s kc, pair row p of that at + 2 SUB p. The four tile registers of
+ * C hold a 32 x 32 block at a time, while A and B pass through the other
+ * four, each tile loaded for two tdpbf16ps: from L2 that is its whole
+ * bandwidth. So the depth runs in chunks of CHUNK: each chunk's A (64 x
+ * CHUNK, 32 KiB) stays in L1 while the panel's blocks pass, each block's B
+ * chunk (16 KiB) meets both halves of A's rows (from L2, then again from
+ * L1), and the partial sums go to a contiguous buffer and back between
+ * chunks. Intel Xeon (family 6 model 167), one core, a 32x32 C with A and
+ * B 32 x 256 in L1, loaded and stored per call: 2.0 TFLOP/s (of 2.98 for
+ * tdpbf16ps alone); from L2 1.24-1.48. 2 threads, GFLOP/s, best of 15-30
+ * calls, 32 rows a panel / 64: fc2 forward 1747-1805 / 1851-1898, fc2 dW
+ * 1697-1759 / 1772-1812, fc1 dX 1679-1709 / 1824-1884, gpt_mini's MLP dW
+ * 1.59-1.77 / 1.45-1.49 ms; chunks of 128 / 256 / 512 / 1024 at 32 rows:
+ * fc2 forward 1587-1699 / 1747-1805 / 1658-1684 / 1667-1731. nv odd: the
+ * last block is 16 wide (two tiles of C); the sums are the same whatever nv
+ * and whatever the panel's height. */
 MP_TARGET_AMX static inline __attribute__((always_inline)) void
 kernel_core(int64_t kc, const uint16_t *a, int64_t sa, const uint16_t *b, float *c, int64_t ldc,
             int acc, int nv)
@@ -82,50 +91,52 @@ kernel_core(int64_t kc, const uint16_t *a, int64_t sa, const uint16_t *b, float 
     _Alignas(64) float part[AMR * ANR];
     const int64_t sc = ldc * (int64_t)sizeof(float), sb = 2 * SUB * (int64_t)sizeof(uint16_t);
     const int64_t sp = ANR * (int64_t)sizeof(float);
-    const char *a1 = (const char *)a + 16 * sa;
     for (int64_t kk = 0; kk < kc; kk += CHUNK) {
         const int64_t ke = kk + CHUNK < kc ? kk + CHUNK : kc;
         const bool first = kk == 0, last = ke == kc;
         for (int v = 0; v < nv; v += 2) {
             const bool two = v + 1 < nv;               /* 32 columns, else 16 */
             const uint16_t *bv = b + v / 2 * SUB * kc; /* sub-panel v / 2 */
-            float *from = first ? c + 16 * v : part + 16 * v;
-            const int64_t sf = first ? sc : sp;
-            if (!first || acc) {
-                _tile_loadd(0, from, sf);
-                _tile_loadd(2, (const char *)from + 16 * sf, sf);
-                if (two) {
-                    _tile_loadd(1, from + 16, sf);
-                    _tile_loadd(3, (const char *)(from + 16) + 16 * sf, sf);
+            for (int h = 0; h < AMR / 32; h++) {       /* 32 rows at a time */
+                const char *a0 = (const char *)a + 32 * h * sa, *a1 = a0 + 16 * sa;
+                float *from = first ? c + 32 * h * ldc + 16 * v : part + 32 * h * ANR + 16 * v;
+                const int64_t sf = first ? sc : sp;
+                if (!first || acc) {
+                    _tile_loadd(0, from, sf);
+                    _tile_loadd(2, (const char *)from + 16 * sf, sf);
+                    if (two) {
+                        _tile_loadd(1, from + 16, sf);
+                        _tile_loadd(3, (const char *)(from + 16) + 16 * sf, sf);
+                    }
+                } else {
+                    _tile_zero(0);
+                    _tile_zero(2);
+                    if (two) {
+                        _tile_zero(1);
+                        _tile_zero(3);
+                    }
                 }
-            } else {
-                _tile_zero(0);
-                _tile_zero(2);
-                if (two) {
-                    _tile_zero(1);
-                    _tile_zero(3);
+                for (int64_t k = kk; k < ke; k += DEPTH) {
+                    const uint16_t *bk = bv + k * SUB; /* pair row k / 2 */
+                    _tile_loadd(4, a0 + 2 * k, sa);
+                    _tile_loadd(6, bk, sb);
+                    _tile_loadd(5, a1 + 2 * k, sa);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (two) {
+                        _tile_loadd(7, bk + 32, sb);
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
                 }
-            }
-            for (int64_t k = kk; k < ke; k += DEPTH) {
-                const uint16_t *bk = bv + k * SUB; /* pair row k / 2 */
-                _tile_loadd(4, a + k, sa);
-                _tile_loadd(6, bk, sb);
-                _tile_loadd(5, a1 + 2 * k, sa);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(2, 5, 6);
+                float *to = last ? c + 32 * h * ldc + 16 * v : part + 32 * h * ANR + 16 * v;
+                const int64_t st = last ? sc : sp;
+                _tile_stored(0, to, st);
+                _tile_stored(2, (char *)to + 16 * st, st);
                 if (two) {
-                    _tile_loadd(7, bk + 32, sb);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(3, 5, 7);
+                    _tile_stored(1, to + 16, st);
+                    _tile_stored(3, (char *)(to + 16) + 16 * st, st);
                 }
-            }
-            float *to = last ? c + 16 * v : part + 16 * v;
-            const int64_t st = last ? sc : sp;
-            _tile_stored(0, to, st);
-            _tile_stored(2, (char *)to + 16 * st, st);
-            if (two) {
-                _tile_stored(1, to + 16, st);
-                _tile_stored(3, (char *)(to + 16) + 16 * st, st);
             }
         }
     }
@@ -337,8 +348,8 @@ MP_TARGET_AVX512BF16 static void pack_a_t(const gemm_operand *op, int64_t w0, in
 {
     const mp_dtype t = op->type;
     const int64_t es = (int64_t)mp_dtype_size(t), sd = op->sd * es;
-    for (int64_t w = 0; w < nw; w += AMR) {
-        const int64_t nv = min64(AMR, nw - w);
+    for (int64_t w = 0; w < nw; w += 32) {
+        const int64_t nv = min64(32, nw - w);
         const int c0 = nv >= 16 ? 16 : (int)nv, c1 = nv > 16 ? (int)(nv - 16) : 0;
         const char *col = (const char *)op->base + (w0 + w + d0 * op->sd) * es;
         for (int64_t d = 0; d < kpad; d += DEPTH) {
@@ -351,7 +362,7 @@ MP_TARGET_AVX512BF16 static void pack_a_t(const gemm_operand *op, int64_t w0, in
                     if (dd + 4 < nd) _mm_prefetch(src + 4 * sd, _MM_HINT_T0);
                     if (dd >= nd)
                         r[h] = _mm512_setzero_si512();
-                    else if (t == MP_BF16 && nv == AMR) /* a whole row of 32 */
+                    else if (t == MP_BF16 && nv == 32) /* a whole row of 32 */
                         r[h] = _mm512_loadu_si512(src);
                     else
                         r[h] = _mm512_inserti64x4(
@@ -382,7 +393,7 @@ MP_TARGET_AVX512BF16 static void pack_a(const gemm_operand *op, int64_t w0, int6
     const int64_t kpad = mp_gemm_kpad(GEMM_FMT_AMX, nd), rows = cdiv(nw, W) * W;
     uint16_t *out = dst;
     const bool simd = t == MP_BF16 || t == MP_F8E4M3 || t == MP_F8E5M2;
-    if (simd && op->sw == 1 && op->sd != 1 && W == AMR) {
+    if (simd && op->sw == 1 && op->sd != 1) {
         pack_a_t(op, w0, nw, d0, nd, kpad, out);
     } else if (simd && op->sd == 1) {
         const int64_t es = (int64_t)mp_dtype_size(t);
