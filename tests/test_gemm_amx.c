@@ -7,7 +7,7 @@
  * several depth blocks (each padded, the last short) within gamma_{k+3}
  * sum |a b| of float64 (the tiles' sums are float32 sums of exact products
  * in an order of their own), the same bits on one thread and two, and with
- * A packed from its rows or its transpose. */
+ * A packed from its rows or its transpose, or read in place (a thin C). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +172,7 @@ static void test_amx_deep_products(void **state)
     deep_case(70, 300, 8500); /* three depth blocks, the last padded */
     deep_case(96, 130, 300);  /* one block, depth chunks, a 2-column last panel */
     deep_case(33, 17, 45);    /* one short block, partial panels both ways */
+    deep_case(100, 40, 1024); /* one B panel, k whole tiles: A read in place */
 }
 
 #else

@@ -123,6 +123,11 @@ static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k, in
     const int64_t narrow = (a->sd == 1 && im->narrow_panels ? im->narrow_panels : 2) * im->nr;
     if (im->streams && n > narrow && im->streams()) return false;
     if (im->fmt == GEMM_FMT_BF16) return a->type == MP_BF16 && a->sd == 1 && !(k & 1);
+    /* AMX: a tile's rows are 32 deep (past k they would read beyond the
+     * row); only for a B of one panel, where A is used once: read again
+     * for many panels, rows 8 KiB apart evict each other from L1 */
+    if (im->fmt == GEMM_FMT_AMX)
+        return a->type == MP_BF16 && a->sd == 1 && !(k & 31) && n <= im->nr;
     if (a->type == MP_BF16) return im->kernel_a_bf16 && a->sd == 1 && n <= 2 * (int64_t)im->nr;
     return a->type == MP_F32 && (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
 }

@@ -162,6 +162,16 @@ MP_TARGET_AMX static void kernel_amx_n32(int64_t kc, const void *a, const void *
     kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 2);
 }
 
+/* A bf16 read in place along its rows (sk = 1), si elements apart: for a
+ * B of one panel (a thin C), where each element of A meets one panel and
+ * packing it would cost more than its products (gemm.c's a_in_place). */
+MP_TARGET_AMX static void kernel_amx_a(int64_t kc, const void *a, int64_t si, int64_t sk,
+                                       const void *b, float *c, int64_t ldc, int acc, int nv)
+{
+    (void)sk;
+    kernel_core(kc, a, si * (int64_t)sizeof(uint16_t), b, c, ldc, acc, nv);
+}
+
 /* The AVX-512 epilogue, which takes tiles up to 64 wide, on each 64
  * columns of the tile; a tile of C^T (e->trans, rows up to 64) transposed
  * first, 64 of its columns at a time, into a plain tile of C (the AVX-512
@@ -174,9 +184,9 @@ static void epilogue_amx(const gemm_epilogue *e, const float *t, int64_t ldt, in
     _Alignas(64) float tt[64 * AMR];
     for (int64_t j = 0; j < nr; j += 64) {
         const int64_t w = nr - j < 64 ? nr - j : 64;
-        if (e->trans)
-            mp_gemm_epilogue_transposed(e, t + j, ldt, i0, j0 + j, mr, w, tt, AMR,
-                                        mp_gemm_epilogue_avx512);
+        if (e->trans) /* rows of tt: mr rounded up to whole vectors */
+            mp_gemm_epilogue_transposed(e, t + j, ldt, i0, j0 + j, mr, w, tt,
+                                        (int)((mr + 15) / 16 * 16), mp_gemm_epilogue_avx512);
         else
             mp_gemm_epilogue_avx512(e, t + j, ldt, i0, j0 + j, mr, w);
     }
@@ -451,6 +461,7 @@ const gemm_impl mp_gemm_amx_impl = {
     .b_block_l2 = true,
     .kernel = kernel_amx,
     .narrow = {kernel_amx_n16, kernel_amx_n32},
+    .kernel_a = kernel_amx_a,
     .kernel_row = row_amx,
     .row_max = 2,
     .pack = pack_b,
