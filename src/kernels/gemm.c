@@ -69,18 +69,17 @@ typedef struct {
     atomic_int *nonfinite; /* NULL, or set to 1 when a value written to C is not finite */
 } gemm_plan;
 
-/* The kernel for a panel with nr valid columns, and how many it writes
- * (*kw): a narrow one where the impl has it and the panel is mostly
- * padding. */
-static gemm_kernel_fn kernel_for(const gemm_impl *im, int64_t nr, int *kw)
+/* The kernel for a packed A panel with mr valid rows and a B panel with nr
+ * valid columns, and how many columns it writes (*kw): a narrow one where
+ * the impl has it and the panel is mostly padding, one of half the rows
+ * (gemm_impl.half) where A's panel is. */
+static gemm_kernel_fn kernel_for(const gemm_impl *im, int64_t mr, int64_t nr, int *kw)
 {
     const int64_t v = (nr + 15) / 16 - 1;
-    if (nr < im->nr && v < 2 && im->narrow[v]) {
-        *kw = 16 * (int)(v + 1);
-        return im->narrow[v];
-    }
-    *kw = im->nr;
-    return im->kernel;
+    const bool narrow = nr < im->nr && v < 2 && im->narrow[v];
+    *kw = narrow ? 16 * (int)(v + 1) : im->nr;
+    if (mr <= im->mr / 2 && im->half[narrow ? v : 2]) return im->half[narrow ? v : 2];
+    return narrow ? im->narrow[v] : im->kernel;
 }
 
 /* Where a microkernel call finds its A panel: packed (si == 0) or in place
@@ -361,7 +360,7 @@ static bool run_region(const gemm_plan *pl, int64_t m0, int64_t m1, int64_t n0, 
                         }
                         const int64_t nr = min64(NR, nb - jr);
                         int kw;
-                        const gemm_kernel_fn kern = kernel_for(im, nr, &kw);
+                        const gemm_kernel_fn kern = kernel_for(im, mr, nr, &kw);
                         const bool in_c = direct && mr == MR && nr == kw;
                         if (!in_c && last) prefetch_out(e, ic + ir, jc + jr, mr, nr);
                         if (in_c) {

@@ -82,7 +82,7 @@ MP_TARGET_AMX static inline void tiles_ready(void)
  * and whatever the panel's height. */
 MP_TARGET_AMX static inline __attribute__((always_inline)) void
 kernel_core(int64_t kc, const uint16_t *a, int64_t sa, const uint16_t *b, float *c, int64_t ldc,
-            int acc, int nv)
+            int acc, int nv, int halves)
 {
     tiles_ready();
     /* the partial sums between chunks: contiguous, where C's rows (ldc a
@@ -97,7 +97,7 @@ kernel_core(int64_t kc, const uint16_t *a, int64_t sa, const uint16_t *b, float 
         for (int v = 0; v < nv; v += 2) {
             const bool two = v + 1 < nv;               /* 32 columns, else 16 */
             const uint16_t *bv = b + v / 2 * SUB * kc; /* sub-panel v / 2 */
-            for (int h = 0; h < AMR / 32; h++) {       /* 32 rows at a time */
+            for (int h = 0; h < halves; h++) {         /* 32 rows at a time */
                 const char *a0 = (const char *)a + 32 * h * sa, *a1 = a0 + 16 * sa;
                 float *from = first ? c + 32 * h * ldc + 16 * v : part + 32 * h * ANR + 16 * v;
                 const int64_t sf = first ? sc : sp;
@@ -147,19 +147,39 @@ kernel_core(int64_t kc, const uint16_t *a, int64_t sa, const uint16_t *b, float 
 MP_TARGET_AMX static void kernel_amx(int64_t kc, const void *a, const void *b, float *c,
                                      int64_t ldc, int acc)
 {
-    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, ANR / 16);
+    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, ANR / 16, 2);
 }
 
 MP_TARGET_AMX static void kernel_amx_n16(int64_t kc, const void *a, const void *b, float *c,
                                          int64_t ldc, int acc)
 {
-    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 1);
+    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 1, 2);
 }
 
 MP_TARGET_AMX static void kernel_amx_n32(int64_t kc, const void *a, const void *b, float *c,
                                          int64_t ldc, int acc)
 {
-    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 2);
+    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 2, 2);
+}
+
+/* The first 32 rows only (a panel of at most 32 rows: a thin C computed
+ * transposed, 10 rows for fc3's weight gradient): 16, 32 or all columns. */
+MP_TARGET_AMX static void kernel_amx_h16(int64_t kc, const void *a, const void *b, float *c,
+                                         int64_t ldc, int acc)
+{
+    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 1, 1);
+}
+
+MP_TARGET_AMX static void kernel_amx_h32(int64_t kc, const void *a, const void *b, float *c,
+                                         int64_t ldc, int acc)
+{
+    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 2, 1);
+}
+
+MP_TARGET_AMX static void kernel_amx_h(int64_t kc, const void *a, const void *b, float *c,
+                                       int64_t ldc, int acc)
+{
+    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, ANR / 16, 1);
 }
 
 /* A bf16 read in place along its rows (sk = 1), si elements apart: for a
@@ -169,7 +189,7 @@ MP_TARGET_AMX static void kernel_amx_a(int64_t kc, const void *a, int64_t si, in
                                        const void *b, float *c, int64_t ldc, int acc, int nv)
 {
     (void)sk;
-    kernel_core(kc, a, si * (int64_t)sizeof(uint16_t), b, c, ldc, acc, nv);
+    kernel_core(kc, a, si * (int64_t)sizeof(uint16_t), b, c, ldc, acc, nv, 2);
 }
 
 /* The AVX-512 epilogue, which takes tiles up to 64 wide, on each 64
@@ -461,6 +481,7 @@ const gemm_impl mp_gemm_amx_impl = {
     .b_block_l2 = true,
     .kernel = kernel_amx,
     .narrow = {kernel_amx_n16, kernel_amx_n32},
+    .half = {kernel_amx_h16, kernel_amx_h32, kernel_amx_h},
     .kernel_a = kernel_amx_a,
     .kernel_row = row_amx,
     .row_max = 2,

@@ -134,6 +134,11 @@ typedef struct {
      * tile (reading the same NR-wide B panel), for panels that are mostly
      * padding; NULL: the full kernel serves. */
     gemm_kernel_fn narrow[2];
+    /* Optional: half[v] computes only the first mr / 2 rows of the tile,
+     * over 16, 32 or (v = 2) all of its columns, for a packed A panel of
+     * at most that many rows (a thin C computed transposed: its few rows
+     * in a tall tile); NULL: the kernels above serve. */
+    gemm_kernel_fn half[3];
     gemm_kernel_a_fn kernel_a;   /* optional */
     gemm_kernel_ab_fn kernel_ab; /* optional, float32 format only */
     /* Optional, float32 format only: kernel_a on a bfloat16 A (sk = 1, any
