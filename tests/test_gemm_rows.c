@@ -141,7 +141,7 @@ static void test_rows_equal_tiles(void **state)
         {1, 1024, 256, 1024, false, MP_BF16, MP_BF16, MP_F32, true},
         {2, 300, 70, 310, false, MP_BF16, MP_BF16, MP_BF16, false},
         {1, 257, 33, 260, true, MP_F8E5M2, MP_BF16, MP_F32, true},
-        {2, 777, 200, 780, true, MP_F32, MP_F8E5M2, MP_BF16, true},    /* split, float8 */
+        {2, 777, 200, 780, true, MP_F32, MP_F8E5M2, MP_BF16, true}, /* split, float8 */
     };
     mp_isa isas[MP_ISA_COUNT];
     const int ni = test_isas(isas);

@@ -121,12 +121,10 @@ static bool a_in_place(const gemm_impl *im, const gemm_operand *a, int64_t k, in
      * unless B is so narrow that packing A costs more than its products */
     const int64_t narrow = (a->sd == 1 && im->narrow_panels ? im->narrow_panels : 2) * im->nr;
     if (im->streams && n > narrow && im->streams()) return false;
-    if (im->fmt == GEMM_FMT_BF16) return a->type == MP_BF16 && a->sd == 1 && !(k & 1);
-    /* AMX: a tile's rows are 32 deep (past k they would read beyond the
-     * row); only for a B of one panel, where A is used once: read again
-     * for many panels, rows 8 KiB apart evict each other from L1 */
-    if (im->fmt == GEMM_FMT_AMX)
-        return a->type == MP_BF16 && a->sd == 1 && !(k & 31) && n <= im->nr;
+    /* bf16 pairs, or AMX's 32-deep tile rows, along A's rows: where k is
+     * whole pairs or tiles, the last never reaches past a row */
+    if (im->fmt != GEMM_FMT_F32)
+        return a->type == MP_BF16 && a->sd == 1 && mp_gemm_kpad(im->fmt, k) == k;
     if (a->type == MP_BF16) return im->kernel_a_bf16 && a->sd == 1 && n <= 2 * (int64_t)im->nr;
     return a->type == MP_F32 && (a->sd == 1 || (a->sw == 1 && a->sd <= MAX_COLUMN_STRIDE));
 }
@@ -446,15 +444,15 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
      * would pack all of it, transposed, as B for the few products each
      * element takes part in (fc3 forward, 1024x10x4096 f32 on Zen 4: 23 ->
      * 60 GFLOP/s on one thread unswapped). Each element is the same sum in
-     * the same order either way. AMX packs an A laid along k
-     * as plain rows and would pack it as B with a transpose: there only an A
-     * laid along m swaps (fc3 forward, 1024x10x4096 bf16, 2 threads, Intel
-     * Xeon family 6 model 167: 565 -> 406 us unswapped; its weight gradient,
-     * A = x^T, 498 swapped against 968). */
+     * the same order either way. A kernel whose A panels lie row by row
+     * (pack_a: AMX) packs an A laid along k by plain copies and would pack
+     * it as B with a transpose: there only an A laid along m swaps (fc3 forward, 1024x10x4096 bf16,
+     * 2 threads, Intel Xeon family 6 model 167: 565 -> 406 us unswapped; its weight gradient, A =
+     * x^T, 498 swapped against 968). */
     const int64_t MR0 = pl.im->mr, NR0 = pl.im->nr;
     const bool fuller =
         n < NR0 && cdiv(n, MR0) * MR0 < NR0 && pl.a.sw == 1 && !pl.a.gather && !pl.b.gather;
-    if (k > 0 && (pl.im->fmt != GEMM_FMT_AMX || pl.a.sd != 1) && m >= 4 * n &&
+    if (k > 0 && (!pl.im->pack_a || pl.a.sd != 1) && m >= 4 * n &&
         ((n * 2 <= NR0 && !a_in_place(pl.im, &pl.a, k, n)) || fuller)) {
         gemm_operand t = pl.a;
         pl.a = pl.b;

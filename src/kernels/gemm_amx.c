@@ -142,49 +142,33 @@ kernel_core(int64_t kc, const uint16_t *a, int64_t sa, const uint16_t *b, float 
     }
 }
 
-/* A packed: AMR rows of kc elements; the whole panel, or its first 16 or
- * 32 columns (a panel mostly padding). */
-MP_TARGET_AMX static void kernel_amx(int64_t kc, const void *a, const void *b, float *c,
-                                     int64_t ldc, int acc)
-{
-    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, ANR / 16, 2);
-}
+/* A packed (AMR rows of kc elements): the whole tile; its first 16 or 32
+ * columns (a B panel mostly padding); and the same on its first 32 rows
+ * only (an A panel of at most 32 rows: a thin C computed transposed, 10
+ * rows for fc3's weight gradient). */
+#define KERNEL_PACKED(name, nv, halves)                                                            \
+    MP_TARGET_AMX static void name(int64_t kc, const void *a, const void *b, float *c,             \
+                                   int64_t ldc, int acc)                                           \
+    {                                                                                              \
+        kernel_core(kc, a, kc *(int64_t)sizeof(uint16_t), b, c, ldc, acc, nv, halves);             \
+    }
+KERNEL_PACKED(kernel_amx, ANR / 16, 2)
+KERNEL_PACKED(kernel_amx_n16, 1, 2)
+KERNEL_PACKED(kernel_amx_n32, 2, 2)
+KERNEL_PACKED(kernel_amx_h16, 1, 1)
+KERNEL_PACKED(kernel_amx_h32, 2, 1)
+KERNEL_PACKED(kernel_amx_h, ANR / 16, 1)
+#undef KERNEL_PACKED
 
-MP_TARGET_AMX static void kernel_amx_n16(int64_t kc, const void *a, const void *b, float *c,
-                                         int64_t ldc, int acc)
-{
-    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 1, 2);
-}
+/* Whether the kernel reads A faster packed (gemm_impl.streams): always,
+ * unless B is one panel (narrow_panels) and each element of A meets it
+ * once: read in place for many panels, A's rows 8 KiB apart (x of a
+ * 4096-wide layer) fall into the same few sets of L1 and evict each other
+ * (fc2 forward 1447 GFLOP/s in place against 1791 packed, a 32-column
+ * kernel; fc3 forward, B one panel, 406 -> 219-247 us in place). */
+static bool packs_a(void) { return true; }
 
-MP_TARGET_AMX static void kernel_amx_n32(int64_t kc, const void *a, const void *b, float *c,
-                                         int64_t ldc, int acc)
-{
-    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 2, 2);
-}
-
-/* The first 32 rows only (a panel of at most 32 rows: a thin C computed
- * transposed, 10 rows for fc3's weight gradient): 16, 32 or all columns. */
-MP_TARGET_AMX static void kernel_amx_h16(int64_t kc, const void *a, const void *b, float *c,
-                                         int64_t ldc, int acc)
-{
-    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 1, 1);
-}
-
-MP_TARGET_AMX static void kernel_amx_h32(int64_t kc, const void *a, const void *b, float *c,
-                                         int64_t ldc, int acc)
-{
-    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, 2, 1);
-}
-
-MP_TARGET_AMX static void kernel_amx_h(int64_t kc, const void *a, const void *b, float *c,
-                                       int64_t ldc, int acc)
-{
-    kernel_core(kc, a, kc * (int64_t)sizeof(uint16_t), b, c, ldc, acc, ANR / 16, 1);
-}
-
-/* A bf16 read in place along its rows (sk = 1), si elements apart: for a
- * B of one panel (a thin C), where each element of A meets one panel and
- * packing it would cost more than its products (gemm.c's a_in_place). */
+/* A bf16 read in place along its rows (sk = 1), si elements apart. */
 MP_TARGET_AMX static void kernel_amx_a(int64_t kc, const void *a, int64_t si, int64_t sk,
                                        const void *b, float *c, int64_t ldc, int acc, int nv)
 {
@@ -460,9 +444,7 @@ MP_TARGET_AVX512BF16 static void pack_a(const gemm_operand *op, int64_t w0, int6
  * panel, 128 columns x 1024 deep, 256 KiB, is read again for every A panel;
  * from L3 it could not feed the tiles), C's partial sums between depth
  * chunks in L1 (kernel_core) and between depth blocks in the driver's
- * buffer, A always packed (read in place, its rows 8 KiB apart, x of a
- * 4096-wide layer, fall into the same few sets of L1 and evict each other:
- * fc2 forward 1447 GFLOP/s in place against 1791 packed, a 32-column kernel).
+ * buffer, A packed but for a B of one panel (packs_a).
  * Intel Xeon (family 6 model 167), 2 threads, bf16, GFLOP/s, the best of 7
  * runs at depth blocks 1024 / 2048 / 4096 with the B block within half of
  * L2: fc2 forward (1024x4096x4096) 1684-1819 / 1830-1844 / 1703-1784, fc1
@@ -483,6 +465,8 @@ const gemm_impl mp_gemm_amx_impl = {
     .narrow = {kernel_amx_n16, kernel_amx_n32},
     .half = {kernel_amx_h16, kernel_amx_h32, kernel_amx_h},
     .kernel_a = kernel_amx_a,
+    .streams = packs_a,
+    .narrow_panels = 1,
     .kernel_row = row_amx,
     .row_max = 2,
     .pack = pack_b,

@@ -88,9 +88,9 @@ void mp_gemm_blocks(const gemm_impl *im, int64_t k, int64_t n, bool a_in_place, 
     if (b_in_place && im->kc_b > 0) kc = min64(kc, im->kc_b);
     const int64_t nkb = k > 0 ? cdiv(k, kc) : 1;
     *kcb = k > 0 ? cdiv(k, nkb) : 0;
-    if (im->fmt == GEMM_FMT_BF16 && (*kcb & 1) && *kcb < k) ++*kcb;
-    /* whole tiles of depth: only the last block is padded */
-    if (im->fmt == GEMM_FMT_AMX && *kcb < k) *kcb = min64(mp_gemm_kpad(im->fmt, *kcb), k);
+    /* whole pairs (bf16) or tiles of depth (AMX): only the last block is
+     * padded */
+    if (*kcb < k) *kcb = min64(mp_gemm_kpad(im->fmt, *kcb), k);
     if (n <= im->nr && a_in_place && mp_gemm_kpad(im->fmt, k) * im->nr * esz <= l2 / 2) *kcb = k;
     *nc = im->nc;
     if (*kcb <= 0) return;

@@ -29,6 +29,11 @@ static inline int64_t mp_gemm_kpad(gemm_fmt f, int64_t kb)
     return f == GEMM_FMT_BF16 ? kb + (kb & 1) : f == GEMM_FMT_AMX ? (kb + 31) / 32 * 32 : kb;
 }
 
+/* Whether a panel in format f lies depth after depth, each W wide, so that
+ * a run of depths packs where its rows lie in the panel (not AMX's A rows
+ * or B sub-panels). */
+static inline bool mp_gemm_fmt_by_depth(gemm_fmt f) { return f != GEMM_FMT_AMX; }
+
 /* The driver's and the kernels' integer helpers. */
 static inline int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }

@@ -50,7 +50,7 @@ void mp_gemm_pack_share(const gemm_impl *im, bool a_side, const gemm_operand *op
      * packed where its rows lie in the panel. fc3 forward (1024x10x4096, 2
      * threads, Zen 5, medians of 101 calls alternating in one process):
      * float32 time x0.949 and x0.953, bfloat16 x0.975. */
-    if (np == 1 && im->fmt == GEMM_FMT_AMX) { /* not laid out by depth: one packs it */
+    if (np == 1 && !mp_gemm_fmt_by_depth(im->fmt)) { /* not laid out by depth: one packs it */
         if (tid == 0) fn(op, w0, nw, pc, kb, W, buf);
     } else if (np == 1) {
         const int64_t d0 = kb * tid / sh->nt / 16 * 16,
