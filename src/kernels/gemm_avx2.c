@@ -277,7 +277,8 @@ void mp_gemm_avx2_pack_force(int on) { mp_gemm_ways_force(&ways, on); }
  * -> 30.1, a batch of 4 through fc1 (4x4096x784) 34.8 -> 37.0; reading B
  * in place rather than packing it, fc3 dW 24.6 -> 32.1 at kc 512. (The
  * AVX-512 kernel on an Intel Xeon, family 6 model 207, its panel 48 floats
- * wide, ran 2-5% slower with the depth cut to 128: it has no kc_b.) */
+ * wide, ran 2-5% slower with the depth cut to 128; on family 6 model 167
+ * 48 rows were fastest, by up to 2x: gemm_avx512.c.) */
 const gemm_impl mp_gemm_avx2_impl = {
     .fmt = GEMM_FMT_F32,
     .mr = HMR,

@@ -181,6 +181,20 @@ const gemm_impl mp_gemm_avx512_impl = {
     .mc = 1024,
     .nc = 480,
     .kc_l1 = 1024,
+    /* B read in place (a C of at most two panels of rows: a small batch,
+     * fc3's weight gradient as C^T), its rows far apart: depth blocks of
+     * 48 rows, each swept across all of B's columns before the next, read
+     * B's rows as runs the prefetchers follow, where 1024 rows a panel at a
+     * time made each line a miss of its own page and a second panel of rows
+     * found none of them cached (rows 16 KiB apart share a few sets of L1
+     * and L2). Intel Xeon (family 6 model 167), 2 threads, medians of 40
+     * calls, three runs, microseconds, kc_b none / 32 / 48 / 64: fc3 dW
+     * (4096x10x1024, C^T = dz^T x) 1076-1110 / 726-807 / 722-744 / 802-838,
+     * a batch of 8 through fc2 (8x4096x4096) 3373-3579 / 1954-2992 /
+     * 1937-2712 / 3447-4442, of 16 6821-7007 / 3141-3368 / 3035-3529 /
+     * 4722-6536, of 4 through fc1 (4x4096x784) 338-427 / 315-319 / 306-320 /
+     * 362-390. */
+    .kc_b = 48,
     .kernel = kernel_f32,
     .narrow = {kernel_f32_n16, kernel_f32_n32},
     .kernel_a = kernel_f32_a,
