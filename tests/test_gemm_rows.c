@@ -250,6 +250,93 @@ static void test_rows_ahead(void **state)
     assert_int_equal(mp_gemm_rows_ahead(40, 16), 16);
 }
 
+/* Every fp8 byte through the rows path and the tiles: row 0 of B holds the
+ * 256 bytes (twice, and 40 more: the 128-column groups and a short one),
+ * row 1 ones, A's row (1, 0), so each element of C is its byte's value
+ * plus zero, exactly (any NaN a NaN), as mp_e4m3_to_f32 / mp_e5m2_to_f32 give it. The
+ * row kernels decode fp8 by a table made from the packer's decoder; this
+ * holds both to the scalar one on all of their inputs. */
+static void test_rows_float8_every_byte(void **state)
+{
+    (void)state;
+    enum { N = 2 * 256 + 40, K = 2 };
+    mp_isa isas[MP_ISA_COUNT];
+    const int ni = test_isas(isas);
+    const mp_isa saved = mp_isa_active();
+    const uint16_t a[TALL * K] = {0x3F80}; /* row 0: (1, 0); the others zero */
+    float *c = malloc((size_t)(TALL * N) * sizeof *c);
+    uint8_t b[K * N];
+    for (int ii = 0; ii < ni; ii++) {
+        assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
+        for (int ti = 0; ti < 2; ti++) {
+            const mp_dtype bt = ti ? MP_F8E5M2 : MP_F8E4M3;
+            for (int j = 0; j < N; j++) {
+                b[j] = (uint8_t)(j % 256);
+                b[N + j] = bt == MP_F8E4M3 ? 0x38 : 0x3C; /* 1.0 */
+            }
+            const rows_case r = {1, N, K, N, false, MP_BF16, bt, MP_F32, true};
+            assert_int_equal(takes_rows(&r, 1, a, K, b),
+                             mp_gemm_impl_for(MP_BF16, bt)->kernel_row != NULL);
+            for (int m = 1; m <= TALL; m += TALL - 1) {
+                mp_gemm(false, false, m, N, K, 1.0f, a, MP_BF16, K, b, bt, N, 0.0f, c, MP_F32, N);
+                for (int j = 0; j < N; j++) {
+                    const uint8_t x = (uint8_t)(j % 256);
+                    /* 1 x + 0 x 1: a negative zero's sum is +0 */
+                    const float want =
+                        (bt == MP_F8E4M3 ? mp_e4m3_to_f32(x) : mp_e5m2_to_f32(x)) + 0.0f;
+                    if (isnan(want) ? !isnan(c[j]) : f32_bits(c[j]) != f32_bits(want))
+                        fail_msg("%s %s byte 0x%02x, %d rows: %.9g, not %.9g",
+                                 mp_isa_name(isas[ii]), mp_dtype_name(bt), x, m, (double)c[j],
+                                 (double)want);
+                }
+            }
+        }
+    }
+    mp_isa_set(saved);
+    free(c);
+}
+
+/* The same bytes on A's side (its packers: rows along k, and A stored
+ * transposed): A's column 0 holds them, column 1 ones, B's rows (1, 0)
+ * across 40 columns. */
+static void test_tiles_float8_a_every_byte(void **state)
+{
+    (void)state;
+    enum { M = 2 * 256 + 40, K = 2, N = 40 };
+    mp_isa isas[MP_ISA_COUNT];
+    const int ni = test_isas(isas);
+    const mp_isa saved = mp_isa_active();
+    uint16_t b[K * N] = {0};
+    for (int j = 0; j < N; j++) b[j] = 0x3F80; /* row 0 ones, row 1 zeros */
+    float *c = malloc((size_t)(M * N) * sizeof *c);
+    uint8_t a[M * K];
+    for (int ii = 0; ii < ni; ii++) {
+        assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
+        for (int ti = 0; ti < 4; ti++) {
+            const mp_dtype at = ti & 1 ? MP_F8E5M2 : MP_F8E4M3;
+            const bool ta = ti >= 2;
+            for (int i = 0; i < M; i++) {
+                const uint8_t one = at == MP_F8E4M3 ? 0x38 : 0x3C;
+                a[ta ? i : i * K] = (uint8_t)(i % 256); /* A(i, 0) */
+                a[ta ? M + i : i * K + 1] = one;        /* A(i, 1) */
+            }
+            mp_gemm(ta, false, M, N, K, 1.0f, a, at, ta ? M : K, b, MP_BF16, N, 0.0f, c, MP_F32, N);
+            for (int i = 0; i < M; i++) {
+                const uint8_t x = (uint8_t)(i % 256);
+                const float want = (at == MP_F8E4M3 ? mp_e4m3_to_f32(x) : mp_e5m2_to_f32(x)) + 0.0f;
+                for (int j = 0; j < N; j += 13)
+                    if (isnan(want) ? !isnan(c[i * N + j])
+                                    : f32_bits(c[i * N + j]) != f32_bits(want))
+                        fail_msg("%s %s A%s byte 0x%02x, column %d: %.9g, not %.9g",
+                                 mp_isa_name(isas[ii]), mp_dtype_name(at), ta ? "^T" : "", x, j,
+                                 (double)c[i * N + j], (double)want);
+            }
+        }
+    }
+    mp_isa_set(saved);
+    free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -257,6 +344,8 @@ int main(void)
         cmocka_unit_test(test_rows_reference),
         cmocka_unit_test(test_rows_nonfinite),
         cmocka_unit_test(test_rows_ahead),
+        cmocka_unit_test(test_rows_float8_every_byte),
+        cmocka_unit_test(test_tiles_float8_a_every_byte),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -224,6 +224,7 @@ MP_TARGET_AMX static void row_amx(int64_t kc, const void *a, const void *b, int6
     enum { ROW_STEPS = 1, GROUP = ANR / SUB };
     const int64_t kpad = mp_gemm_kpad(GEMM_FMT_AMX, kc), es = (int64_t)mp_dtype_size(bt);
     const int64_t sbb = sb * es, ahead = mp_gemm_rows_ahead(sbb, 16) * sbb;
+    const mp_gemm_fp8_lut l = bt == MP_BF16 ? (mp_gemm_fp8_lut){0} : mp_gemm_fp8_lut_for(bt);
     _Alignas(64) uint16_t tiles[GROUP][ROW_STEPS][DEPTH * SUB]; /* 8 KiB */
     _Alignas(64) float part[GROUP][2][16];                      /* C: row 0 of each tile */
     const __m512i lo_idx = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
@@ -238,13 +239,17 @@ MP_TARGET_AMX static void row_amx(int64_t kc, const void *a, const void *b, int6
                 for (int p = 0; p < DEPTH / 2; p++) {
                     const int64_t d = kk + st * DEPTH + 2 * p;
                     const char *r0 = (const char *)b + (d * sb + j) * es;
-                    if (bt == MP_BF16 && nj == ANR && d + 1 < kc) { /* all in registers */
+                    if (nj == ANR && d + 1 < kc) { /* all in registers */
                         __m512i x0[GROUP], x1[GROUP];
                         for (int x = 0; x < GROUP; x++) {
-                            _mm_prefetch(r0 + ahead + 64 * x, _MM_HINT_T0);
-                            _mm_prefetch(r0 + sbb + ahead + 64 * x, _MM_HINT_T0);
-                            x0[x] = _mm512_loadu_si512(r0 + 64 * x);
-                            x1[x] = _mm512_loadu_si512(r0 + sbb + 64 * x);
+                            if (bt == MP_BF16 || !(x & 1)) {
+                                _mm_prefetch(r0 + ahead + 64 * x, _MM_HINT_T0);
+                                _mm_prefetch(r0 + sbb + ahead + 64 * x, _MM_HINT_T0);
+                            }
+                            x0[x] = bt == MP_BF16 ? _mm512_loadu_si512(r0 + 64 * x)
+                                                  : mp_gemm_fp8_load32(r0 + 32 * x, 32, &l);
+                            x1[x] = bt == MP_BF16 ? _mm512_loadu_si512(r0 + sbb + 64 * x)
+                                                  : mp_gemm_fp8_load32(r0 + sbb + 32 * x, 32, &l);
                         }
                         for (int x = 0; x < GROUP; x++) {
                             uint16_t *o = tiles[x][st] + p * 2 * SUB;
@@ -266,7 +271,8 @@ MP_TARGET_AMX static void row_amx(int64_t kc, const void *a, const void *b, int6
                             }
                             _mm_prefetch(src + ahead, _MM_HINT_T0);
                             r[h] =
-                                bt == MP_BF16 && c1 == 16
+                                bt != MP_BF16 ? mp_gemm_fp8_load32(src, c0 + c1, &l)
+                                : c1 == 16
                                     ? _mm512_loadu_si512(src)
                                     : _mm512_inserti64x4(
                                           _mm512_castsi256_si512(mp_gemm_bf16_load16(src, bt, c0)),
@@ -372,6 +378,7 @@ MP_TARGET_AVX512BF16 static void pack_a_t(const gemm_operand *op, int64_t w0, in
                                           int64_t d0, int64_t nd, int64_t kpad, uint16_t *out)
 {
     const mp_dtype t = op->type;
+    const mp_gemm_fp8_lut l = t == MP_BF16 ? (mp_gemm_fp8_lut){0} : mp_gemm_fp8_lut_for(t);
     const int64_t es = (int64_t)mp_dtype_size(t), sd = op->sd * es;
     for (int64_t w = 0; w < nw; w += 32) {
         const int64_t nv = min64(32, nw - w);
@@ -387,7 +394,9 @@ MP_TARGET_AVX512BF16 static void pack_a_t(const gemm_operand *op, int64_t w0, in
                     if (dd + 4 < nd) _mm_prefetch(src + 4 * sd, _MM_HINT_T0);
                     if (dd >= nd)
                         r[h] = _mm512_setzero_si512();
-                    else if (t == MP_BF16 && nv == 32) /* a whole row of 32 */
+                    else if (t != MP_BF16)
+                        r[h] = mp_gemm_fp8_load32(src, c0 + c1, &l);
+                    else if (nv == 32) /* a whole row of 32 */
                         r[h] = _mm512_loadu_si512(src);
                     else
                         r[h] = _mm512_inserti64x4(
@@ -422,9 +431,16 @@ MP_TARGET_AVX512BF16 static void pack_a(const gemm_operand *op, int64_t w0, int6
         pack_a_t(op, w0, nw, d0, nd, kpad, out);
     } else if (simd && op->sd == 1) {
         const int64_t es = (int64_t)mp_dtype_size(t);
+        const mp_gemm_fp8_lut l = t == MP_BF16 ? (mp_gemm_fp8_lut){0} : mp_gemm_fp8_lut_for(t);
         for (int64_t r = 0; r < nw; r++) {
             const char *src = (const char *)op->base + ((w0 + r) * op->sw + d0) * es;
             uint16_t *o = out + r * kpad;
+            if (t != MP_BF16) { /* kpad: whole tiles of depth, 32 a vector */
+                for (int64_t d = 0; d < kpad; d += 32)
+                    _mm512_storeu_si512(o + d,
+                                        mp_gemm_fp8_load32(src + d, (int)min64(nd - d, 32), &l));
+                continue;
+            }
             for (int64_t d = 0; d < kpad; d += 16) {
                 const int cnt = d >= nd ? 0 : nd - d >= 16 ? 16 : (int)(nd - d);
                 _mm256_storeu_si256((__m256i *)(o + d), mp_gemm_bf16_load16(src + d * es, t, cnt));

@@ -85,7 +85,8 @@ MP_TARGET_AVX512BF16 static void kernel_bf16_a(int64_t kc, const void *a, int64_
  * interleave into pairs, read left to right. */
 MP_TARGET_AVX512BF16 static inline void pack_pair(const gemm_operand *op, int64_t w0, int64_t nw,
                                                   int64_t d0, int64_t nd, int W, int64_t kpd,
-                                                  int64_t p, int64_t q0, int64_t q1, uint16_t *out)
+                                                  int64_t p, int64_t q0, int64_t q1,
+                                                  const mp_gemm_fp8_lut *l, uint16_t *out)
 {
     const mp_dtype t = op->type;
     const int64_t es = t == MP_BF16 ? 2 : 1, kp = (nd + 1) / 2; /* bf16 or fp8 */
@@ -93,6 +94,7 @@ MP_TARGET_AVX512BF16 static inline void pack_pair(const gemm_operand *op, int64_
     /* lane 2j takes x0[j], lane 2j + 1 takes x1[j] (x1 is lanes 32-63) */
     const __m512i zip = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
                                          8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i zip_hi = _mm512_add_epi16(zip, _mm512_set1_epi16(16)); /* x0[16..32), x1's */
     const char *r0 = base + (w0 + (d0 + 2 * p) * op->sd) * es;
     const bool two = 2 * p + 1 < nd;
     /* The rows are short runs (nw values) far apart, too short for
@@ -132,6 +134,18 @@ MP_TARGET_AVX512BF16 static inline void pack_pair(const gemm_operand *op, int64_
                           b = _mm256_set_m128i(_mm_unpackhi_epi16(x2, x3),
                                                _mm_unpacklo_epi16(x2, x3));
             _mm512_storeu_si512(o, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+            continue;
+        }
+        if (t != MP_BF16 && l && nw - q * W >= W && two && !(W & 31)) {
+            /* a full panel of fp8: 32 of each row decoded by table, then
+             * paired as bf16's */
+            const char *s0 = r0 + q * W;
+            for (int g = 0; g < W; g += 32) {
+                const __m512i x0 = mp_gemm_fp8_load32(s0 + g, 32, l),
+                              x1 = mp_gemm_fp8_load32(s0 + op->sd + g, 32, l);
+                _mm512_storeu_si512(o + g * 2, _mm512_permutex2var_epi16(x0, zip, x1));
+                _mm512_storeu_si512(o + g * 2 + 32, _mm512_permutex2var_epi16(x0, zip_hi, x1));
+            }
             continue;
         }
         if (t == MP_BF16 && nw - q * W >= W && two && !(W & 15)) {
@@ -203,9 +217,11 @@ MP_TARGET_AVX512BF16 void mp_gemm_pack_bf16_avx512(const gemm_operand *op, int64
          * 2.47 / 2.40-2.44 / 2.43-2.46 / 2.52 ms; 1024x768x4096 6.94 ->
          * 6.80; the MLP's weight gradients (depth 1024) x0.99-1.01. */
         enum { QB = 16 };
+        const mp_gemm_fp8_lut lut = t == MP_BF16 ? (mp_gemm_fp8_lut){0} : mp_gemm_fp8_lut_for(t);
         for (int64_t q0 = 0; q0 < np; q0 += QB)
             for (int64_t p = 0; p < kp; p++)
-                pack_pair(op, w0, nw, d0, nd, W, kpd, p, q0, q0 + QB < np ? q0 + QB : np, out);
+                pack_pair(op, w0, nw, d0, nd, W, kpd, p, q0, q0 + QB < np ? q0 + QB : np,
+                          t == MP_BF16 ? NULL : &lut, out);
         zero_pairs(dst, nw, W, kp, kpd);
         return;
     }

@@ -33,6 +33,45 @@ MP_TARGET_AVX512BF16 static inline __m256i mp_gemm_bf16_load16(const char *p, mp
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16));
 }
 
+/* The bf16 bits of the 128 magnitudes (bytes 0x00-0x7F) of fp8 type t, 32
+ * to a vector, for mp_gemm_fp8_load32: made by mp_gemm_bf16_load16 itself,
+ * so a lookup gives its bits. About a hundred instructions: once a kernel
+ * call or a block, not once an element. */
+typedef struct {
+    __m512i q[4];
+} mp_gemm_fp8_lut;
+
+MP_TARGET_AVX512BF16 static inline mp_gemm_fp8_lut mp_gemm_fp8_lut_for(mp_dtype t)
+{
+    _Alignas(64) uint8_t bytes[128];
+    for (int i = 0; i < 128; i++) bytes[i] = (uint8_t)i;
+    mp_gemm_fp8_lut l;
+    for (int q = 0; q < 4; q++)
+        l.q[q] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(mp_gemm_bf16_load16((const char *)bytes + 32 * q, t, 16)),
+            mp_gemm_bf16_load16((const char *)bytes + 32 * q + 16, t, 16), 1);
+    return l;
+}
+
+/* Up to 32 consecutive fp8 elements as bf16 bits through the table l (of
+ * their type): the magnitude's low six bits index a pair of its vectors
+ * (vpermt2w), the seventh picks the pair, and the sign bit goes on top
+ * (every fp8 type's bf16 value is its magnitude's with the sign set, NaN
+ * included). Lanes past cnt are zero and their memory is not touched.
+ * Against two mp_gemm_bf16_load16 calls: an Intel Xeon (family 6 model
+ * 167) ran gemm_rows' fp8 products in less than half the time. */
+MP_TARGET_AVX512BF16 static inline __m512i mp_gemm_fp8_load32(const char *p, int cnt,
+                                                              const mp_gemm_fp8_lut *l)
+{
+    const __mmask32 m = cnt >= 32 ? ~(__mmask32)0 : cnt <= 0 ? 0 : (__mmask32)((1u << cnt) - 1);
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, p));
+    const __m512i lo = _mm512_permutex2var_epi16(l->q[0], w, l->q[1]);
+    const __m512i hi = _mm512_permutex2var_epi16(l->q[2], w, l->q[3]);
+    const __m512i v =
+        _mm512_mask_mov_epi16(lo, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), hi);
+    return _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
+}
+
 #endif
 
 #endif

@@ -16,26 +16,26 @@
 
 /* 32 consecutive elements of B's row at p as bf16 bits; lanes past cnt are
  * zero and their memory is not touched. */
-MP_TARGET_AVX512BF16 static inline __m512i load32(const char *p, mp_dtype t, int cnt)
+MP_TARGET_AVX512BF16 static inline __m512i load32(const char *p, mp_dtype t, int cnt,
+                                                  const mp_gemm_fp8_lut *l)
 {
     if (t == MP_BF16)
         return cnt >= 32 ? _mm512_loadu_si512(p)
                          : _mm512_maskz_loadu_epi16((__mmask32)((1ull << cnt) - 1), p);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(mp_gemm_bf16_load16(p, t, cnt)),
-                              mp_gemm_bf16_load16(p + 16, t, cnt - 16), 1);
+    return mp_gemm_fp8_load32(p, cnt, l);
 }
 
 /* One pair of depths into nv blocks of 32 columns: rows r0 and r1 (r1 NULL:
  * the zero that pads an odd depth), the last block cnt columns wide. */
 MP_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void
-pair_step(__m512bh av, const char *r0, const char *r1, mp_dtype t, int es, __m512 *lo, __m512 *hi,
-          int nv, int cnt)
+pair_step(__m512bh av, const char *r0, const char *r1, mp_dtype t, const mp_gemm_fp8_lut *l, int es,
+          __m512 *lo, __m512 *hi, int nv, int cnt)
 {
 #pragma GCC unroll 4
     for (int v = 0; v < nv; v++) {
         const int n = v == nv - 1 ? cnt : 32;
-        const __m512i x0 = load32(r0 + 32 * v * es, t, n);
-        const __m512i x1 = r1 ? load32(r1 + 32 * v * es, t, n) : _mm512_setzero_si512();
+        const __m512i x0 = load32(r0 + 32 * v * es, t, n, l);
+        const __m512i x1 = r1 ? load32(r1 + 32 * v * es, t, n, l) : _mm512_setzero_si512();
         lo[v] = _mm512_dpbf16_ps(lo[v], av, (__m512bh)_mm512_unpacklo_epi16(x0, x1));
         hi[v] = _mm512_dpbf16_ps(hi[v], av, (__m512bh)_mm512_unpackhi_epi16(x0, x1));
     }
@@ -46,7 +46,7 @@ pair_step(__m512bh av, const char *r0, const char *r1, mp_dtype t, int es, __m51
  * `ahead` bytes ahead. */
 MP_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void
 row_block(int64_t kc, const uint16_t *a, const char *b, int64_t sbb, int64_t ahead, mp_dtype t,
-          float *c, int nv, int cnt)
+          const mp_gemm_fp8_lut *l, float *c, int nv, int cnt)
 {
     const int es = t == MP_BF16 ? 2 : 1, bytes = 32 * nv * es;
     __m512 lo[4], hi[4];
@@ -63,12 +63,12 @@ row_block(int64_t kc, const uint16_t *a, const char *b, int64_t sbb, int64_t ahe
         _mm_prefetch(b + sbb + ahead + bytes - 1, _MM_HINT_T0);
         uint32_t pair;
         memcpy(&pair, a + k, sizeof pair);
-        pair_step((__m512bh)_mm512_set1_epi32((int)pair), b, b + sbb, t, es, lo, hi, nv, cnt);
+        pair_step((__m512bh)_mm512_set1_epi32((int)pair), b, b + sbb, t, l, es, lo, hi, nv, cnt);
     }
     if (k < kc) { /* the last of an odd depth, paired with zeros as packed */
         uint32_t pair;
         memcpy(&pair, a + k, sizeof pair);
-        pair_step((__m512bh)_mm512_set1_epi32((int)pair), b, NULL, t, es, lo, hi, nv, cnt);
+        pair_step((__m512bh)_mm512_set1_epi32((int)pair), b, NULL, t, l, es, lo, hi, nv, cnt);
     }
     /* lo's lanes 4q..4q+3 hold columns 8q..8q+3, hi's columns 8q+4..8q+7 */
     const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
@@ -89,9 +89,11 @@ row_block(int64_t kc, const uint16_t *a, const char *b, int64_t sbb, int64_t ahe
 #define ROW_PASSES(T)                                                                              \
     do {                                                                                           \
         const int es = (T) == MP_BF16 ? 2 : 1;                                                     \
-        for (; j + 128 <= n; j += 128) row_block(kc, a, bp + j * es, sbb, ahead, T, c + j, 4, 32); \
-        for (; j + 32 <= n; j += 32) row_block(kc, a, bp + j * es, sbb, ahead, T, c + j, 1, 32);   \
-        if (j < n) row_block(kc, a, bp + j * es, sbb, ahead, T, c + j, 1, (int)(n - j));           \
+        for (; j + 128 <= n; j += 128)                                                             \
+            row_block(kc, a, bp + j * es, sbb, ahead, T, &l, c + j, 4, 32);                        \
+        for (; j + 32 <= n; j += 32)                                                               \
+            row_block(kc, a, bp + j * es, sbb, ahead, T, &l, c + j, 1, 32);                        \
+        if (j < n) row_block(kc, a, bp + j * es, sbb, ahead, T, &l, c + j, 1, (int)(n - j));       \
     } while (0)
 
 /* One row of C (gemm_impl.kernel_row), A's row as bfloat16 pairs. */
@@ -103,6 +105,7 @@ MP_TARGET_AVX512BF16 void mp_gemm_row_avx512bf16(int64_t kc, const void *av, con
     const int64_t sbb = sb * (bt == MP_BF16 ? 2 : 1);
     const int64_t ahead = mp_gemm_rows_ahead(sbb, 16) * sbb; /* in bytes */
     int64_t j = 0;
+    const mp_gemm_fp8_lut l = bt == MP_BF16 ? (mp_gemm_fp8_lut){0} : mp_gemm_fp8_lut_for(bt);
     if (bt == MP_BF16)
         ROW_PASSES(MP_BF16);
     else if (bt == MP_F8E4M3)
