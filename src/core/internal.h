@@ -185,7 +185,8 @@ void mp_region_free(void *p, size_t bytes);
  * The contents are undefined; a slot is the caller's until its next call.
  * Slots: 0-2 GEMM packing, 3-6 row-wise ops and losses, 7-8 a strided
  * convolution's data-gradient phases, 9-13 the direct convolution kernels
- * (conv_direct_internal.h), 14 batch norm's fused relu. Charged to
+ * (conv_direct_internal.h; 9, 11 and 13 also the AMX route, conv_tiles.c),
+ * 14 batch norm's fused relu. Charged to
  * MP_MEM_WORKSPACE while the thread keeps it. NULL if out of memory. */
 #define MP_SCRATCH_SLOTS 15
 void *mp_scratch(int slot, size_t bytes);

@@ -1,11 +1,12 @@
 /* conv.c - 2-D convolution (NHWC, kernel [kh, kw, c, o]) forward, filter
  * gradient and data gradient, each one GEMM over gathered operands (see
- * conv.h for the three products), or the direct kernels where they apply
- * (conv_direct.h). */
+ * conv.h for the three products), or the AMX tiles' route (conv_tiles.h)
+ * or the direct kernels (conv_direct.h) where they apply. */
 #include <string.h>
 
 #include "kernels/conv.h"
 #include "kernels/conv_direct.h"
+#include "kernels/conv_tiles.h"
 #include "kernels/gemm_internal.h"
 
 static int64_t out_size(int64_t in, int64_t k, int64_t stride, int64_t dil, bool same,
@@ -49,6 +50,7 @@ static float alpha_of(const mp_conv_geom *g) { return g->alpha != 0.0f ? g->alph
 mp_status mp_conv2d_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *w,
                             mp_dtype wt, const float *bias, mp_activation act, void *y, mp_dtype yt)
 {
+    if (mp_conv_tiles_ok(g, xt, wt, false)) return mp_conv_tiles_forward(g, x, w, bias, act, y, yt);
     if (mp_conv_direct_ok(g)) return mp_conv_direct_forward(g, x, xt, w, wt, bias, act, y, yt);
     const gemm_gather patches = {GATHER_PATCHES, g};
     const int64_t m = g->n * g->oh * g->ow, k = g->kh * g->kw * g->c;
@@ -130,6 +132,7 @@ static mp_status backward_data_phases(const mp_conv_geom *g, const void *dy, mp_
 mp_status mp_conv2d_backward_data(const mp_conv_geom *g, const void *dy, mp_dtype dyt,
                                   const void *w, mp_dtype wt, void *dx, mp_dtype dxt)
 {
+    if (mp_conv_tiles_ok(g, dyt, wt, true)) return mp_conv_tiles_data(g, dy, w, dx, dxt);
     if (g->c % 16 == 0 && mp_conv_direct_ok(g))
         return mp_conv_direct_data(g, dy, dyt, w, wt, dx, dxt);
     if ((g->sh > 1 || g->sw > 1) && g->dh == 1 && g->dw == 1)
