@@ -154,11 +154,12 @@ static void test_thin_blocks(void **state)
         assert_int_equal(kcb, kcb_wide);
         mp_gemm_blocks(im, deep, im->nr + 1, true, false, &kcb, &nc);
         assert_int_equal(kcb, kcb_wide);
-        /* B read in place: the depth in blocks of at most kc_b where the
-         * impl has one, else as with B packed */
+        /* B read in place: the depth in equal blocks of at most kc_b where
+         * the impl has one (the last block the shortest), else as with B
+         * packed */
         mp_gemm_blocks(im, deep, 4096, false, true, &kcb, &nc);
         if (im->kc_b > 0)
-            assert_int_equal(kcb, deep / cdiv(deep, min64(im->kc_b, kcb_wide)));
+            assert_int_equal(kcb, cdiv(deep, cdiv(deep, min64(im->kc_b, kcb_wide))));
         else
             assert_int_equal(kcb, kcb_wide);
         /* a short depth: the B block a quarter of L2, whole panels */
