@@ -244,7 +244,7 @@ static void test_direct_kernels(void **state)
     /* the active path (its measured choice), then each path forced: float32
      * FMA on AVX2 and on AVX-512, vdpbf16ps for bfloat16 operands on
      * AVX512_BF16, the AMX tiles' route (conv_tiles.c: stride 1, c or o a
-     * multiple of 32), and the portable GEMM */
+     * multiple of 16), and the portable GEMM */
     const mp_isa paths[] = {MP_ISA_COUNT,      MP_ISA_AVX2, MP_ISA_AVX512,
                             MP_ISA_AVX512BF16, MP_ISA_AMX,  MP_ISA_SCALAR};
     for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {

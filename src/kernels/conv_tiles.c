@@ -13,37 +13,39 @@
  * the same stride: all rows of all images are one A of n * oh * (ow + kw -
  * 1) rows, the extra (virtual) pixels computed and dropped (a 7x7 image
  * with a 3x3 kernel: 63 rows for 49 pixels; 14x14: 224 for 196). B is the
- * kernel permuted to [kw][kh][ci] x co. One product into float32, then the
- * epilogue (alpha, bias, activation, the output's type) on the real
- * pixels. No patch is gathered: F is kh times the image, written by row
- * copies, where an implicit GEMM gathers kh * kw times it element by
- * element (that route ran ResNet-20's step at 545 ms against 129 on the
- * direct FMA kernels).
+ * kernel permuted to [kw][kh][ci] x co. The product goes through the
+ * GEMM's epilogue (alpha, bias, activation, the output's type) into a
+ * buffer of all pixels, whose real ones are then copied out row by row.
+ * No patch is gathered: F is kh times the image, written by row copies,
+ * where an implicit GEMM gathers kh * kw times it element by element (that
+ * route ran ResNet-20's step at 545 ms against 129 on the direct FMA
+ * kernels).
  *
- * ci a multiple of 32 (every 32-deep tile of the patch inside it: A read
- * in place, its padding never multiplied; the virtual pixels' rows reach
- * past their output row into real data, but their sums are dropped).
- * Each output is a sum of the patch's products in the tiles' order, within
- * the GEMM's bound; threads split the product's rows, not its sums. Intel
- * Xeon (family 6 model 167), 2 threads, ResNet-20 at batch 128 (make
- * bench-conv), ms per call, the direct kernels (FMA: vdpbf16ps is slower
- * there) / these: 14x14x32 forward 1.51 / 0.56, data gradient 1.53 /
- * 0.60; 7x7x64 forward 1.42 / 0.56, data gradient 1.55 / 0.61; the
- * mixed_bfloat16 step 116.0 -> 100.6 ms. The filter gradient stays
- * direct: its sum runs over the pixels, which the tiles want along A's
- * rows. Tried: F transposed (G[j][ci][p]) read in place, a GEMM of (kh *
- * ci) x co over the pixels per kw, dy zero at the virtual pixels and an x
- * with a non-finite value left to the direct kernels (the virtual pixels'
- * products with it would be NaN where the exact sum is not): 14x14x32
- * 2.18 ms against 1.49, 7x7x64 1.54 against 1.63 (96 rows of C: panels of
- * 64 and 32, one thread twice the other's work; the transposing copy; dy
- * packed once per kw). 16 channels (28x28x16) stay direct too: a patch of
- * 144 is not whole tiles, and a product 16 columns wide ran the tiles at
- * 306 GFLOP/s, the FMA kernels' rate. */
+ * ci a multiple of 16; F's positions padded with 16 zeros where kw of them
+ * would not be whole 32-deep tiles (a 3x3 kernel over 16 channels: 64 per
+ * position, a patch of 192 for 144), so that A is read in place (the
+ * kernel's matching rows are zero too). The virtual pixels' rows reach
+ * past their output row into real data, but their sums are dropped. Each
+ * output is a sum of the patch's products in the tiles' order, within the
+ * GEMM's bound; threads split the product's rows, not its sums. Intel Xeon
+ * (family 6 model 167), 2 threads, ResNet-20 at batch 128, bf16 output,
+ * medians of 41 calls, ms, the direct kernels (FMA: vdpbf16ps is slower
+ * there) / these: 28x28x16 forward 1.66-1.70 / 0.99, data gradient
+ * 1.65-1.72 / 1.00; 14x14x32 1.51 / 0.45-0.50 and 1.53 / 0.45-0.50; 7x7x64
+ * 1.42 / 0.50 and 1.55 / 0.51-0.52 (with an f32 product and a separate
+ * epilogue pass: 0.51 and 0.52); the mixed_bfloat16 step (make bench-conv)
+ * 116.0 -> 91.9 and 93.3 ms (two runs). The filter gradient stays direct: its sum runs over
+ * the pixels, which the tiles want along A's rows. Tried: F transposed
+ * (G[j][ci][p]) read in place, a GEMM of (kh * ci) x co over the pixels per
+ * kw, dy zero at the virtual pixels and an x with a non-finite value left
+ * to the direct kernels (the virtual pixels' products with it would be NaN
+ * where the exact sum is not): 14x14x32 2.18 ms against 1.49, 7x7x64 1.54
+ * against 1.63 (96 rows of C: panels of 64 and 32, one thread twice the
+ * other's work; the transposing copy; dy packed once per kw). */
 #include <string.h>
 
 #include "kernels/conv_tiles.h"
-#include "kernels/gemm_avx512_common.h"
+#include "kernels/gemm_internal.h"
 
 #if MP_X86
 
@@ -54,7 +56,7 @@ enum { SLOT_F = 9, SLOT_KERNEL = 11, SLOT_PRODUCT = 13 };
 bool mp_conv_tiles_ok(const mp_conv_geom *g, mp_dtype a, mp_dtype b, bool data)
 {
     return a == MP_BF16 && b == MP_BF16 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 &&
-           (data ? g->o : g->c) % 32 == 0 &&
+           (data ? g->o : g->c) % 16 == 0 &&
            mp_gemm_impl_for(MP_BF16, MP_BF16) == &mp_gemm_amx_impl;
 }
 
@@ -65,60 +67,81 @@ typedef struct {
     int64_t n, h, w, ci, oh, ow, co, kh, kw, pt, pl;
 } tiles_spec;
 
-/* Output rows r of F (see the top), kw - 1 zero positions after the last. */
-static void stack_rows(const tiles_spec *s, uint16_t *f)
+/* Elements of F per position: kh * ci, and 16 zeros more where kw of them
+ * would not be whole 32-deep tiles (ci a multiple of 16; a 3x3 kernel
+ * over 16 channels: 64, a patch of 192 for 144). */
+static int64_t seg_of(int64_t kh, int64_t ci, int64_t kw)
 {
-    const int64_t wv = s->ow + s->kw - 1, seg = s->kh * s->ci, rows = s->n * s->oh;
-    const size_t px = (size_t)s->ci * sizeof(uint16_t);
+    const int64_t seg = kh * ci;
+    return kw % 2 && seg % 32 ? seg + 16 : seg;
+}
+
+/* Output rows r of F (see the top), the padding of each position and kw
+ * - 1 positions after the last zero. */
+static void stack_rows(const tiles_spec *s, int64_t seg, uint16_t *f)
+{
+    const int64_t wv = s->ow + s->kw - 1, rows = s->n * s->oh, ci = s->ci;
     const int nt = rows * wv * seg < (1 << 16) ? 1 : mp_num_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t n = r / s->oh, y = r % s->oh;
-        for (int64_t j = 0; j < s->kh; j++) {
-            const int64_t iy = y + j - s->pt;
-            const bool row_in = iy >= 0 && iy < s->h;
-            const uint16_t *src = s->src + (n * s->h + (row_in ? iy : 0)) * s->w * s->ci;
-            uint16_t *dst = f + r * wv * seg + j * s->ci;
-            for (int64_t q = 0; q < wv; q++, dst += seg) {
-                const int64_t ix = q - s->pl;
-                if (row_in && ix >= 0 && ix < s->w)
-                    memcpy(dst, src + ix * s->ci, px);
-                else
-                    memset(dst, 0, px);
+        uint16_t *dst = f + r * wv * seg;
+        for (int64_t q = 0; q < wv; q++, dst += seg) {
+            const int64_t ix = q - s->pl;
+            for (int64_t j = 0; j < s->kh; j++) {
+                const int64_t iy = y + j - s->pt;
+                uint16_t *d = dst + j * ci;
+                if (iy >= 0 && iy < s->h && ix >= 0 && ix < s->w) {
+                    const uint16_t *src = s->src + ((n * s->h + iy) * s->w + ix) * ci;
+                    for (int64_t c = 0; c < ci; c += 16) memcpy(d + c, src + c, 32);
+                } else {
+                    memset(d, 0, (size_t)ci * sizeof *d);
+                }
             }
+            memset(dst + s->kh * ci, 0, (size_t)(seg - s->kh * ci) * sizeof *dst);
         }
     }
     memset(f + rows * wv * seg, 0, (size_t)((s->kw - 1) * seg) * sizeof *f);
 }
 
-/* The convolution of s with kernel k ([kw][kh][ci][co]) through e (e->c:
+/* The convolution of s with kernel k ([kw][seg][co], rows j * ci + c of a
+ * kw's seg holding the kernel's [kh][ci], the rest zero) through e (e->c:
  * [n][oh][ow][co], e->ldc = co). */
 static mp_status tiles_run(const tiles_spec *s, const uint16_t *k, const gemm_epilogue *e)
 {
-    const int64_t wv = s->ow + s->kw - 1, seg = s->kh * s->ci, rows = s->n * s->oh;
+    const int64_t wv = s->ow + s->kw - 1, seg = seg_of(s->kh, s->ci, s->kw), rows = s->n * s->oh;
     const int64_t m = rows * wv;
-    uint16_t *f = mp_scratch(SLOT_F, (size_t)((m + s->kw - 1) * seg) * sizeof *f);
-    float *p = mp_scratch(SLOT_PRODUCT, (size_t)(m * s->co) * sizeof *p);
-    if (!f || !p) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the stacked rows");
-    stack_rows(s, f);
-    const gemm_operand a = {f, MP_BF16, seg, 1, NULL}, b = {k, MP_BF16, 1, s->co, NULL};
-    const gemm_epilogue plain = {1.0f, 0.0f, p, MP_F32, s->co, NULL, MP_ACT_NONE, false, NULL};
-    mp_status st = mp_gemm_run(m, s->co, s->kw * seg, &a, &b, &plain);
-    if (st) return st;
-    /* the real pixels of each output row, 64 x 64 at a time (the AVX-512
-     * epilogue's largest tile) */
     const size_t ys = mp_dtype_size(e->c_type);
+    uint16_t *f = mp_scratch(SLOT_F, (size_t)((m + s->kw - 1) * seg) * sizeof *f);
+    char *p = mp_scratch(SLOT_PRODUCT, (size_t)(m * s->co) * ys);
+    if (!f || !p) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the stacked rows");
+    stack_rows(s, seg, f);
+    /* every pixel through e's epilogue (alpha, bias, activation, the
+     * output's type) into p, then the real ones to e->c, row by row */
+    const gemm_operand a = {f, MP_BF16, seg, 1, NULL}, b = {k, MP_BF16, 1, s->co, NULL};
+    gemm_epilogue ep = *e;
+    ep.c = p;
+    ep.ldc = s->co;
+    mp_status st = mp_gemm_run(m, s->co, s->kw * seg, &a, &b, &ep);
+    if (st) return st;
+    const size_t row = (size_t)(s->ow * s->co) * ys;
     const int nt = m * s->co < (1 << 16) ? 1 : mp_num_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        gemm_epilogue er = *e;
-        er.c = (char *)e->c + (size_t)(r * s->ow * s->co) * ys;
-        for (int64_t i = 0; i < s->ow; i += 64)
-            for (int64_t j = 0; j < s->co; j += 64)
-                mp_gemm_epilogue_avx512(&er, p + (r * wv + i) * s->co + j, s->co, i, j,
-                                        min64(64, s->ow - i), min64(64, s->co - j));
-    }
+    for (int64_t r = 0; r < rows; r++)
+        memcpy((char *)e->c + (size_t)r * row, p + (size_t)(r * wv * s->co) * ys, row);
     return MP_OK;
+}
+
+/* The kernel buffer for s: kw * seg rows of co, its padding rows zero. */
+static uint16_t *kernel_buffer(const tiles_spec *s)
+{
+    const int64_t seg = seg_of(s->kh, s->ci, s->kw);
+    uint16_t *k = mp_scratch(SLOT_KERNEL, (size_t)(s->kw * seg * s->co) * sizeof *k);
+    if (!k) return NULL;
+    for (int64_t l = 0; l < s->kw; l++)
+        memset(k + (l * seg + s->kh * s->ci) * s->co, 0,
+               (size_t)((seg - s->kh * s->ci) * s->co) * sizeof *k);
+    return k;
 }
 
 static float alpha_of(const mp_conv_geom *g) { return g->alpha != 0.0f ? g->alpha : 1.0f; }
@@ -127,13 +150,14 @@ mp_status mp_conv_tiles_forward(const mp_conv_geom *g, const void *x, const void
                                 const float *bias, mp_activation act, void *y, mp_dtype yt)
 {
     const int64_t c = g->c, o = g->o;
-    uint16_t *k = mp_scratch(SLOT_KERNEL, (size_t)(g->kh * g->kw * c * o) * sizeof *k);
+    const tiles_spec s = {x, g->n, g->h, g->w, c, g->oh, g->ow, o, g->kh, g->kw, g->pt, g->pl};
+    const int64_t seg = seg_of(g->kh, c, g->kw);
+    uint16_t *k = kernel_buffer(&s);
     if (!k) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
     for (int64_t i = 0; i < g->kh; i++) /* [kh][kw][c][o] -> [kw][kh][c][o] */
         for (int64_t j = 0; j < g->kw; j++)
-            memcpy(k + (j * g->kh + i) * c * o, (const uint16_t *)w + (i * g->kw + j) * c * o,
+            memcpy(k + (j * seg + i * c) * o, (const uint16_t *)w + (i * g->kw + j) * c * o,
                    (size_t)(c * o) * sizeof *k);
-    const tiles_spec s = {x, g->n, g->h, g->w, c, g->oh, g->ow, o, g->kh, g->kw, g->pt, g->pl};
     const gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, o, bias, act, false, NULL};
     return tiles_run(&s, k, &e);
 }
@@ -142,19 +166,20 @@ mp_status mp_conv_tiles_data(const mp_conv_geom *g, const void *dy, const void *
                              mp_dtype dxt)
 {
     const int64_t c = g->c, o = g->o, kh = g->kh, kw = g->kw;
-    uint16_t *k = mp_scratch(SLOT_KERNEL, (size_t)(kh * kw * c * o) * sizeof *k);
+    const tiles_spec s = {dy, g->n, g->oh,          g->ow,         o, g->h, g->w, c,
+                          kh, kw,   kh - 1 - g->pt, kw - 1 - g->pl};
+    const int64_t seg = seg_of(kh, o, kw);
+    uint16_t *k = kernel_buffer(&s);
     if (!k) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
-    /* entry [j][i][oc][cc] (kw, kh, dy's channel, dx's) = w[kh-1-i][kw-1-j][cc][oc] */
+    /* row (j, i, oc) (kw, kh, dy's channel) column cc (dx's) = w[kh-1-i][kw-1-j][cc][oc] */
     const uint16_t *wk = w;
     for (int64_t i = 0; i < kh; i++)
         for (int64_t j = 0; j < kw; j++) {
             const uint16_t *src = wk + ((kh - 1 - i) * kw + (kw - 1 - j)) * c * o;
-            uint16_t *dst = k + (j * kh + i) * o * c;
+            uint16_t *dst = k + (j * seg + i * o) * c;
             for (int64_t cc = 0; cc < c; cc++)
                 for (int64_t oc = 0; oc < o; oc++) dst[oc * c + cc] = src[cc * o + oc];
         }
-    const tiles_spec s = {dy, g->n, g->oh,          g->ow,         o, g->h, g->w, c,
-                          kh, kw,   kh - 1 - g->pt, kw - 1 - g->pl};
     const gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, c, NULL, MP_ACT_NONE, false, NULL};
     return tiles_run(&s, k, &e);
 }

@@ -11,7 +11,7 @@
  * image, or dy for the data gradient; b: the kernel): both bfloat16, the
  * GEMM's choice for bf16 x bf16 the AMX tiles, strides and dilations 1,
  * and the channels the product runs over (c; o for the data gradient) a
- * multiple of 32. */
+ * multiple of 16. */
 bool mp_conv_tiles_ok(const mp_conv_geom *g, mp_dtype a, mp_dtype b, bool data);
 
 /* As mp_conv2d_forward with bfloat16 x and w. */
