@@ -1,18 +1,20 @@
-/* conv_tiles.c - stride-1 convolutions of bfloat16 operands as one GEMM on
- * the AMX tiles, where the measured dispatch chose them for bf16 x bf16:
- * the forward, and the data gradient as the forward of dy with the kernel
- * flipped and its channel axes swapped (conv_direct.c says why).
+/* conv_tiles.c - convolutions of bfloat16 operands as one GEMM on the AMX
+ * tiles, where the measured dispatch chose them for bf16 x bf16: the
+ * forward (strides 1 and 2), and the stride-1 data gradient as the forward
+ * of dy with the kernel flipped and its channel axes swapped (conv_direct.c
+ * says why).
  *
  * An output row's receptive field is kh input rows. A copy of the input
  * stacks them for every output row y and padded column q:
- *   F[n][y][q][j][ci] = x[n][y + j - pt][q - pl][ci]   (zero off the image)
- * so the kw * kh * ci values of F from position (n, y, z) on are exactly
+ *   F[n][y][q][j][ci] = x[n][y sh + j - pt][q - pl][ci]   (zero off the image)
+ * so the kw * kh * ci values of F from position (n, y, z sw) on are exactly
  * output pixel (n, y, z)'s patch, laid [kw][kh][ci]: the GEMM's row of A,
- * read where it lies, consecutive pixels kh * ci apart. Each output row
- * carries kw - 1 positions past ow, so the next row's pixels continue at
- * the same stride: all rows of all images are one A of n * oh * (ow + kw -
- * 1) rows, the extra (virtual) pixels computed and dropped (a 7x7 image
- * with a 3x3 kernel: 63 rows for 49 pixels; 14x14: 224 for 196). B is the
+ * read where it lies, consecutive pixels sw positions apart. Each output
+ * row carries positions past its last patch up to a whole number of
+ * strides, so the next row's pixels continue at the same stride: all rows
+ * of all images are one A, the extra (virtual) pixels computed and dropped
+ * (a 7x7 image with a 3x3 kernel at stride 1: 63 rows for 49 pixels; 14x14:
+ * 224 for 196; 14x14 to 7x7 at stride 2: 8 a row for 7). B is the
  * kernel permuted to [kw][kh][ci] x co. The product goes through the
  * GEMM's epilogue (alpha, bias, activation, the output's type) into a
  * buffer of all pixels, whose real ones are then copied out row by row.
@@ -33,7 +35,8 @@
  * there) / these: 28x28x16 forward 1.66-1.70 / 0.99, data gradient
  * 1.65-1.72 / 1.00; 14x14x32 1.51 / 0.45-0.50 and 1.53 / 0.45-0.50; 7x7x64
  * 1.42 / 0.50 and 1.55 / 0.51-0.52 (with an f32 product and a separate
- * epilogue pass: 0.51 and 0.52); the mixed_bfloat16 step (make bench-conv)
+ * epilogue pass: 0.51 and 0.52); stride 2, forward: 28x28x16>32 3x3 0.87 /
+ * 0.55, 14x14x32>64 3x3 0.80 / 0.33, 1x1 0.15 / 0.12; the mixed_bfloat16 step (make bench-conv)
  * 116.0 -> 91.9 and 93.3 ms (two runs). The filter gradient stays direct: its sum runs over
  * the pixels, which the tiles want along A's rows. Tried: F transposed
  * (G[j][ci][p]) read in place, a GEMM of (kh * ci) x co over the pixels per
@@ -53,19 +56,31 @@
  * the stacked copy, the permuted kernel, the float32 product. */
 enum { SLOT_F = 9, SLOT_KERNEL = 11, SLOT_PRODUCT = 13 };
 
+/* Channels ci a multiple of 16, and not a 1x1 kernel over an odd count of
+ * 16 (padded to 32, its patch would double: 28x28x16>32 1x1/2 0.22 ms
+ * direct, 0.28 here; over 32 channels 0.15 -> 0.12). The data gradient at
+ * stride 1 only (a strided one runs in phases: conv_direct.c). */
 bool mp_conv_tiles_ok(const mp_conv_geom *g, mp_dtype a, mp_dtype b, bool data)
 {
-    return a == MP_BF16 && b == MP_BF16 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 &&
-           (data ? g->o : g->c) % 16 == 0 &&
+    const int64_t ci = data ? g->o : g->c;
+    return a == MP_BF16 && b == MP_BF16 &&
+           (data ? g->sh == 1 && g->sw == 1 : g->sh <= 2 && g->sw <= 2) && g->dh == 1 &&
+           g->dw == 1 && ci % 16 == 0 && (g->kh * g->kw > 1 || ci % 32 == 0) &&
            mp_gemm_impl_for(MP_BF16, MP_BF16) == &mp_gemm_amx_impl;
 }
 
-/* A stride-1 convolution as the route sees it: the source image [n][h][w][ci],
- * the output [n][oh][ow][co], the kernel's size and its padding before. */
+/* A convolution as the route sees it: the source image [n][h][w][ci], the
+ * output [n][oh][ow][co], the kernel's size, its padding before, the
+ * strides. */
 typedef struct {
     const uint16_t *src;
-    int64_t n, h, w, ci, oh, ow, co, kh, kw, pt, pl;
+    int64_t n, h, w, ci, oh, ow, co, kh, kw, pt, pl, sh, sw;
 } tiles_spec;
+
+/* Pixels a row of the product holds: ow real ones and the virtual ones
+ * whose positions (sw apart) fill the row's kw - 1 past the last real
+ * patch; wv = sw * pixels_of(s) positions a row. */
+static int64_t pixels_of(const tiles_spec *s) { return cdiv((s->ow - 1) * s->sw + s->kw, s->sw); }
 
 /* Elements of F per position: kh * ci, and 16 zeros more where kw of them
  * would not be whole 32-deep tiles (ci a multiple of 16; a 3x3 kernel
@@ -80,7 +95,7 @@ static int64_t seg_of(int64_t kh, int64_t ci, int64_t kw)
  * - 1 positions after the last zero. */
 static void stack_rows(const tiles_spec *s, int64_t seg, uint16_t *f)
 {
-    const int64_t wv = s->ow + s->kw - 1, rows = s->n * s->oh, ci = s->ci;
+    const int64_t wv = pixels_of(s) * s->sw, rows = s->n * s->oh, ci = s->ci;
     const int nt = rows * wv * seg < (1 << 16) ? 1 : mp_num_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
@@ -89,7 +104,7 @@ static void stack_rows(const tiles_spec *s, int64_t seg, uint16_t *f)
         for (int64_t q = 0; q < wv; q++, dst += seg) {
             const int64_t ix = q - s->pl;
             for (int64_t j = 0; j < s->kh; j++) {
-                const int64_t iy = y + j - s->pt;
+                const int64_t iy = y * s->sh + j - s->pt;
                 uint16_t *d = dst + j * ci;
                 if (iy >= 0 && iy < s->h && ix >= 0 && ix < s->w) {
                     const uint16_t *src = s->src + ((n * s->h + iy) * s->w + ix) * ci;
@@ -109,16 +124,16 @@ static void stack_rows(const tiles_spec *s, int64_t seg, uint16_t *f)
  * [n][oh][ow][co], e->ldc = co). */
 static mp_status tiles_run(const tiles_spec *s, const uint16_t *k, const gemm_epilogue *e)
 {
-    const int64_t wv = s->ow + s->kw - 1, seg = seg_of(s->kh, s->ci, s->kw), rows = s->n * s->oh;
-    const int64_t m = rows * wv;
+    const int64_t ov = pixels_of(s), wv = ov * s->sw, seg = seg_of(s->kh, s->ci, s->kw);
+    const int64_t rows = s->n * s->oh, m = rows * ov;
     const size_t ys = mp_dtype_size(e->c_type);
-    uint16_t *f = mp_scratch(SLOT_F, (size_t)((m + s->kw - 1) * seg) * sizeof *f);
+    uint16_t *f = mp_scratch(SLOT_F, (size_t)((rows * wv + s->kw - 1) * seg) * sizeof *f);
     char *p = mp_scratch(SLOT_PRODUCT, (size_t)(m * s->co) * ys);
     if (!f || !p) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the stacked rows");
     stack_rows(s, seg, f);
     /* every pixel through e's epilogue (alpha, bias, activation, the
      * output's type) into p, then the real ones to e->c, row by row */
-    const gemm_operand a = {f, MP_BF16, seg, 1, NULL}, b = {k, MP_BF16, 1, s->co, NULL};
+    const gemm_operand a = {f, MP_BF16, s->sw * seg, 1, NULL}, b = {k, MP_BF16, 1, s->co, NULL};
     gemm_epilogue ep = *e;
     ep.c = p;
     ep.ldc = s->co;
@@ -128,7 +143,7 @@ static mp_status tiles_run(const tiles_spec *s, const uint16_t *k, const gemm_ep
     const int nt = m * s->co < (1 << 16) ? 1 : mp_num_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < rows; r++)
-        memcpy((char *)e->c + (size_t)r * row, p + (size_t)(r * wv * s->co) * ys, row);
+        memcpy((char *)e->c + (size_t)r * row, p + (size_t)(r * ov * s->co) * ys, row);
     return MP_OK;
 }
 
@@ -150,7 +165,8 @@ mp_status mp_conv_tiles_forward(const mp_conv_geom *g, const void *x, const void
                                 const float *bias, mp_activation act, void *y, mp_dtype yt)
 {
     const int64_t c = g->c, o = g->o;
-    const tiles_spec s = {x, g->n, g->h, g->w, c, g->oh, g->ow, o, g->kh, g->kw, g->pt, g->pl};
+    const tiles_spec s = {x, g->n,  g->h,  g->w,  c,     g->oh, g->ow,
+                          o, g->kh, g->kw, g->pt, g->pl, g->sh, g->sw};
     const int64_t seg = seg_of(g->kh, c, g->kw);
     uint16_t *k = kernel_buffer(&s);
     if (!k) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
@@ -166,8 +182,8 @@ mp_status mp_conv_tiles_data(const mp_conv_geom *g, const void *dy, const void *
                              mp_dtype dxt)
 {
     const int64_t c = g->c, o = g->o, kh = g->kh, kw = g->kw;
-    const tiles_spec s = {dy, g->n, g->oh,          g->ow,         o, g->h, g->w, c,
-                          kh, kw,   kh - 1 - g->pt, kw - 1 - g->pl};
+    const tiles_spec s = {dy, g->n, g->oh,          g->ow,          o, g->h, g->w, c,
+                          kh, kw,   kh - 1 - g->pt, kw - 1 - g->pl, 1, 1};
     const int64_t seg = seg_of(kh, o, kw);
     uint16_t *k = kernel_buffer(&s);
     if (!k) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
