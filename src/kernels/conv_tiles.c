@@ -1,8 +1,8 @@
 /* conv_tiles.c - convolutions of bfloat16 operands as one GEMM on the AMX
  * tiles, where the measured dispatch chose them for bf16 x bf16: the
- * forward (strides 1 and 2), and the stride-1 data gradient as the forward
- * of dy with the kernel flipped and its channel axes swapped (conv_direct.c
- * says why).
+ * forward and the data gradient (the forward of dy with the kernel flipped
+ * and its channel axes swapped, a strided one phase by phase: conv_direct.c
+ * says why), strides 1 and 2.
  *
  * An output row's receptive field is kh input rows. A copy of the input
  * stacks them for every output row y and padded column q:
@@ -36,7 +36,8 @@
  * 1.65-1.72 / 1.00; 14x14x32 1.51 / 0.45-0.50 and 1.53 / 0.45-0.50; 7x7x64
  * 1.42 / 0.50 and 1.55 / 0.51-0.52 (with an f32 product and a separate
  * epilogue pass: 0.51 and 0.52); stride 2, forward: 28x28x16>32 3x3 0.87 /
- * 0.55, 14x14x32>64 3x3 0.80 / 0.33, 1x1 0.15 / 0.12; the mixed_bfloat16 step (make bench-conv)
+ * 0.55, 14x14x32>64 3x3 0.80 / 0.33, 1x1 0.15 / 0.12; data gradients at
+ * stride 2, 3x3: 1.33 / 0.89 and 1.02 / 0.36; the mixed_bfloat16 step (make bench-conv)
  * 116.0 -> 91.9 and 93.3 ms (two runs). The filter gradient stays direct: its sum runs over
  * the pixels, which the tiles want along A's rows. Tried: F transposed
  * (G[j][ci][p]) read in place, a GEMM of (kh * ci) x co over the pixels per
@@ -58,23 +59,28 @@ enum { SLOT_F = 9, SLOT_KERNEL = 11, SLOT_PRODUCT = 13 };
 
 /* Channels ci a multiple of 16, and not a 1x1 kernel over an odd count of
  * 16 (padded to 32, its patch would double: 28x28x16>32 1x1/2 0.22 ms
- * direct, 0.28 here; over 32 channels 0.15 -> 0.12). The data gradient at
- * stride 1 only (a strided one runs in phases: conv_direct.c). */
+ * direct, 0.28 here; over 32 channels 0.15 -> 0.12). Strides 1 and 2;
+ * the data gradient of a strided kernel only where every phase has taps
+ * (1x1/2: a quarter of dx written pixel by pixel, the rest zeroed, 0.32 ->
+ * 0.51 ms over 16 channels, 0.18 -> 0.21 over 32). */
 bool mp_conv_tiles_ok(const mp_conv_geom *g, mp_dtype a, mp_dtype b, bool data)
 {
     const int64_t ci = data ? g->o : g->c;
-    return a == MP_BF16 && b == MP_BF16 &&
-           (data ? g->sh == 1 && g->sw == 1 : g->sh <= 2 && g->sw <= 2) && g->dh == 1 &&
-           g->dw == 1 && ci % 16 == 0 && (g->kh * g->kw > 1 || ci % 32 == 0) &&
+    return a == MP_BF16 && b == MP_BF16 && g->sh <= 2 && g->sw <= 2 &&
+           (!data || (g->kh >= g->sh && g->kw >= g->sw)) && g->dh == 1 && g->dw == 1 &&
+           ci % 16 == 0 && (g->kh * g->kw > 1 || ci % 32 == 0) &&
            mp_gemm_impl_for(MP_BF16, MP_BF16) == &mp_gemm_amx_impl;
 }
 
 /* A convolution as the route sees it: the source image [n][h][w][ci], the
  * output [n][oh][ow][co], the kernel's size, its padding before, the
- * strides. */
+ * strides; output pixel (n, y, z) goes to pixel (y0 + y ys, z0 + z zs) of
+ * an [n][yh][yw][co] tensor (a strided data gradient's phase; else the
+ * output itself: yh = oh, yw = ow, y0 = z0 = 0, ys = zs = 1). */
 typedef struct {
     const uint16_t *src;
     int64_t n, h, w, ci, oh, ow, co, kh, kw, pt, pl, sh, sw;
+    int64_t yh, yw, y0, z0, ys, zs;
 } tiles_spec;
 
 /* Pixels a row of the product holds: ow real ones and the virtual ones
@@ -139,11 +145,19 @@ static mp_status tiles_run(const tiles_spec *s, const uint16_t *k, const gemm_ep
     ep.ldc = s->co;
     mp_status st = mp_gemm_run(m, s->co, s->kw * seg, &a, &b, &ep);
     if (st) return st;
-    const size_t row = (size_t)(s->ow * s->co) * ys;
+    const size_t px = (size_t)s->co * ys;
     const int nt = m * s->co < (1 << 16) ? 1 : mp_num_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        memcpy((char *)e->c + (size_t)r * row, p + (size_t)(r * ov * s->co) * ys, row);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t n = r / s->oh, y = r % s->oh;
+        char *to = (char *)e->c + (size_t)((n * s->yh + s->y0 + y * s->ys) * s->yw + s->z0) * px;
+        const char *from = p + (size_t)(r * ov) * px;
+        if (s->zs == 1)
+            memcpy(to, from, (size_t)s->ow * px);
+        else
+            for (int64_t z = 0; z < s->ow; z++)
+                memcpy(to + (size_t)(z * s->zs) * px, from + (size_t)z * px, px);
+    }
     return MP_OK;
 }
 
@@ -165,8 +179,8 @@ mp_status mp_conv_tiles_forward(const mp_conv_geom *g, const void *x, const void
                                 const float *bias, mp_activation act, void *y, mp_dtype yt)
 {
     const int64_t c = g->c, o = g->o;
-    const tiles_spec s = {x, g->n,  g->h,  g->w,  c,     g->oh, g->ow,
-                          o, g->kh, g->kw, g->pt, g->pl, g->sh, g->sw};
+    const tiles_spec s = {x,     g->n,  g->h,  g->w,  c,     g->oh, g->ow, o, g->kh, g->kw,
+                          g->pt, g->pl, g->sh, g->sw, g->oh, g->ow, 0,     0, 1,     1};
     const int64_t seg = seg_of(g->kh, c, g->kw);
     uint16_t *k = kernel_buffer(&s);
     if (!k) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
@@ -178,26 +192,59 @@ mp_status mp_conv_tiles_forward(const mp_conv_geom *g, const void *x, const void
     return tiles_run(&s, k, &e);
 }
 
-mp_status mp_conv_tiles_data(const mp_conv_geom *g, const void *dy, const void *w, void *dx,
-                             mp_dtype dxt)
+/* One phase of the data gradient: the stride-1 forward of dy with the
+ * sub-kernel of taps (kh0 + i sh, kw0 + j sw), pkh x pkw of them, flipped
+ * and its channel axes swapped, into dx's pixels (ph + a sh, pw + b sw)
+ * (conv_direct.c's mp_conv_direct_data says why; stride 1: one phase, the
+ * whole kernel). */
+static mp_status data_phase(const mp_conv_geom *g, const void *dy, const uint16_t *w, void *dx,
+                            mp_dtype dxt, int64_t ph, int64_t pw)
 {
-    const int64_t c = g->c, o = g->o, kh = g->kh, kw = g->kw;
-    const tiles_spec s = {dy, g->n, g->oh,          g->ow,          o, g->h, g->w, c,
-                          kh, kw,   kh - 1 - g->pt, kw - 1 - g->pl, 1, 1};
-    const int64_t seg = seg_of(kh, o, kw);
+    const int64_t c = g->c, o = g->o;
+    const int64_t hh = cdiv(g->h - ph, g->sh), ww = cdiv(g->w - pw, g->sw);
+    const int64_t kh0 = (ph + g->pt) % g->sh, kw0 = (pw + g->pl) % g->sw;
+    const int64_t pkh = kh0 < g->kh ? cdiv(g->kh - kh0, g->sh) : 0;
+    const int64_t pkw = kw0 < g->kw ? cdiv(g->kw - kw0, g->sw) : 0;
+    const size_t px = (size_t)c * mp_dtype_size(dxt);
+    if (pkh == 0 || pkw == 0) { /* no tap reaches these pixels */
+        for (int64_t n = 0; n < g->n; n++)
+            for (int64_t a = 0; a < hh; a++)
+                for (int64_t b = 0; b < ww; b++)
+                    memset((char *)dx +
+                               (size_t)((n * g->h + ph + a * g->sh) * g->w + pw + b * g->sw) * px,
+                           0, px);
+        return MP_OK;
+    }
+    const int64_t ppt = (ph + g->pt - kh0) / g->sh, ppl = (pw + g->pl - kw0) / g->sw;
+    const tiles_spec s = {dy,  g->n, g->oh,         g->ow,         o, hh, ww,   c,
+                          pkh, pkw,  pkh - 1 - ppt, pkw - 1 - ppl, 1, 1,  g->h, g->w,
+                          ph,  pw,   g->sh,         g->sw};
+    const int64_t seg = seg_of(pkh, o, pkw);
     uint16_t *k = kernel_buffer(&s);
     if (!k) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
-    /* row (j, i, oc) (kw, kh, dy's channel) column cc (dx's) = w[kh-1-i][kw-1-j][cc][oc] */
-    const uint16_t *wk = w;
-    for (int64_t i = 0; i < kh; i++)
-        for (int64_t j = 0; j < kw; j++) {
-            const uint16_t *src = wk + ((kh - 1 - i) * kw + (kw - 1 - j)) * c * o;
+    /* row (j, i, oc) (kw, kh, dy's channel) column cc (dx's) = w's tap
+     * (kh0 + (pkh-1-i) sh, kw0 + (pkw-1-j) sw), entry [cc][oc] */
+    for (int64_t i = 0; i < pkh; i++)
+        for (int64_t j = 0; j < pkw; j++) {
+            const int64_t r = kh0 + (pkh - 1 - i) * g->sh, q = kw0 + (pkw - 1 - j) * g->sw;
+            const uint16_t *src = w + (r * g->kw + q) * c * o;
             uint16_t *dst = k + (j * seg + i * o) * c;
             for (int64_t cc = 0; cc < c; cc++)
                 for (int64_t oc = 0; oc < o; oc++) dst[oc * c + cc] = src[cc * o + oc];
         }
     const gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, c, NULL, MP_ACT_NONE, false, NULL};
     return tiles_run(&s, k, &e);
+}
+
+mp_status mp_conv_tiles_data(const mp_conv_geom *g, const void *dy, const void *w, void *dx,
+                             mp_dtype dxt)
+{
+    for (int64_t ph = 0; ph < g->sh && ph < g->h; ph++)
+        for (int64_t pw = 0; pw < g->sw && pw < g->w; pw++) {
+            mp_status st = data_phase(g, dy, w, dx, dxt, ph, pw);
+            if (st) return st;
+        }
+    return MP_OK;
 }
 
 #else

@@ -10,8 +10,9 @@
 /* Whether the route takes this geometry and these operand types (a: the
  * image, or dy for the data gradient; b: the kernel): both bfloat16, the
  * GEMM's choice for bf16 x bf16 the AMX tiles, dilation 1, strides 1 or 2
- * (the data gradient: 1), and the channels the product runs over (c; o for
- * the data gradient) a multiple of 16 (of 32 for a 1x1 kernel). */
+ * (the data gradient: no larger than the kernel), and the channels the
+ * product runs over (c; o for the data gradient) a multiple of 16 (of 32
+ * for a 1x1 kernel). */
 bool mp_conv_tiles_ok(const mp_conv_geom *g, mp_dtype a, mp_dtype b, bool data);
 
 /* As mp_conv2d_forward with bfloat16 x and w. */
