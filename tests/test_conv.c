@@ -297,11 +297,14 @@ static void direct_thread_count(const conv_case *k, mp_dtype t)
 static void test_direct_thread_count(void **state)
 {
     (void)state;
+    /* k3: the AMX route's filter gradient (3 x 64 rows of C), where it runs */
     const conv_case k1 = {5, 14, 14, 32, 3, 3, 32, 1, 1, 1, 1, true},
-                    k2 = {5, 15, 14, 16, 3, 3, 32, 2, 2, 1, 1, true};
+                    k2 = {5, 15, 14, 16, 3, 3, 32, 2, 2, 1, 1, true},
+                    k3 = {11, 7, 7, 64, 3, 3, 64, 1, 1, 1, 1, true};
     for (int i = 0; i < 2; i++) { /* float32, and bfloat16 (vdpbf16ps where it is chosen) */
         direct_thread_count(&k1, i ? MP_BF16 : MP_F32);
         direct_thread_count(&k2, i ? MP_BF16 : MP_F32);
+        direct_thread_count(&k3, i ? MP_BF16 : MP_F32);
     }
 }
 
@@ -326,6 +329,45 @@ static void test_geometry(void **state)
     assert_int_equal(mp_conv_geom_init(&g, true), MP_ERR_INVALID);
 }
 
+/* A non-finite input to the filter gradient: the AMX route
+ * (conv_tiles_filter.c) would meet it in products the exact sum does not
+ * have (its virtual pixels times dy's zeros: NaN), so it leaves such an x
+ * to the direct kernels, whose bits the result must then be: +inf at the
+ * last column of a 7x7 image reaches only taps kw 1 and 2 of rows kh 0 and
+ * 1, and the other taps' channel-0 sums stay finite. */
+static void test_filter_nonfinite_input(void **state)
+{
+    (void)state;
+    const conv_case k = {1, 7, 7, 64, 3, 3, 64, 1, 1, 1, 1, true};
+    mp_conv_geom g = geom_of(&k);
+    const int64_t nx = g.n * g.h * g.w * g.c, ny = g.n * g.oh * g.ow * g.o,
+                  nw = g.kh * g.kw * g.c * g.o;
+    double *xe, *dye;
+    uint16_t *x = random_in(MP_BF16, nx, 1, &xe), *dy = random_in(MP_BF16, ny, 3, &dye);
+    x[6 * g.c] = 0x7F80; /* x[0][0][6][0] = +inf */
+    float *dw[2] = {malloc((size_t)nw * 4), malloc((size_t)nw * 4)};
+    const mp_isa paths[2] = {MP_ISA_AVX512, MP_ISA_AMX};
+    for (int i = 0; i < 2; i++) {
+        if (!mp_isa_supported(paths[i])) continue;
+        assert_int_equal(mp_isa_set(paths[i]), MP_OK);
+        assert_int_equal(mp_conv2d_backward_filter(&g, x, MP_BF16, dy, MP_BF16, dw[i], false),
+                         MP_OK);
+        for (int64_t kh = 0; kh < g.kh; kh++)
+            for (int64_t kw = 0; kw < g.kw; kw++)
+                for (int64_t o = 0; o < g.o; o++) {
+                    const float v = dw[i][((kh * g.kw + kw) * g.c) * g.o + o];
+                    if ((kh == 2 || kw == 0) && !isfinite(v))
+                        fail_msg("%s: dW[%lld][%lld][0][%lld] = %g, the inf is not in its sum",
+                                 mp_isa_name(paths[i]), (long long)kh, (long long)kw, (long long)o,
+                                 (double)v);
+                }
+    }
+    mp_isa_reset();
+    if (mp_isa_supported(MP_ISA_AMX) && mp_isa_supported(MP_ISA_AVX512))
+        assert_memory_equal(dw[0], dw[1], (size_t)nw * 4);
+    free(dw[0]), free(dw[1]), free(x), free(dy), free(xe), free(dye);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -335,6 +377,7 @@ int main(void)
         cmocka_unit_test(test_low_precision_outputs),
         cmocka_unit_test(test_direct_kernels),
         cmocka_unit_test(test_direct_thread_count),
+        cmocka_unit_test(test_filter_nonfinite_input),
     };
     return cmocka_run_group_tests_name("conv", tests, NULL, NULL);
 }

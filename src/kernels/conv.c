@@ -63,6 +63,11 @@ mp_status mp_conv2d_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, c
 mp_status mp_conv2d_backward_filter(const mp_conv_geom *g, const void *x, mp_dtype xt,
                                     const void *dy, mp_dtype dyt, float *dw, bool accumulate)
 {
+    if (mp_conv_tiles_filter_ok(g, xt, dyt)) {
+        bool taken;
+        mp_status s = mp_conv_tiles_filter(g, x, dy, dw, accumulate, &taken);
+        if (s || taken) return s;
+    }
     if (mp_conv_direct_ok(g)) return mp_conv_direct_filter(g, x, xt, dy, dyt, dw, accumulate);
     const gemm_gather patches_t = {GATHER_PATCHES_T, g};
     const int64_t m = g->kh * g->kw * g->c, k = g->n * g->oh * g->ow;

@@ -38,14 +38,8 @@
  * epilogue pass: 0.51 and 0.52); stride 2, forward: 28x28x16>32 3x3 0.87 /
  * 0.55, 14x14x32>64 3x3 0.80 / 0.33, 1x1 0.15 / 0.12; data gradients at
  * stride 2, 3x3: 1.33 / 0.89 and 1.02 / 0.36; the mixed_bfloat16 step (make bench-conv)
- * 116.0 -> 91.9 and 93.3 ms (two runs). The filter gradient stays direct: its sum runs over
- * the pixels, which the tiles want along A's rows. Tried: F transposed
- * (G[j][ci][p]) read in place, a GEMM of (kh * ci) x co over the pixels per
- * kw, dy zero at the virtual pixels and an x with a non-finite value left
- * to the direct kernels (the virtual pixels' products with it would be NaN
- * where the exact sum is not): 14x14x32 2.18 ms against 1.49, 7x7x64 1.54
- * against 1.63 (96 rows of C: panels of 64 and 32, one thread twice the
- * other's work; the transposing copy; dy packed once per kw). */
+ * 116.0 -> 91.9 and 93.3 ms (two runs). The filter gradient, whose sum
+ * runs over the pixels: conv_tiles_filter.c. */
 #include <string.h>
 
 #include "kernels/conv_tiles.h"

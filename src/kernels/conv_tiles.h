@@ -19,6 +19,16 @@ bool mp_conv_tiles_ok(const mp_conv_geom *g, mp_dtype a, mp_dtype b, bool data);
 mp_status mp_conv_tiles_forward(const mp_conv_geom *g, const void *x, const void *w,
                                 const float *bias, mp_activation act, void *y, mp_dtype yt);
 
+/* As mp_conv2d_backward_filter with bfloat16 x and dy, stride 1, c a
+ * multiple of 32 and kh * c of 64 (mp_conv_tiles_filter_ok;
+ * conv_tiles_filter.c), unless x
+ * holds a non-finite value: then *taken is false and nothing was written
+ * (the route's extra products would turn it into NaN where the exact sum
+ * is not). */
+bool mp_conv_tiles_filter_ok(const mp_conv_geom *g, mp_dtype a, mp_dtype b);
+mp_status mp_conv_tiles_filter(const mp_conv_geom *g, const void *x, const void *dy, float *dw,
+                               bool accumulate, bool *taken);
+
 /* As mp_conv2d_backward_data with bfloat16 dy and w. */
 mp_status mp_conv_tiles_data(const mp_conv_geom *g, const void *dy, const void *w, void *dx,
                              mp_dtype dxt);
