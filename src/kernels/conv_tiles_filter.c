@@ -48,36 +48,6 @@ static bool bf16_all_finite(const uint16_t *x, int64_t n)
     return bad == 0;
 }
 
-/* The 16 x 16 32-bit words r[0..16) transposed in place. */
-MP_TARGET_AVX512 static inline void transpose16x16(__m512i r[16])
-{
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* 128-bit lane l of r[4 g + s] holds rows 4 g .. 4 g + 3 of columns
-     * 4 l + s: regroup the lanes so that column j's meet in r[j] */
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
-        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
-    }
-}
-
 /* G for images [n0, n0 + nn) of x (mp pixels, 16 at a time): each pixel's
  * 32 channels of a source row as 16 words (channel pairs), the 16 x 16
  * words transposed into a pair's 16 pixels, each pair split into its two
@@ -105,7 +75,7 @@ MP_TARGET_AVX512 static void stack_columns(const mp_conv_geom *g, const uint16_t
                 __m512i w[16];
                 for (int u = 0; u < 16; u++)
                     w[u] = px[u] ? _mm512_loadu_si512(px[u] + c0) : _mm512_setzero_si512();
-                transpose16x16(w); /* w[k]: channels c0 + 2k and 2k + 1 of the 16 */
+                mp_transpose16x16_epi32(w); /* w[k]: channels c0 + 2k and 2k + 1 of the 16 */
                 uint16_t *o = gb + (j * c + c0) * ldg + p0;
                 for (int k = 0; k < 16; k++) {
                     const __m512i v = _mm512_permutexvar_epi16(split, w[k]);

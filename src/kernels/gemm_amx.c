@@ -333,38 +333,6 @@ MP_TARGET_AVX512BF16 static void pack_b(const gemm_operand *op, int64_t w0, int6
            (size_t)((all - subs) * SUB * kpad) * sizeof(uint16_t));
 }
 
-/* The 16 x 16 32-bit words r[0..16) transposed in place: r[i] lane j <-
- * r[j] lane i. */
-MP_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void transpose16(__m512i r[16])
-{
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* 128-bit lane l of r[4 g + s] now holds rows 4 g .. 4 g + 3 of
-     * column 4 l + s: the lanes regroup so that column j's four lanes (row
-     * groups 0-3) meet in r[j] */
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
-        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
-    }
-}
-
 /* A, laid along its width (sw = 1: A^T stored, a weight gradient's x^T):
  * 32 widths x 32 depths at a time, each pair of depth rows interleaved
  * into pairs by unpacklo/hi (which take the widths in the order 0-3, 8-11,
@@ -406,8 +374,8 @@ MP_TARGET_AVX512BF16 static void pack_a_t(const gemm_operand *op, int64_t w0, in
                 lo[p] = _mm512_unpacklo_epi16(r[0], r[1]);
                 hi[p] = _mm512_unpackhi_epi16(r[0], r[1]);
             }
-            transpose16(lo);
-            transpose16(hi);
+            mp_transpose16x16_epi32(lo);
+            mp_transpose16x16_epi32(hi);
             /* word lane j of lo is width 8 (j / 4) + j % 4, of hi 4 more */
             for (int j = 0; j < 16; j++) {
                 const int64_t wl = 8 * (j / 4) + j % 4;
