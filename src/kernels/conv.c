@@ -45,8 +45,6 @@ mp_status mp_conv_geom_init(mp_conv_geom *g, bool same)
     return MP_OK;
 }
 
-static float alpha_of(const mp_conv_geom *g) { return g->alpha != 0.0f ? g->alpha : 1.0f; }
-
 mp_status mp_conv2d_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, const void *w,
                             mp_dtype wt, const float *bias, mp_activation act, void *y, mp_dtype yt)
 {
@@ -56,7 +54,7 @@ mp_status mp_conv2d_forward(const mp_conv_geom *g, const void *x, mp_dtype xt, c
     const int64_t m = g->n * g->oh * g->ow, k = g->kh * g->kw * g->c;
     gemm_operand a = {x, xt, 0, 0, &patches};
     gemm_operand b = {w, wt, 1, g->o, NULL}; /* W [k, o]: width o, depth k */
-    gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, g->o, bias, act, false, NULL};
+    gemm_epilogue e = {mp_conv_alpha(g), 0.0f, y, yt, g->o, bias, act, false, NULL};
     return mp_gemm_run(m, g->o, k, &a, &b, &e);
 }
 
@@ -73,8 +71,15 @@ mp_status mp_conv2d_backward_filter(const mp_conv_geom *g, const void *x, mp_dty
     const int64_t m = g->kh * g->kw * g->c, k = g->n * g->oh * g->ow;
     gemm_operand a = {x, xt, 0, 0, &patches_t};
     gemm_operand b = {dy, dyt, 1, g->o, NULL}; /* dY [pixels, o]: width o, depth pixels */
-    gemm_epilogue e = {
-        alpha_of(g), accumulate ? 1.0f : 0.0f, dw, MP_F32, g->o, NULL, MP_ACT_NONE, false, NULL};
+    gemm_epilogue e = {mp_conv_alpha(g),
+                       accumulate ? 1.0f : 0.0f,
+                       dw,
+                       MP_F32,
+                       g->o,
+                       NULL,
+                       MP_ACT_NONE,
+                       false,
+                       NULL};
     return mp_gemm_run(m, g->o, k, &a, &b, &e);
 }
 
@@ -91,15 +96,16 @@ static mp_status backward_data_phases(const mp_conv_geom *g, const void *dy, mp_
     const size_t pixel = (size_t)g->c * xs;
     for (int64_t ph = 0; ph < g->sh && ph < g->h; ph++)
         for (int64_t pw = 0; pw < g->sw && pw < g->w; pw++) {
+            const mp_conv_phase phase = mp_conv_phase_of(g, ph, pw);
+            const int64_t kh0 = phase.kh0, kw0 = phase.kw0;
             mp_conv_geom p = *g;
-            p.h = (g->h - ph + g->sh - 1) / g->sh;
-            p.w = (g->w - pw + g->sw - 1) / g->sw;
-            int64_t kh0 = (ph + g->pt) % g->sh, kw0 = (pw + g->pl) % g->sw;
-            p.kh = kh0 < g->kh ? (g->kh - kh0 + g->sh - 1) / g->sh : 0;
-            p.kw = kw0 < g->kw ? (g->kw - kw0 + g->sw - 1) / g->sw : 0;
+            p.h = phase.hh;
+            p.w = phase.ww;
+            p.kh = phase.pkh;
+            p.kw = phase.pkw;
             p.sh = p.sw = 1;
-            p.pt = (ph + g->pt - kh0) / g->sh;
-            p.pl = (pw + g->pl - kw0) / g->sw;
+            p.pt = phase.ppt;
+            p.pl = phase.ppl;
             char *sub = mp_scratch(7, (size_t)(p.n * p.h * p.w) * pixel);
             char *k =
                 mp_scratch(8, (size_t)((p.kh ? p.kh : 1) * (p.kw ? p.kw : 1) * g->c * g->o) * ws);
@@ -118,8 +124,8 @@ static mp_status backward_data_phases(const mp_conv_geom *g, const void *dy, mp_
                 const gemm_gather dy_patches = {GATHER_DY_PATCHES, &p},
                                   kernel_t = {GATHER_KERNEL_T, &p};
                 gemm_operand a = {dy, dyt, 0, 0, &dy_patches}, b = {k, wt, 0, 0, &kernel_t};
-                gemm_epilogue e = {alpha_of(g), 0.0f,        sub,   dxt, g->c,
-                                   NULL,        MP_ACT_NONE, false, NULL};
+                gemm_epilogue e = {mp_conv_alpha(g), 0.0f,  sub, dxt, g->c, NULL,
+                                   MP_ACT_NONE,      false, NULL};
                 mp_status s = mp_gemm_run(p.n * p.h * p.w, g->c, p.kh * p.kw * g->o, &a, &b, &e);
                 if (s) return s;
             }
@@ -146,6 +152,6 @@ mp_status mp_conv2d_backward_data(const mp_conv_geom *g, const void *dy, mp_dtyp
     const int64_t m = g->n * g->h * g->w, k = g->kh * g->kw * g->o;
     gemm_operand a = {dy, dyt, 0, 0, &dy_patches};
     gemm_operand b = {w, wt, 0, 0, &kernel_t};
-    gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false, NULL};
+    gemm_epilogue e = {mp_conv_alpha(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false, NULL};
     return mp_gemm_run(m, g->c, k, &a, &b, &e);
 }

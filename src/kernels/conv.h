@@ -33,6 +33,36 @@ typedef struct {
                              * float8's 1/(scale_a scale_b)); 0 is read as 1 */
 } mp_conv_geom;
 
+/* The factor g's sums take before bias and activation (alpha 0 is 1). */
+static inline float mp_conv_alpha(const mp_conv_geom *g)
+{
+    return g->alpha != 0.0f ? g->alpha : 1.0f;
+}
+
+/* Phase (ph, pw) of a strided convolution's data gradient (dilation 1):
+ * the input pixels (ph + sh a, pw + sw b), hh x ww of them, take gradient
+ * only from the kernel's taps (kh0 + i sh, kw0 + j sw), pkh x pkw of them
+ * (0: none reaches them), from output row a + ppt - i and column b + ppl -
+ * j: a stride-1 data gradient with that sub-kernel. Stride 1: one phase,
+ * the whole kernel. */
+typedef struct {
+    int64_t hh, ww, kh0, kw0, pkh, pkw, ppt, ppl;
+} mp_conv_phase;
+
+static inline mp_conv_phase mp_conv_phase_of(const mp_conv_geom *g, int64_t ph, int64_t pw)
+{
+    mp_conv_phase p;
+    p.hh = (g->h - ph + g->sh - 1) / g->sh;
+    p.ww = (g->w - pw + g->sw - 1) / g->sw;
+    p.kh0 = (ph + g->pt) % g->sh;
+    p.kw0 = (pw + g->pl) % g->sw;
+    p.pkh = p.kh0 < g->kh ? (g->kh - p.kh0 + g->sh - 1) / g->sh : 0;
+    p.pkw = p.kw0 < g->kw ? (g->kw - p.kw0 + g->sw - 1) / g->sw : 0;
+    p.ppt = (ph + g->pt - p.kh0) / g->sh;
+    p.ppl = (pw + g->pl - p.kw0) / g->sw;
+    return p;
+}
+
 /* Keras's output size and padding: `same` gives ceil(in / stride) with the
  * odd pad at the end (bottom/right); `valid` gives floor((in - span) /
  * stride) + 1 with span = (k - 1) * dilation + 1. Fills oh, ow, pt, pl from

@@ -200,7 +200,7 @@ mp_status mp_conv_direct_forward(const mp_conv_geom *g, const void *x, mp_dtype 
 {
     const conv_spec s = {x,     xt,    g->n,  g->h,  g->w,  g->c,  g->oh, g->ow, g->o, g->kh, g->kw,
                          g->sh, g->sw, g->pt, g->pl, g->oh, g->ow, 0,     0,     1,    1};
-    const gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, g->o, bias, act, false, NULL};
+    const gemm_epilogue e = {mp_conv_alpha(g), 0.0f, y, yt, g->o, bias, act, false, NULL};
     const int64_t nw = g->kh * g->kw * g->c * g->o;
     float *wbuf = mp_scratch(SLOT_W, (size_t)(2 * nw) * sizeof(float));
     if (!wbuf) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
@@ -225,14 +225,13 @@ mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dy
     if (!wbuf) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the kernel");
     const conv_family *f = mp_conv_family(dyt, wt, true);
     const void *wf = widen_kernel(f, w, wt, nw, wbuf + nw);
-    const gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false, NULL};
+    const gemm_epilogue e = {mp_conv_alpha(g), 0.0f, dx, dxt, g->c, NULL, MP_ACT_NONE, false, NULL};
     const size_t pixel = (size_t)g->c * mp_dtype_size(dxt);
     for (int64_t ph = 0; ph < g->sh && ph < g->h; ph++)
         for (int64_t pw = 0; pw < g->sw && pw < g->w; pw++) {
-            const int64_t hh = cdiv(g->h - ph, g->sh), ww = cdiv(g->w - pw, g->sw);
-            const int64_t kh0 = (ph + g->pt) % g->sh, kw0 = (pw + g->pl) % g->sw;
-            const int64_t pkh = kh0 < g->kh ? cdiv(g->kh - kh0, g->sh) : 0;
-            const int64_t pkw = kw0 < g->kw ? cdiv(g->kw - kw0, g->sw) : 0;
+            const mp_conv_phase phase = mp_conv_phase_of(g, ph, pw);
+            const int64_t hh = phase.hh, ww = phase.ww, kh0 = phase.kh0, kw0 = phase.kw0,
+                          pkh = phase.pkh, pkw = phase.pkw;
             if (pkh == 0 || pkw == 0) { /* no tap reaches these pixels */
 #pragma omp parallel for schedule(static) if (g->n * hh * ww > 4096)
                 for (int64_t n = 0; n < g->n; n++)
@@ -244,7 +243,7 @@ mp_status mp_conv_direct_data(const mp_conv_geom *g, const void *dy, mp_dtype dy
                                    0, pixel);
                 continue;
             }
-            const int64_t ppt = (ph + g->pt - kh0) / g->sh, ppl = (pw + g->pl - kw0) / g->sw;
+            const int64_t ppt = phase.ppt, ppl = phase.ppl;
             const conv_spec s = {
                 dy, dyt, g->n,          g->oh,         g->ow, g->o, hh, ww, g->c,  pkh,  pkw,
                 1,  1,   pkh - 1 - ppt, pkw - 1 - ppl, g->h,  g->w, ph, pw, g->sh, g->sw};

@@ -104,7 +104,7 @@ mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype x
     }
     if (!ok) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for a padded image");
     /* the chunks in order, then the epilogue's alpha*sum (+ dw) */
-    const float alpha = alpha_of(g);
+    const float alpha = mp_conv_alpha(g);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < nw; i++) {
         float v = part[i];

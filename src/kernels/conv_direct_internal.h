@@ -19,8 +19,6 @@
  * the filter gradient's partial sums. */
 enum { SLOT_IMAGE = 9, SLOT_ROW = 10, SLOT_W = 11, SLOT_TAPS = 12, SLOT_PART = 13 };
 
-static inline float alpha_of(const mp_conv_geom *g) { return g->alpha != 0.0f ? g->alpha : 1.0f; }
-
 /* A forward convolution as the kernels see it: source image [n, h, w, c],
  * output [n, oh, ow, o], kernel kh x kw with strides sh, sw; padding pt, pl
  * (negative: the window starts inside the image). */

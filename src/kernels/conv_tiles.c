@@ -91,11 +91,11 @@ static int64_t seg_of(int64_t kh, int64_t ci, int64_t kw)
     return kw % 2 && seg % 32 ? seg + 16 : seg;
 }
 
-/* Output rows r of F (see the top), the padding of each position and kw
- * - 1 positions after the last zero. */
-static void stack_rows(const tiles_spec *s, int64_t seg, uint16_t *f)
+/* Output rows r of F (see the top), wv positions each, the padding of
+ * each position and kw - 1 positions after the last zero. */
+static void stack_rows(const tiles_spec *s, int64_t wv, int64_t seg, uint16_t *f)
 {
-    const int64_t wv = pixels_of(s) * s->sw, rows = s->n * s->oh, ci = s->ci;
+    const int64_t rows = s->n * s->oh, ci = s->ci;
     const int nt = rows * wv * seg < (1 << 16) ? 1 : mp_num_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
@@ -130,7 +130,7 @@ static mp_status tiles_run(const tiles_spec *s, const uint16_t *k, const gemm_ep
     uint16_t *f = mp_scratch(SLOT_F, (size_t)((rows * wv + s->kw - 1) * seg) * sizeof *f);
     char *p = mp_scratch(SLOT_PRODUCT, (size_t)(m * s->co) * ys);
     if (!f || !p) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the stacked rows");
-    stack_rows(s, seg, f);
+    stack_rows(s, wv, seg, f);
     /* every pixel through e's epilogue (alpha, bias, activation, the
      * output's type) into p, then the real ones to e->c, row by row */
     const gemm_operand a = {f, MP_BF16, s->sw * seg, 1, NULL}, b = {k, MP_BF16, 1, s->co, NULL};
@@ -167,8 +167,6 @@ static uint16_t *kernel_buffer(const tiles_spec *s)
     return k;
 }
 
-static float alpha_of(const mp_conv_geom *g) { return g->alpha != 0.0f ? g->alpha : 1.0f; }
-
 mp_status mp_conv_tiles_forward(const mp_conv_geom *g, const void *x, const void *w,
                                 const float *bias, mp_activation act, void *y, mp_dtype yt)
 {
@@ -182,7 +180,7 @@ mp_status mp_conv_tiles_forward(const mp_conv_geom *g, const void *x, const void
         for (int64_t j = 0; j < g->kw; j++)
             memcpy(k + (j * seg + i * c) * o, (const uint16_t *)w + (i * g->kw + j) * c * o,
                    (size_t)(c * o) * sizeof *k);
-    const gemm_epilogue e = {alpha_of(g), 0.0f, y, yt, o, bias, act, false, NULL};
+    const gemm_epilogue e = {mp_conv_alpha(g), 0.0f, y, yt, o, bias, act, false, NULL};
     return tiles_run(&s, k, &e);
 }
 
@@ -195,21 +193,11 @@ static mp_status data_phase(const mp_conv_geom *g, const void *dy, const uint16_
                             mp_dtype dxt, int64_t ph, int64_t pw)
 {
     const int64_t c = g->c, o = g->o;
-    const int64_t hh = cdiv(g->h - ph, g->sh), ww = cdiv(g->w - pw, g->sw);
-    const int64_t kh0 = (ph + g->pt) % g->sh, kw0 = (pw + g->pl) % g->sw;
-    const int64_t pkh = kh0 < g->kh ? cdiv(g->kh - kh0, g->sh) : 0;
-    const int64_t pkw = kw0 < g->kw ? cdiv(g->kw - kw0, g->sw) : 0;
-    const size_t px = (size_t)c * mp_dtype_size(dxt);
-    if (pkh == 0 || pkw == 0) { /* no tap reaches these pixels */
-        for (int64_t n = 0; n < g->n; n++)
-            for (int64_t a = 0; a < hh; a++)
-                for (int64_t b = 0; b < ww; b++)
-                    memset((char *)dx +
-                               (size_t)((n * g->h + ph + a * g->sh) * g->w + pw + b * g->sw) * px,
-                           0, px);
-        return MP_OK;
-    }
-    const int64_t ppt = (ph + g->pt - kh0) / g->sh, ppl = (pw + g->pl - kw0) / g->sw;
+    /* every phase has taps: mp_conv_tiles_ok takes no stride above the kernel */
+    const mp_conv_phase phase = mp_conv_phase_of(g, ph, pw);
+    const int64_t hh = phase.hh, ww = phase.ww, kh0 = phase.kh0, kw0 = phase.kw0, pkh = phase.pkh,
+                  pkw = phase.pkw;
+    const int64_t ppt = phase.ppt, ppl = phase.ppl;
     const tiles_spec s = {dy,  g->n, g->oh,         g->ow,         o, hh, ww,   c,
                           pkh, pkw,  pkh - 1 - ppt, pkw - 1 - ppl, 1, 1,  g->h, g->w,
                           ph,  pw,   g->sh,         g->sw};
@@ -226,7 +214,7 @@ static mp_status data_phase(const mp_conv_geom *g, const void *dy, const uint16_
             for (int64_t cc = 0; cc < c; cc++)
                 for (int64_t oc = 0; oc < o; oc++) dst[oc * c + cc] = src[cc * o + oc];
         }
-    const gemm_epilogue e = {alpha_of(g), 0.0f, dx, dxt, c, NULL, MP_ACT_NONE, false, NULL};
+    const gemm_epilogue e = {mp_conv_alpha(g), 0.0f, dx, dxt, c, NULL, MP_ACT_NONE, false, NULL};
     return tiles_run(&s, k, &e);
 }
 

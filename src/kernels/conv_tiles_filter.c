@@ -120,8 +120,6 @@ static bool chunk_sums(const mp_conv_geom *g, const uint16_t *x, const uint16_t 
     return true;
 }
 
-static float alpha_of(const mp_conv_geom *g) { return g->alpha != 0.0f ? g->alpha : 1.0f; }
-
 bool mp_conv_tiles_filter_ok(const mp_conv_geom *g, mp_dtype a, mp_dtype b)
 {
     return mp_conv_tiles_ok(g, a, b, false) && g->sh == 1 && g->sw == 1 && g->c % 32 == 0 &&
@@ -149,7 +147,7 @@ mp_status mp_conv_tiles_filter(const mp_conv_geom *g, const void *x, const void 
     /* dw's rows (j, l, ci) from part's (l, j, ci): alpha sum + (accumulate ? dw : 0) */
     for (int64_t l = 0; l < kw; l++)
         for (int64_t j = 0; j < kh; j++) {
-            const gemm_epilogue e = {alpha_of(g),
+            const gemm_epilogue e = {mp_conv_alpha(g),
                                      accumulate ? 1.0f : 0.0f,
                                      dw + (j * kw + l) * c * o,
                                      MP_F32,

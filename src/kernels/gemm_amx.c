@@ -241,11 +241,11 @@ MP_TARGET_AMX static void row_amx(int64_t kc, const void *a, const void *b, int6
                     const char *r0 = (const char *)b + (d * sb + j) * es;
                     if (nj == ANR && d + 1 < kc) { /* all in registers */
                         __m512i x0[GROUP], x1[GROUP];
+                        for (int x = 0; x < GROUP * es; x += 2) { /* the group's lines */
+                            _mm_prefetch(r0 + ahead + 32 * x, _MM_HINT_T0);
+                            _mm_prefetch(r0 + sbb + ahead + 32 * x, _MM_HINT_T0);
+                        }
                         for (int x = 0; x < GROUP; x++) {
-                            if (bt == MP_BF16 || !(x & 1)) {
-                                _mm_prefetch(r0 + ahead + 64 * x, _MM_HINT_T0);
-                                _mm_prefetch(r0 + sbb + ahead + 64 * x, _MM_HINT_T0);
-                            }
                             x0[x] = bt == MP_BF16 ? _mm512_loadu_si512(r0 + 64 * x)
                                                   : mp_gemm_fp8_load32(r0 + 32 * x, 32, &l);
                             x1[x] = bt == MP_BF16 ? _mm512_loadu_si512(r0 + sbb + 64 * x)
