@@ -224,7 +224,7 @@ MP_TARGET_AMX static void row_amx(int64_t kc, const void *a, const void *b, int6
     enum { ROW_STEPS = 1, GROUP = ANR / SUB };
     const int64_t kpad = mp_gemm_kpad(GEMM_FMT_AMX, kc), es = (int64_t)mp_dtype_size(bt);
     const int64_t sbb = sb * es, ahead = mp_gemm_rows_ahead(sbb, 16) * sbb;
-    const mp_gemm_fp8_lut l = bt == MP_BF16 ? (mp_gemm_fp8_lut){0} : mp_gemm_fp8_lut_for(bt);
+    const mp_gemm_fp8_lut l = mp_gemm_fp8_lut_for(bt);
     _Alignas(64) uint16_t tiles[GROUP][ROW_STEPS][DEPTH * SUB]; /* 8 KiB */
     _Alignas(64) float part[GROUP][2][16];                      /* C: row 0 of each tile */
     const __m512i lo_idx = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
@@ -346,7 +346,7 @@ MP_TARGET_AVX512BF16 static void pack_a_t(const gemm_operand *op, int64_t w0, in
                                           int64_t d0, int64_t nd, int64_t kpad, uint16_t *out)
 {
     const mp_dtype t = op->type;
-    const mp_gemm_fp8_lut l = t == MP_BF16 ? (mp_gemm_fp8_lut){0} : mp_gemm_fp8_lut_for(t);
+    const mp_gemm_fp8_lut l = mp_gemm_fp8_lut_for(t);
     const int64_t es = (int64_t)mp_dtype_size(t), sd = op->sd * es;
     for (int64_t w = 0; w < nw; w += 32) {
         const int64_t nv = min64(32, nw - w);
@@ -399,7 +399,7 @@ MP_TARGET_AVX512BF16 static void pack_a(const gemm_operand *op, int64_t w0, int6
         pack_a_t(op, w0, nw, d0, nd, kpad, out);
     } else if (simd && op->sd == 1) {
         const int64_t es = (int64_t)mp_dtype_size(t);
-        const mp_gemm_fp8_lut l = t == MP_BF16 ? (mp_gemm_fp8_lut){0} : mp_gemm_fp8_lut_for(t);
+        const mp_gemm_fp8_lut l = mp_gemm_fp8_lut_for(t);
         for (int64_t r = 0; r < nw; r++) {
             const char *src = (const char *)op->base + ((w0 + r) * op->sw + d0) * es;
             uint16_t *o = out + r * kpad;

@@ -136,7 +136,7 @@ MP_TARGET_AVX512BF16 static inline void pack_pair(const gemm_operand *op, int64_
             _mm512_storeu_si512(o, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
             continue;
         }
-        if (t != MP_BF16 && l && nw - q * W >= W && two && !(W & 31)) {
+        if (t != MP_BF16 && nw - q * W >= W && two && !(W & 31)) {
             /* a full panel of fp8: 32 of each row decoded by table, then
              * paired as bf16's */
             const char *s0 = r0 + q * W;
@@ -217,11 +217,11 @@ MP_TARGET_AVX512BF16 void mp_gemm_pack_bf16_avx512(const gemm_operand *op, int64
          * 2.47 / 2.40-2.44 / 2.43-2.46 / 2.52 ms; 1024x768x4096 6.94 ->
          * 6.80; the MLP's weight gradients (depth 1024) x0.99-1.01. */
         enum { QB = 16 };
-        const mp_gemm_fp8_lut lut = t == MP_BF16 ? (mp_gemm_fp8_lut){0} : mp_gemm_fp8_lut_for(t);
+        const mp_gemm_fp8_lut lut = mp_gemm_fp8_lut_for(t);
         for (int64_t q0 = 0; q0 < np; q0 += QB)
             for (int64_t p = 0; p < kp; p++)
-                pack_pair(op, w0, nw, d0, nd, W, kpd, p, q0, q0 + QB < np ? q0 + QB : np,
-                          t == MP_BF16 ? NULL : &lut, out);
+                pack_pair(op, w0, nw, d0, nd, W, kpd, p, q0, q0 + QB < np ? q0 + QB : np, &lut,
+                          out);
         zero_pairs(dst, nw, W, kp, kpd);
         return;
     }

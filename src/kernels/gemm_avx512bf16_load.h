@@ -34,15 +34,16 @@ MP_TARGET_AVX512BF16 static inline __m256i mp_gemm_bf16_load16(const char *p, mp
 }
 
 /* The bf16 bits of the 128 magnitudes (bytes 0x00-0x7F) of fp8 type t, 32
- * to a vector, for mp_gemm_fp8_load32: made by mp_gemm_bf16_load16 itself,
- * so a lookup gives its bits. About a hundred instructions: once a kernel
- * call or a block, not once an element. */
+ * to a vector, for mp_gemm_fp8_load32 (zeros for a bf16 t, which needs none): made by
+ * mp_gemm_bf16_load16 itself, so a lookup gives its bits. About a hundred instructions: once a
+ * kernel call or a block, not once an element. */
 typedef struct {
     __m512i q[4];
 } mp_gemm_fp8_lut;
 
 MP_TARGET_AVX512BF16 static inline mp_gemm_fp8_lut mp_gemm_fp8_lut_for(mp_dtype t)
 {
+    if (t == MP_BF16) return (mp_gemm_fp8_lut){0}; /* none: bf16 is loaded as it is */
     _Alignas(64) uint8_t bytes[128];
     for (int i = 0; i < 128; i++) bytes[i] = (uint8_t)i;
     mp_gemm_fp8_lut l;

@@ -105,7 +105,7 @@ MP_TARGET_AVX512BF16 void mp_gemm_row_avx512bf16(int64_t kc, const void *av, con
     const int64_t sbb = sb * (bt == MP_BF16 ? 2 : 1);
     const int64_t ahead = mp_gemm_rows_ahead(sbb, 16) * sbb; /* in bytes */
     int64_t j = 0;
-    const mp_gemm_fp8_lut l = bt == MP_BF16 ? (mp_gemm_fp8_lut){0} : mp_gemm_fp8_lut_for(bt);
+    const mp_gemm_fp8_lut l = mp_gemm_fp8_lut_for(bt);
     if (bt == MP_BF16)
         ROW_PASSES(MP_BF16);
     else if (bt == MP_F8E4M3)
