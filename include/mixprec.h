@@ -282,7 +282,9 @@ mp_status mp_gemm_ex(const mp_gemm_args *args);
  * are timed on that pair once per process, on its first use (about 15 ms),
  * and the faster is kept. The result is cached per CPU model, version, thread
  * count and pair in $XDG_CACHE_HOME/mixprec (else ~/.cache/mixprec;
- * MP_DISPATCH_CACHE=DIR moves it, MP_DISPATCH_CACHE=0 turns it off). A forced
+ * MP_DISPATCH_CACHE=DIR moves it, MP_DISPATCH_CACHE=0 turns it off). Where
+ * the AMX tiles win, a product less deep than one tile (k < 32) still runs
+ * on the FMA kernel: the tiles would pad its depth. A forced
  * path (MP_ISA, mp_isa_set) times nothing. Every kernel accumulates in
  * float32 within the same error bound: the choice changes speed, not
  * accuracy (though not the last bits: pin MP_ISA where runs in different

@@ -77,25 +77,29 @@ static inline mp_gemm_dispatch_info query(void)
     return in;
 }
 
-/* C = A B for one row of A holding a bf16 subnormal: vdpbf16ps reads it as
- * zero, the FMA route keeps it. The bits tell which kernel ran. */
-static inline uint32_t signature(const gemm_impl *im)
+/* C = A B, k deep, for one row of A holding a bf16 subnormal: vdpbf16ps
+ * and the AMX tiles read it as zero, the FMA route keeps it. The bits tell
+ * which kind of kernel ran. */
+static inline uint32_t signature_at(const gemm_impl *im, int64_t k)
 {
-    const uint16_t a[2] = {0x0040 /* 2^-127 */, 0x3F80 /* 1 */};
-    const uint16_t b[2] = {0x3F80, 0x0000};
+    uint16_t a[64] = {0x0040 /* 2^-127 */, 0x3F80 /* 1 */}, b[64] = {0x3F80};
+    assert_true(k >= 2 && k <= 64);
     float c = -1.0f;
     mp_gemm_args g = mp_gemm_args_default();
     g.m = g.n = 1;
-    g.k = 2;
+    g.k = k;
     g.a = a;
     g.b = b;
     g.c = &c;
     g.a_type = g.b_type = MP_BF16;
-    g.lda = 2;
+    g.lda = k;
     g.ldb = g.ldc = 1;
     assert_int_equal(im ? mp_gemm_ex_on(im, &g) : mp_gemm_ex(&g), MP_OK);
     return f32_bits(c);
 }
+
+/* The same, deeper than any kernel leaves to another (gemm_impl.shallow_k). */
+static inline uint32_t signature(const gemm_impl *im) { return signature_at(im, 64); }
 
 /* mp_gemm on bf16 inputs runs kernel im. */
 static inline void assert_runs(const gemm_impl *im)

@@ -397,6 +397,14 @@ static void test_three_candidates(void **state)
     fresh("0", last);
     assert_int_equal(query().chosen, 2);
     assert_runs(all[2]);
+    /* A product less deep than the chosen kernel takes runs on the one it
+     * names (AMX: the FMA kernel below a tile's depth of 32), whose bits
+     * tell it from the tiles'. */
+    if (all[2]->shallow_k > 2) {
+        assert_int_equal(signature_at(NULL, 2), signature_at(all[2]->shallow, 2));
+        assert_int_not_equal(signature_at(NULL, 2), signature_at(all[2], 2));
+        assert_int_equal(signature_at(NULL, all[2]->shallow_k), signature(all[2]));
+    }
     fresh("0", tie);
     assert_int_equal(query().chosen, 0);
     assert_runs(all[0]);

@@ -9,7 +9,9 @@
  *     kernel (fp8 decoded to bf16 while packing, which is exact) or the FMA
  *     kernel (bf16/fp8 widened exactly to f32), or AMX tiles (tdpbf16ps)
  *     where the CPU and OS allow them, whichever was measured fastest on
- *     this pair of types on this machine (gemm_dispatch.c);
+ *     this pair of types on this machine (gemm_dispatch.c), except that
+ *     a product shallower than the chosen kernel's shallow_k goes to the
+ *     kernel it names (AMX: FMA below a tile's depth of 32);
  *     MP_ISA=avx512bf16 forces vdpbf16ps, MP_ISA=amx the tiles;
  *   - anything else (an f32 or f16 operand, or no AVX512_BF16): the f32 FMA
  *     kernel with every operand widened exactly to f32. An f32 input is never
@@ -28,17 +30,24 @@
 #include "kernels/gemm_internal.h"
 #include "kernels/gemm_pack.h"
 
-static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
+/* The measured choice for a bf16-like pair, for a product k deep. */
+static const gemm_impl *measured(mp_dtype at, mp_dtype bt, int64_t k)
+{
+    const gemm_impl *im = mp_gemm_dispatch_bf16(at, bt);
+    return k < im->shallow_k ? im->shallow : im;
+}
+
+static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt, int64_t k)
 {
     const gemm_impl *timing = mp_gemm_dispatch_override();
     if (timing) return timing;
     mp_isa isa = mp_isa_active();
     if (mp_gemm_bf16_like(at) && mp_gemm_bf16_like(bt) && !mp_isa_forced() &&
         mp_gemm_dispatch_testing())
-        return mp_gemm_dispatch_bf16(at, bt);
+        return measured(at, bt, k);
 #if MP_X86
     if (isa >= MP_ISA_AVX512BF16 && mp_gemm_bf16_like(at) && mp_gemm_bf16_like(bt)) {
-        if (!mp_isa_forced()) return mp_gemm_dispatch_bf16(at, bt);
+        if (!mp_isa_forced()) return measured(at, bt, k);
         return isa == MP_ISA_AMX ? &mp_gemm_amx_impl : &mp_gemm_avx512bf16_impl;
     }
     if (isa >= MP_ISA_AVX512) return &mp_gemm_avx512_impl;
@@ -51,7 +60,10 @@ static const gemm_impl *choose_impl(mp_dtype at, mp_dtype bt)
     return &mp_gemm_scalar_impl;
 }
 
-const gemm_impl *mp_gemm_impl_for(mp_dtype at, mp_dtype bt) { return choose_impl(at, bt); }
+const gemm_impl *mp_gemm_impl_for(mp_dtype at, mp_dtype bt)
+{
+    return choose_impl(at, bt, INT64_MAX);
+}
 
 /* ------------------------------------------------------------ the driver */
 
@@ -423,7 +435,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     gemm_plan pl;
     /* alpha == 0 reads neither A nor B, as in BLAS. */
     const int64_t k = e->alpha == 0.0f ? 0 : kk;
-    pl.im = choose_impl(a->type, b->type);
+    pl.im = choose_impl(a->type, b->type, k);
     pl.m = m;
     pl.n = n;
     pl.k = k;

@@ -113,7 +113,7 @@ typedef struct {
 typedef void (*gemm_epilogue_fn)(const gemm_epilogue *e, const float *t, int64_t ldt, int64_t i0,
                                  int64_t j0, int64_t mr, int64_t nr);
 
-typedef struct {
+typedef struct gemm_impl_s {
     gemm_fmt fmt;
     int mr, nr;
     int64_t kc, mc, nc; /* cache blocks: kc in depth units, mc/nc multiples of mr/nr */
@@ -196,6 +196,13 @@ typedef struct {
      * two). Each packed A element serves one kernel call per B panel; over
      * few panels the packing costs more than the packed panel saves. */
     int narrow_panels;
+    /* Optional (0: none): a product less deep than shallow_k goes to the
+     * impl `shallow` where the measured choice (not MP_ISA) took this one:
+     * the AMX tiles pad the depth to 32, and a product of depth 10 (fc3's
+     * input gradient, 1024x4096x10: each element one short sum) is the
+     * store of C, which the FMA kernel does from its registers. */
+    int64_t shallow_k;
+    const struct gemm_impl_s *shallow;
 } gemm_impl;
 
 /* Portable pieces (gemm_scalar.c): widen any dtype to f32 / bf16 bits. */
@@ -366,7 +373,8 @@ int64_t mp_gemm_row_block(const gemm_impl *im, int64_t rows, int64_t nr_pad, int
  * rather than each B block again for each. */
 bool mp_gemm_b_once(const gemm_impl *im, int64_t rows, int64_t mc, int64_t nr_pad, int64_t kpad,
                     bool multi);
-/* The kernel the driver picks for an input-type pair (gemm.c). */
+/* The kernel the driver picks for an input-type pair (gemm.c), for a
+ * product deep enough for any (gemm_impl.shallow_k). */
 const gemm_impl *mp_gemm_impl_for(mp_dtype at, mp_dtype bt);
 
 #endif
