@@ -446,6 +446,8 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     pl.e.nonfinite = pl.im->epilogue_checks ? nonfinite : NULL;
     if (mp_gemm_rows_take(pl.im, m, n, k, a, b, &pl.e))
         return mp_gemm_rows(pl.im, m, n, k, a, b, &pl.e, nonfinite);
+    if (mp_gemm_cols_take(pl.im, m, n, k, a, b, &pl.e))
+        return mp_gemm_cols(pl.im, m, n, k, a, b, &pl.e, nonfinite);
     /* A thin C (n well below the kernel's NR) wastes most of each register
      * tile; as C^T = op(B)^T op(A)^T the thin side meets the short MR, where
      * it fills more of the tiles it needs (n = 10: 10 of 16 columns on the

@@ -208,6 +208,7 @@ const gemm_impl mp_gemm_avx512_impl = {
      * -> 105; bfloat16 1x1024x256 80 -> 114. */
     .kernel_row = mp_gemm_row_avx512,
     .row_max = MP_GEMM_ROW_MAX_AVX2,
+    .kernel_cols = mp_gemm_col_avx512,
     /* The AVX2 path's packer: packing is moving and widening, which 256-bit
      * loads and stores do as fast (an AVX-512 packer of its own, its
      * forms not specialised on W and the type, against it, Zen 5, 2

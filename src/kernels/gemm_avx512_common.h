@@ -35,15 +35,18 @@ mp_gemm_prefetch_c(const float *c, int64_t ldc, int64_t it, int64_t end, int row
 }
 
 /* The 16 x 16 32-bit words r[0..16) transposed in place: r[i] lane j <-
- * r[j] lane i. */
+ * r[j] lane i. Unrolled, so that r stays in registers (rolled loops index
+ * r and t in memory: a store and a load per shuffle). */
 MP_TARGET_AVX512 static inline __attribute__((always_inline)) void
 mp_transpose16x16_epi32(__m512i r[16])
 {
     __m512i t[16];
+#pragma GCC unroll 8
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
     }
+#pragma GCC unroll 4
     for (int i = 0; i < 16; i += 4) {
         r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
         r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
@@ -53,12 +56,14 @@ mp_transpose16x16_epi32(__m512i r[16])
     /* 128-bit lane l of r[4 g + s] now holds rows 4 g .. 4 g + 3 of
      * column 4 l + s: the lanes regroup so that column j's four lanes (row
      * groups 0-3) meet in r[j] */
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
         t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
         t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
         t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
     }
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
         r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);

@@ -167,7 +167,14 @@ typedef struct gemm_impl_s {
      * (one tdpbf16ps per tile). */
     void (*kernel_row)(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt, float *c,
                        int64_t n);
-    int row_max;       /* the most rows of C kernel_row takes: past them the tiles are faster */
+    int row_max; /* the most rows of C kernel_row takes: past them the tiles are faster */
+    /* Optional: 16 rows of a C of n <= MP_GEMM_COLS_MAX columns
+     * (gemm_cols.c): t[i * ldt + j] for i < rows (at most 16), j < n, from
+     * A's rows where they lie (row i at a + i * lda elements of type at,
+     * along k; any type mp_gemm_widens) and B packed as kc rows of
+     * MP_GEMM_COLS_LDB floats; each element the bits the tiles give it. */
+    void (*kernel_cols)(int64_t kc, const void *a, int64_t lda, mp_dtype at, int rows,
+                        const float *b, int n, float *t, int64_t ldt);
     gemm_pack_fn pack; /* for both operands */
     /* Optional: A's packer where A's panels are laid out unlike B's
      * (GEMM_FMT_AMX); NULL: pack serves both. */
@@ -275,6 +282,13 @@ bool mp_gemm_rows_take(const gemm_impl *im, int64_t m, int64_t n, int64_t k, con
                        const gemm_operand *b, const gemm_epilogue *e);
 mp_status mp_gemm_rows(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
                        const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite);
+/* A C of few columns (gemm_cols.c), the same way. */
+#define MP_GEMM_COLS_MAX 12
+#define MP_GEMM_COLS_LDB 16 /* B packed for it: rows of 16 floats, zeros past n */
+bool mp_gemm_cols_take(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
+                       const gemm_operand *b, const gemm_epilogue *e);
+mp_status mp_gemm_cols(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
+                       const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite);
 /* The driver on prepared operands: C[m x n] = epilogue(A B) with A width m,
  * B width n, both depth k (k == 0 or alpha == 0: A and B are not read);
  * e->nonfinite as gemm_epilogue says. Timed as the profile's GEMM leaf. */
@@ -309,6 +323,9 @@ void mp_gemm_row_avx512(int64_t kc, const void *a, const void *b, int64_t sb, mp
                         int64_t n);
 void mp_gemm_row_avx512bf16(int64_t kc, const void *a, const void *b, int64_t sb, mp_dtype bt,
                             float *c, int64_t n);
+/* The AVX-512 float32 column kernel (gemm_col_avx512.c). */
+void mp_gemm_col_avx512(int64_t kc, const void *a, int64_t lda, mp_dtype at, int rows,
+                        const float *b, int n, float *t, int64_t ldt);
 /* Tests: 0 or 1 forces mp_gemm_avx512_impl's streaming, or
  * mp_gemm_avx2_impl's packing of A, off or on; -1: timed again on the next
  * call. */
