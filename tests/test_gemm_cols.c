@@ -5,8 +5,8 @@
  * order whatever the path, so the columns of such a product must equal,
  * bit for bit, the same columns computed inside a wider product (the
  * register tiles): a last partial block of rows, depths not a multiple of
- * 16 and past a depth block, A in float32, bfloat16 and float16 (widened
- * as loaded), B along n and along k, the epilogue (alpha, beta, bias,
+ * 16 and past a depth block, A in float32, bfloat16, float16 and float8
+ * (widened as loaded), B along n and along k, the epilogue (alpha, beta, bias,
  * relu) and none, one thread and two, on every ISA path. Against a float64
  * reference with the accumulation bound, and C's non-finite flag. */
 #include <math.h>
@@ -91,7 +91,7 @@ static void test_cols_equal_wider(void **state)
         {16, 10, 128}, {37, 10, 100}, {300, 10, 1100}, {33, 1, 257},
         {17, 7, 96},   {64, 12, 200}, {50, 11, 99},    {40, 10, 64},
     };
-    const mp_dtype types[3] = {MP_F32, MP_BF16, MP_F16};
+    const mp_dtype types[4] = {MP_F32, MP_BF16, MP_F16, MP_F8E4M3};
     mp_isa isas[MP_ISA_COUNT];
     const int ni = test_isas(isas);
     const mp_isa saved = mp_isa_active();
@@ -99,7 +99,7 @@ static void test_cols_equal_wider(void **state)
         assert_int_equal(mp_isa_set(isas[ii]), MP_OK);
         for (int t = 1; t <= 2; t++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-                for (int ty = 0; ty < 3; ty++)
+                for (int ty = 0; ty < 4; ty++)
                     for (int tb = 0; tb <= 1; tb++)
                         cols_equal_wider(shapes[s][0], shapes[s][1], shapes[s][2], types[ty], tb,
                                          (s + (size_t)ty + (size_t)tb) % 2 == 0, t);

@@ -32,7 +32,7 @@ MP_TARGET_AVX512 static inline __attribute__((always_inline)) __m512 row16(const
         if (cnt == 16)
             return _mm512_insertf32x8(_mm512_castps256_ps512(mp_widen8(p, t)), mp_widen8(p + 8, t),
                                       1);
-        _Alignas(16) uint8_t x[32] = {0}; /* mp_widen8 loads 16 bytes */
+        _Alignas(16) uint8_t x[32] = {0}; /* GCC's bounds check counts mp_widen8's 8 bytes as 16 */
         for (int i = 0; i < cnt; i++) x[i] = (uint8_t)p[i];
         return _mm512_insertf32x8(_mm512_castps256_ps512(mp_widen8((const char *)x, t)),
                                   mp_widen8((const char *)x + 8, t), 1);

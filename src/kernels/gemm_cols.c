@@ -1,7 +1,7 @@
 /* gemm_cols.c - the GEMM driver's way for a C of few columns and many rows
  * (a classifier's logits for a batch: fc3's forward, 1024x10x4096) where A
  * lies along k: 16 rows of C at a time from A's rows where they lie, B
- * widened to float32 once (kc rows of n floats: 160 KiB for fc3), by the
+ * widened to float32 once (kc rows of 16 floats: 256 KiB for fc3), by the
  * impl's column kernel (gemm_impl.kernel_cols: vectors along the rows of
  * C, not along its few columns), then the impl's epilogue. Every element
  * is the sum the tiles give it (in order along k, from zero, one FMA per
