@@ -18,12 +18,15 @@
  * 0.047 / 0.045 (from 96 on, faster in both); 1024 rows, depth 4096, 1 column 0.63 / 0.35, 4 0.64 /
  * 0.37, 8 0.59 / 0.43, 12 0.60 / 0.53; 16x10x4096 0.077 / 0.042. */
 enum { ROWS = 16, MIN_K = 96 };
+/* B's packed rows (64 bytes a depth) within 16 MiB; deeper products stay
+ * on the tiles, which block the depth. */
+#define MAX_K ((int64_t)1 << 18)
 
 bool mp_gemm_cols_take(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
                        const gemm_operand *b, const gemm_epilogue *e)
 {
-    return im->kernel_cols && k >= MIN_K && n <= MP_GEMM_COLS_MAX && m >= ROWS && !e->trans &&
-           !a->gather && !b->gather && a->sd == 1 && mp_gemm_widens(a->type) &&
+    return im->kernel_cols && k >= MIN_K && k <= MAX_K && n <= MP_GEMM_COLS_MAX && m >= ROWS &&
+           !e->trans && !a->gather && !b->gather && a->sd == 1 && mp_gemm_widens(a->type) &&
            mp_gemm_widens(b->type);
 }
 
