@@ -338,51 +338,73 @@ MP_TARGET_AVX512BF16 static void pack_b(const gemm_operand *op, int64_t w0, int6
  * into pairs by unpacklo/hi (which take the widths in the order 0-3, 8-11,
  * 16-19, 24-27 and 4-7, 12-15, ...), then each half's 16 x 16 words (pair x
  * width) transposed into 16 rows' 16 pairs, stored as the rows they are.
- * bf16 and fp8 (decoded to bf16 as loaded); past nw and nd, zeros.
- * gpt_mini's MLP weight gradient (1024x256x4096), Intel Xeon family 6
- * model 167, 2 threads, best of 100 calls: 1.59-1.77 ms, against 2.35
- * through the pairs packer and a buffer. */
+ * bf16 and fp8 (decoded to bf16 as loaded); past nw and nd, zeros. The
+ * block of widths [w, w + 32) at depths [d, d + 32); the source row dd + ahead
+ * asked for as each row dd is loaded. */
+MP_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void
+pack_a_t32(const gemm_operand *op, const mp_gemm_fp8_lut *l, int64_t w0, int64_t nw, int64_t d0,
+           int64_t nd, int64_t kpad, int64_t w, int64_t d, int64_t ahead, uint16_t *out)
+{
+    const mp_dtype t = op->type;
+    const int64_t es = (int64_t)mp_dtype_size(t), sd = op->sd * es;
+    const int64_t nv = min64(32, nw - w);
+    const int c0 = nv >= 16 ? 16 : (int)nv, c1 = nv > 16 ? (int)(nv - 16) : 0;
+    const char *col = (const char *)op->base + (w0 + w + d0 * op->sd) * es;
+    __m512i lo[16], hi[16];
+    for (int p = 0; p < DEPTH / 2; p++) {
+        __m512i r[2];
+        for (int h = 0; h < 2; h++) {
+            const int64_t dd = d + 2 * p + h;
+            const char *src = col + dd * sd;
+            if (dd + ahead < nd) _mm_prefetch(src + ahead * sd, _MM_HINT_T0);
+            if (dd >= nd)
+                r[h] = _mm512_setzero_si512();
+            else if (t != MP_BF16)
+                r[h] = mp_gemm_fp8_load32(src, c0 + c1, l);
+            else if (nv == 32) /* a whole row of 32 */
+                r[h] = _mm512_loadu_si512(src);
+            else
+                r[h] = _mm512_inserti64x4(_mm512_castsi256_si512(mp_gemm_bf16_load16(src, t, c0)),
+                                          mp_gemm_bf16_load16(src + 16 * es, t, c1), 1);
+        }
+        lo[p] = _mm512_unpacklo_epi16(r[0], r[1]);
+        hi[p] = _mm512_unpackhi_epi16(r[0], r[1]);
+    }
+    mp_transpose16x16_epi32(lo);
+    mp_transpose16x16_epi32(hi);
+    /* word lane j of lo is width 8 (j / 4) + j % 4, of hi 4 more */
+    for (int j = 0; j < 16; j++) {
+        const int64_t wl = 8 * (j / 4) + j % 4;
+        _mm512_storeu_si512(out + (w + wl) * kpad + d, lo[j]);
+        _mm512_storeu_si512(out + (w + wl + 4) * kpad + d, hi[j]);
+    }
+}
+
+/* The blocks of pack_a_t32 in one of two orders. Wide (nw >= ROWS_FIRST):
+ * 32 source rows at a time across all the widths, each row read as one run
+ * (a weight gradient's x^T from memory: the hardware prefetcher follows
+ * runs), the next 32 rows asked for meanwhile; narrower, a strip of 32
+ * widths down the whole depth, a row 4 ahead asked for (a run of 64 bytes a
+ * row is too short to follow). Intel Xeon family 6 model 167, bf16, 2
+ * threads, A^T from memory (64 MiB written between calls), medians of 41
+ * calls, six alternating runs, ms, strips / rows first: gpt_mini's MLP
+ * weight gradient 1024x256x4096 (512 widths a thread) 2.22 / 1.94, fc1's
+ * 784x4096x1024 (a share of 13 panels) 4.77 / 4.59, but 256x1024x4096 (128
+ * widths a thread) 1.91 / 1.98 and 256x256x4096 0.78 / 0.82. With A cached
+ * the orders tie (1024x256x4096 1.50 either way). */
 MP_TARGET_AVX512BF16 static void pack_a_t(const gemm_operand *op, int64_t w0, int64_t nw,
                                           int64_t d0, int64_t nd, int64_t kpad, uint16_t *out)
 {
-    const mp_dtype t = op->type;
-    const mp_gemm_fp8_lut l = mp_gemm_fp8_lut_for(t);
-    const int64_t es = (int64_t)mp_dtype_size(t), sd = op->sd * es;
-    for (int64_t w = 0; w < nw; w += 32) {
-        const int64_t nv = min64(32, nw - w);
-        const int c0 = nv >= 16 ? 16 : (int)nv, c1 = nv > 16 ? (int)(nv - 16) : 0;
-        const char *col = (const char *)op->base + (w0 + w + d0 * op->sd) * es;
-        for (int64_t d = 0; d < kpad; d += DEPTH) {
-            __m512i lo[16], hi[16];
-            for (int p = 0; p < DEPTH / 2; p++) {
-                __m512i r[2];
-                for (int h = 0; h < 2; h++) {
-                    const int64_t dd = d + 2 * p + h;
-                    const char *src = col + dd * sd;
-                    if (dd + 4 < nd) _mm_prefetch(src + 4 * sd, _MM_HINT_T0);
-                    if (dd >= nd)
-                        r[h] = _mm512_setzero_si512();
-                    else if (t != MP_BF16)
-                        r[h] = mp_gemm_fp8_load32(src, c0 + c1, &l);
-                    else if (nv == 32) /* a whole row of 32 */
-                        r[h] = _mm512_loadu_si512(src);
-                    else
-                        r[h] = _mm512_inserti64x4(
-                            _mm512_castsi256_si512(mp_gemm_bf16_load16(src, t, c0)),
-                            mp_gemm_bf16_load16(src + 16 * es, t, c1), 1);
-                }
-                lo[p] = _mm512_unpacklo_epi16(r[0], r[1]);
-                hi[p] = _mm512_unpackhi_epi16(r[0], r[1]);
-            }
-            mp_transpose16x16_epi32(lo);
-            mp_transpose16x16_epi32(hi);
-            /* word lane j of lo is width 8 (j / 4) + j % 4, of hi 4 more */
-            for (int j = 0; j < 16; j++) {
-                const int64_t wl = 8 * (j / 4) + j % 4;
-                _mm512_storeu_si512(out + (w + wl) * kpad + d, lo[j]);
-                _mm512_storeu_si512(out + (w + wl + 4) * kpad + d, hi[j]);
-            }
-        }
+    enum { ROWS_FIRST = 256 };
+    const mp_gemm_fp8_lut l = mp_gemm_fp8_lut_for(op->type);
+    if (nw >= ROWS_FIRST) {
+        for (int64_t d = 0; d < kpad; d += DEPTH)
+            for (int64_t w = 0; w < nw; w += 32)
+                pack_a_t32(op, &l, w0, nw, d0, nd, kpad, w, d, DEPTH, out);
+    } else {
+        for (int64_t w = 0; w < nw; w += 32)
+            for (int64_t d = 0; d < kpad; d += DEPTH)
+                pack_a_t32(op, &l, w0, nw, d0, nd, kpad, w, d, 4, out);
     }
 }
 
