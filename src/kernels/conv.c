@@ -71,15 +71,8 @@ mp_status mp_conv2d_backward_filter(const mp_conv_geom *g, const void *x, mp_dty
     const int64_t m = g->kh * g->kw * g->c, k = g->n * g->oh * g->ow;
     gemm_operand a = {x, xt, 0, 0, &patches_t};
     gemm_operand b = {dy, dyt, 1, g->o, NULL}; /* dY [pixels, o]: width o, depth pixels */
-    gemm_epilogue e = {mp_conv_alpha(g),
-                       accumulate ? 1.0f : 0.0f,
-                       dw,
-                       MP_F32,
-                       g->o,
-                       NULL,
-                       MP_ACT_NONE,
-                       false,
-                       NULL};
+    const float beta = accumulate ? 1.0f : 0.0f;
+    gemm_epilogue e = {mp_conv_alpha(g), beta, dw, MP_F32, g->o, NULL, MP_ACT_NONE, false, NULL};
     return mp_gemm_run(m, g->o, k, &a, &b, &e);
 }
 

@@ -144,7 +144,7 @@ static mp_status run_forward(const conv_family *f, const conv_spec *s, const voi
             for (int64_t b = 0; b < nb; b++, t++) xoff[t] = b * hp * wp * 16 + (kh * wp + kw) * 16;
 
     const double flops = 2.0 * (double)(s->n * s->oh * s->ow) * (double)(s->o * taps * s->c);
-    int nt = flops < 4e6 ? 1 : mp_num_threads();
+    int nt = flops < MP_GEMM_FORK_FLOPS ? 1 : mp_num_threads();
     if (nt > s->n) nt = (int)s->n;
     const conv_fwd_fn *const *table = f->fwd[s->sw - 1];
     const size_t image = (size_t)(nb * hp * wp * 16 * es);

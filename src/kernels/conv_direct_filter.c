@@ -32,7 +32,7 @@ mp_status mp_conv_direct_filter(const mp_conv_geom *g, const void *x, mp_dtype x
     float *part = mp_scratch(SLOT_PART, (size_t)(nch * nw) * sizeof(float));
     if (!part) return mp_set_error(MP_ERR_NOMEM, "conv: no memory for the filter's partial sums");
     const double flops = 2.0 * (double)(g->n * npix) * (double)nw;
-    int nt = flops < 4e6 ? 1 : mp_num_threads();
+    int nt = flops < MP_GEMM_FORK_FLOPS ? 1 : mp_num_threads();
     if (nt > nch) nt = (int)nch;
     /* bfloat16 x and dy on vdpbf16ps: pairs of output pixels, from an
      * image padded sw columns wider (the pairs' partners) */

@@ -48,7 +48,7 @@
 #if MP_X86
 
 /* Scratch slots of the calling thread (the direct kernels' own, core/internal.h):
- * the stacked copy, the permuted kernel, the float32 product. */
+ * the stacked copy, the permuted kernel, the product in the output's type. */
 enum { SLOT_F = 9, SLOT_KERNEL = 11, SLOT_PRODUCT = 13 };
 
 /* Channels ci a multiple of 16, and not a 1x1 kernel over an odd count of
@@ -108,6 +108,8 @@ static void stack_rows(const tiles_spec *s, int64_t wv, int64_t seg, uint16_t *f
                 uint16_t *d = dst + j * ci;
                 if (iy >= 0 && iy < s->h && ix >= 0 && ix < s->w) {
                     const uint16_t *src = s->src + ((n * s->h + iy) * s->w + ix) * ci;
+                    /* 32 bytes at a time: fixed-size copies inline, where a
+                     * length known only at run time calls the library's */
                     for (int64_t c = 0; c < ci; c += 16) memcpy(d + c, src + c, 32);
                 } else {
                     memset(d, 0, (size_t)ci * sizeof *d);

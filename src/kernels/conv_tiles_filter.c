@@ -145,17 +145,11 @@ mp_status mp_conv_tiles_filter(const mp_conv_geom *g, const void *x, const void 
     for (int64_t ch = 1; ch < nch; ch++) /* in chunk order */
         for (int64_t i = 0; i < nw; i++) parts[i] += parts[ch * nw + i];
     /* dw's rows (j, l, ci) from part's (l, j, ci): alpha sum + (accumulate ? dw : 0) */
+    const float alpha = mp_conv_alpha(g), beta = accumulate ? 1.0f : 0.0f;
     for (int64_t l = 0; l < kw; l++)
         for (int64_t j = 0; j < kh; j++) {
-            const gemm_epilogue e = {mp_conv_alpha(g),
-                                     accumulate ? 1.0f : 0.0f,
-                                     dw + (j * kw + l) * c * o,
-                                     MP_F32,
-                                     o,
-                                     NULL,
-                                     MP_ACT_NONE,
-                                     false,
-                                     NULL};
+            float *to = dw + (j * kw + l) * c * o;
+            const gemm_epilogue e = {alpha, beta, to, MP_F32, o, NULL, MP_ACT_NONE, false, NULL};
             for (int64_t i = 0; i < c; i += 64)
                 for (int64_t jj = 0; jj < o; jj += 64)
                     mp_gemm_epilogue_avx512(&e, parts + ((l * kh + j) * c + i) * o + jj, o, i, jj,

@@ -447,7 +447,7 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     if (mp_gemm_rows_take(pl.im, m, n, k, a, b, &pl.e))
         return mp_gemm_rows(pl.im, m, n, k, a, b, &pl.e, nonfinite);
     if (mp_gemm_cols_take(pl.im, m, n, k, a, b, &pl.e))
-        return mp_gemm_cols(pl.im, m, n, k, a, b, &pl.e, nonfinite);
+        return mp_gemm_cols(pl.im, m, n, k, a, b, &pl.e);
     /* A thin C (n well below the kernel's NR) wastes most of each register
      * tile; as C^T = op(B)^T op(A)^T the thin side meets the short MR, where
      * it fills more of the tiles it needs (n = 10: 10 of 16 columns on the
@@ -489,9 +489,8 @@ static mp_status gemm_run(int64_t m, int64_t n, int64_t kk, const gemm_operand *
     const int MR = pl.im->mr, NR = pl.im->nr;
     const int64_t mt = cdiv(pl.m, MR), ntl = cdiv(pl.n, NR);
     int nt = mp_num_threads();
-    /* Below ~4 MFLOP a fork/join costs more than it saves. */
     double flops = 2.0 * (double)pl.m * (double)pl.n * (double)(k > 0 ? k : 1);
-    if (flops < 4e6) nt = 1;
+    if (flops < MP_GEMM_FORK_FLOPS) nt = 1;
     if ((int64_t)nt > mt * ntl) nt = (int)(mt * ntl);
     int tm = 1, tn = 1;
     /* A gathered operand (a convolution's patches) costs more to pack than

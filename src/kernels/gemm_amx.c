@@ -338,9 +338,12 @@ MP_TARGET_AVX512BF16 static void pack_b(const gemm_operand *op, int64_t w0, int6
  * into pairs by unpacklo/hi (which take the widths in the order 0-3, 8-11,
  * 16-19, 24-27 and 4-7, 12-15, ...), then each half's 16 x 16 words (pair x
  * width) transposed into 16 rows' 16 pairs, stored as the rows they are.
- * bf16 and fp8 (decoded to bf16 as loaded); past nw and nd, zeros. The
- * block of widths [w, w + 32) at depths [d, d + 32); the source row dd + ahead
- * asked for as each row dd is loaded. */
+ * bf16 and fp8 (decoded to bf16 as loaded); past nw and nd, zeros
+ * (gpt_mini's MLP weight gradient, 1024x256x4096, Intel Xeon family 6
+ * model 167, 2 threads, best of 100 calls: 1.59-1.77 ms, against 2.35
+ * through the pairs packer and a buffer). The block of widths [w, w + 32)
+ * at depths [d, d + 32); the source row dd + ahead asked for as each row dd
+ * is loaded. */
 MP_TARGET_AVX512BF16 static inline __attribute__((always_inline)) void
 pack_a_t32(const gemm_operand *op, const mp_gemm_fp8_lut *l, int64_t w0, int64_t nw, int64_t d0,
            int64_t nd, int64_t kpad, int64_t w, int64_t d, int64_t ahead, uint16_t *out)

@@ -3,7 +3,8 @@
  * lies along k: 16 rows of C at a time from A's rows where they lie, B
  * widened to float32 once (kc rows of 16 floats: 256 KiB for fc3), by the
  * impl's column kernel (gemm_impl.kernel_cols: vectors along the rows of
- * C, not along its few columns), then the impl's epilogue. Every element
+ * C, not along its few columns), then the impl's epilogue (which reports
+ * non-finite values as it stores them). Every element
  * is the sum the tiles give it (in order along k, from zero, one FMA per
  * product), so the bits are the tiles'. Threads split the blocks of 16
  * rows, each block the same work whatever the split. */
@@ -25,23 +26,21 @@ enum { ROWS = 16, MIN_K = 96 };
 bool mp_gemm_cols_take(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
                        const gemm_operand *b, const gemm_epilogue *e)
 {
-    return im->kernel_cols && k >= MIN_K && k <= MAX_K && n <= MP_GEMM_COLS_MAX && m >= ROWS &&
-           !e->trans && !a->gather && !b->gather && a->sd == 1 && mp_gemm_widens(a->type) &&
-           mp_gemm_widens(b->type);
+    return im->kernel_cols && im->epilogue_checks && k >= MIN_K && k <= MAX_K &&
+           n <= MP_GEMM_COLS_MAX && m >= ROWS && !e->trans && !a->gather && !b->gather &&
+           a->sd == 1 && mp_gemm_widens(a->type) && mp_gemm_widens(b->type);
 }
 
 mp_status mp_gemm_cols(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
-                       const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite)
+                       const gemm_operand *b, const gemm_epilogue *e)
 {
     float *bp = mp_scratch(1, (size_t)(k * MP_GEMM_COLS_LDB) * sizeof(float));
     if (!bp) return mp_set_error(MP_ERR_NOMEM, "mp_gemm: cannot allocate B's columns");
     im->pack(b, 0, n, 0, k, MP_GEMM_COLS_LDB, bp); /* one panel: row d at bp + d LDB */
-    const bool check = nonfinite && e->c_type == MP_F32 && !im->epilogue_checks;
     const int64_t blocks = cdiv(m, ROWS);
     const size_t asz = mp_dtype_size(a->type);
     int nt = mp_num_threads();
-    /* Below ~4 MFLOP a fork/join costs more than it saves (gemm.c's rule). */
-    if (2.0 * (double)m * (double)n * (double)k < 4e6) nt = 1;
+    if (2.0 * (double)m * (double)n * (double)k < MP_GEMM_FORK_FLOPS) nt = 1;
     if ((int64_t)nt > blocks) nt = (int)blocks;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int t = 0; t < nt; t++) {
@@ -51,13 +50,7 @@ mp_status mp_gemm_cols(const gemm_impl *im, int64_t m, int64_t n, int64_t k, con
             const int64_t i0 = u * ROWS, rows = min64(ROWS, m - i0);
             im->kernel_cols(k, (const char *)a->base + (size_t)(i0 * a->sw) * asz, a->sw, a->type,
                             (int)rows, bp, (int)n, tile, MP_GEMM_COLS_MAX);
-            im->epilogue(e, tile, MP_GEMM_COLS_MAX, i0, 0, rows, n);
-            if (check && !atomic_load_explicit(nonfinite, memory_order_relaxed))
-                for (int64_t i = i0; i < i0 + rows; i++)
-                    if (mp_gemm_any_nonfinite((const float *)e->c + i * e->ldc, n)) {
-                        atomic_store_explicit(nonfinite, 1, memory_order_relaxed);
-                        break;
-                    }
+            im->epilogue(e, tile, MP_GEMM_COLS_MAX, i0, 0, rows, n); /* checks as it stores */
         }
     }
     return MP_OK;

@@ -34,6 +34,11 @@ static inline int64_t mp_gemm_kpad(gemm_fmt f, int64_t kb)
  * or B sub-panels). */
 static inline bool mp_gemm_fmt_by_depth(gemm_fmt f) { return f != GEMM_FMT_AMX; }
 
+/* Below this many flops a fork/join of the threads costs more than it
+ * saves: the GEMM driver and the direct convolution kernels run such work
+ * on the calling thread. */
+#define MP_GEMM_FORK_FLOPS 4e6
+
 /* The driver's and the kernels' integer helpers. */
 static inline int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
@@ -282,13 +287,14 @@ bool mp_gemm_rows_take(const gemm_impl *im, int64_t m, int64_t n, int64_t k, con
                        const gemm_operand *b, const gemm_epilogue *e);
 mp_status mp_gemm_rows(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
                        const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite);
-/* A C of few columns (gemm_cols.c), the same way. */
+/* A C of few columns (gemm_cols.c), the same way, on an impl whose
+ * epilogue reports non-finite values itself (gemm_impl.epilogue_checks). */
 #define MP_GEMM_COLS_MAX 12
 #define MP_GEMM_COLS_LDB 16 /* B packed for it: rows of 16 floats, zeros past n */
 bool mp_gemm_cols_take(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
                        const gemm_operand *b, const gemm_epilogue *e);
 mp_status mp_gemm_cols(const gemm_impl *im, int64_t m, int64_t n, int64_t k, const gemm_operand *a,
-                       const gemm_operand *b, const gemm_epilogue *e, atomic_int *nonfinite);
+                       const gemm_operand *b, const gemm_epilogue *e);
 /* The driver on prepared operands: C[m x n] = epilogue(A B) with A width m,
  * B width n, both depth k (k == 0 or alpha == 0: A and B are not read);
  * e->nonfinite as gemm_epilogue says. Timed as the profile's GEMM leaf. */
